@@ -1,0 +1,114 @@
+"""Command line: ``bootprof <stage> ...`` and ``python -m pipeline <stage> ...``.
+
+The core imports no stage at module level: each subcommand names the module that implements it
+(``pipeline.<stage>.cli`` with ``add_arguments(parser)`` and ``main(args, config) -> int``), imported
+only to build the parser and when that subcommand runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+import time
+from pathlib import Path
+
+from pipeline import __version__
+from pipeline.config import Config, load_config, load_job
+from pipeline.errors import BootprofError
+
+#: subcommand -> (module, one-line help). Order is the order of the pipeline.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "capture": ("pipeline.capture.cli", "record a build (rustc -Z self-profile; WPR/xperf on Windows)"),
+    "synth": ("pipeline.synth.cli", "write a synthetic rustc-bootstrap ETL trace with its ground truth"),
+    "decode": ("pipeline.decode.cli", "decode an ETL trace or .mm_profdata files into parquet"),
+    "symbolize": ("pipeline.symbolize.cli", "resolve stack frames to modules, functions and lines"),
+    "aggregate": ("pipeline.aggregate.cli", "summarize CPU, memory, processes and queries"),
+    "report": ("pipeline.report.cli", "write the HTML report, flamegraphs, tables and exports"),
+    "warehouse": ("pipeline.warehouse.cli", "ingest runs into the DuckDB warehouse and query it"),
+}
+
+log = logging.getLogger("bootprof")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bootprof",
+        description="Decode, symbolize and aggregate performance traces of rustc bootstrap builds.",
+    )
+    parser.add_argument("--version", action="version", version=f"bootprof {__version__}")
+    parser.add_argument("--config", type=Path, help="YAML config file (default: built-in defaults)")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_text) in COMMANDS.items():
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            continue  # stage not built yet
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        mod.add_arguments(p)
+        p.set_defaults(_module=mod)
+    run = sub.add_parser("run", help="run a job from jobs/ (all its stages) on one trace",
+                         description="Run a job file's stages in order on one trace.")
+    run.add_argument("job", type=Path, help="job file, e.g. jobs/demo.yaml")
+    run.add_argument("--trace", type=Path, help="ETL trace or self-profile directory (default: synthesize the demo trace)")
+    run.add_argument("--run", dest="run_dir", type=Path, help="run directory (default: <runs_dir>/<job>-<time>)")
+    run.set_defaults(_module=None)
+    return parser
+
+
+def run_job(job_path: Path, trace: Path | None, run_dir: Path | None, config_path: Path | None) -> int:
+    """Run every stage of a job on one trace; with no trace and a 'synth' stage, make the demo trace."""
+    job = load_job(job_path)
+    config = load_config(config_path or job.config)
+    if run_dir is None:
+        run_dir = job.runs_dir / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    print(f"run directory: {run_dir}")
+    stages = list(job.stages)
+    if trace is None:
+        if "synth" not in stages:
+            raise BootprofError(f"{job_path}: job has no 'synth' stage, so --trace is required")
+        synth = importlib.import_module("pipeline.synth")
+        trace = run_dir / "input" / "demo.etl"
+        t0 = time.perf_counter()
+        synth.run(trace, config.synth)
+        print(f"  synth      {time.perf_counter() - t0:7.2f} s  {trace}")
+        symbols = trace.parent / "symbols"
+        if symbols.exists() and not config.symbolize.symbol_path:
+            config.symbolize.symbol_path = str(symbols.resolve())
+    stages = [s for s in stages if s != "synth"]
+    from pipeline.cluster import connect
+
+    with connect(config.cluster) as pool:
+        for stage in stages:
+            mod = importlib.import_module(f"pipeline.{stage}")
+            t0 = time.perf_counter()
+            summary = mod.run(run_dir, config, pool, inputs=[trace])
+            print(f"  {stage:<10} {time.perf_counter() - t0:7.2f} s  {summary or ''}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "run":
+            return run_job(args.job, args.trace, args.run_dir, args.config)
+        config: Config = load_config(args.config)
+        return int(args._module.main(args, config) or 0)
+    except BootprofError as exc:
+        print(f"bootprof: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("bootprof: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""The dask client every parallel stage uses.
+
+Tasks receive small descriptors (a file path and byte ranges) and return paths and small
+statistics, never bulk bytes. ``map_tasks`` is the one place that fans work out, so the
+``synchronous`` mode (no dask, everything in this process) exercises exactly the same task code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Callable, Iterable, Iterator
+
+from pipeline.config import ClusterConfig
+
+
+class Pool:
+    """Runs task functions either on a dask cluster or inline."""
+
+    def __init__(self, client=None):
+        self.client = client
+
+    @property
+    def n_workers(self) -> int:
+        if self.client is None:
+            return 1
+        return max(1, len(self.client.scheduler_info().get("workers", {})))
+
+    def map(self, fn: Callable[..., Any], items: Iterable[Any], **kwargs) -> list[Any]:
+        """``[fn(item, **kwargs) for item in items]``, in order, on the cluster when there is one."""
+        items = list(items)
+        if self.client is None or not items:
+            return [fn(item, **kwargs) for item in items]
+        futures = self.client.map(fn, items, pure=False, **kwargs)
+        return self.client.gather(futures)
+
+
+@contextlib.contextmanager
+def connect(cfg: ClusterConfig | None = None) -> Iterator[Pool]:
+    """A Pool for the configured cluster: a LocalCluster on 127.0.0.1, a remote scheduler, or inline."""
+    cfg = cfg or ClusterConfig()
+    if cfg.mode == "synchronous":
+        yield Pool(None)
+        return
+    from distributed import Client, LocalCluster
+
+    if cfg.mode == "address":
+        if not cfg.address:
+            from pipeline.errors import ConfigError
+
+            raise ConfigError("cluster.address: required when cluster.mode is 'address'")
+        with Client(cfg.address, timeout="30s") as client:
+            yield Pool(client)
+        return
+    n = cfg.n_workers or os.cpu_count() or 1
+    with LocalCluster(
+        n_workers=n,
+        threads_per_worker=cfg.threads_per_worker,
+        processes=True,
+        host="127.0.0.1",
+        dashboard_address=None,
+        memory_limit=cfg.memory_limit,
+        silence_logs=40,
+    ) as cluster, Client(cluster) as client:
+        yield Pool(client)

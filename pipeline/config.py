@@ -1,0 +1,185 @@
+"""Typed configuration: one YAML file, one section per stage, validated once.
+
+Every model forbids unknown keys, so a typo is an error that names the file, the key path, its line
+and what was expected, not a silently ignored setting. The resolved config (defaults filled in) is
+stored in each stage's manifest. ``configs/default.yaml`` lists every field with its default.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pipeline.errors import ConfigError
+from pipeline.runs import canonical_hash
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ClusterConfig(Section):
+    mode: Literal["local", "address", "synchronous"] = Field(
+        "local",
+        description="local: start a dask LocalCluster on 127.0.0.1; address: connect to a running "
+        "scheduler; synchronous: no dask at all, tasks run in this process (for debugging).",
+    )
+    address: str | None = Field(None, description="Scheduler address (tcp://host:8786) when mode is 'address'.")
+    n_workers: int | None = Field(None, ge=1, description="Worker processes for mode 'local'; default: one per core.")
+    threads_per_worker: int = Field(1, ge=1, description="Threads per worker process (numba kernels hold the GIL-free loops).")
+    memory_limit: str = Field("4GiB", description="Memory limit per local worker (dask syntax, e.g. '4GiB' or 'auto').")
+
+
+class DecodeConfig(Section):
+    partition_bytes: int = Field(
+        64 << 20, ge=1 << 16, description="Bytes of ETL buffers handed to one dask task."
+    )
+    max_error_rows: int = Field(10_000, ge=0, description="At most this many rows in the `errors` table per input.")
+    skip_cargo_probe: bool = Field(
+        True, description="Ignore cargo's tiny probe self-profiles (`___-<pid>.mm_profdata`)."
+    )
+
+
+class SynthConfig(Section):
+    seed: int = Field(1, description="Random seed: the same seed gives byte-identical output.")
+    size: str = Field("8MB", description="Approximate trace size (e.g. 20MB, 1GB).")
+    cpus: int = Field(4, ge=1, le=2048, description="Logical CPUs of the simulated machine.")
+    compress: bool = Field(False, description="Write XPRESS-compressed buffers, as xperf -merge -compress does.")
+    pointer_size: Literal[4, 8] = Field(8, description="Pointer size of the simulated system.")
+    stack_caching: bool = Field(False, description="Emit stack keys (StackKeyKernel/User + KeyRundown) instead of full StackWalk events.")
+
+
+class SymbolizeConfig(Section):
+    symbol_path: str | None = Field(
+        None,
+        description="Symbol path in _NT_SYMBOL_PATH syntax (dirs, srv*cache*url, cache*dir), ';'-separated. "
+        "When unset, the _NT_SYMBOL_PATH environment variable is used.",
+    )
+    cache_dir: Path = Field(
+        Path("~/.cache/bootprof/symbols"),
+        description="Where downloaded symbol files and derived lookup tables are cached across runs.",
+    )
+    download_timeout_s: float = Field(30.0, gt=0, description="Timeout of one symbol server request.")
+
+
+class AggregateConfig(Section):
+    top_n: int = Field(200, ge=1, description="Rows kept in the top-N summary tables.")
+
+
+class ReportConfig(Section):
+    title: str = Field("bootprof report", description="Title of the HTML report.")
+    top_n: int = Field(50, ge=1, description="Rows shown per table in the HTML report.")
+
+
+class WarehouseConfig(Section):
+    path: Path = Field(Path("warehouse.duckdb"), description="DuckDB file that holds every ingested run.")
+
+
+class Config(Section):
+    cluster: ClusterConfig = ClusterConfig()
+    decode: DecodeConfig = DecodeConfig()
+    synth: SynthConfig = SynthConfig()
+    symbolize: SymbolizeConfig = SymbolizeConfig()
+    aggregate: AggregateConfig = AggregateConfig()
+    report: ReportConfig = ReportConfig()
+    warehouse: WarehouseConfig = WarehouseConfig()
+
+    def resolved(self) -> dict[str, Any]:
+        """Plain JSON form with every default filled in, as stored in manifests."""
+        return self.model_dump(mode="json")
+
+    def hash(self) -> str:
+        return canonical_hash(self.resolved())
+
+
+class Job(Section):
+    """A job file in ``jobs/``: which stages run, with which config, on what."""
+
+    name: str = Field(description="Job name, used in run directory names.")
+    config: Path | None = Field(None, description="Config file, relative to the project root.")
+    stages: list[Literal["synth", "decode", "symbolize", "aggregate", "report", "warehouse"]] = Field(
+        description="Stages in order. 'synth' makes the demo trace when no TRACE is given."
+    )
+    runs_dir: Path = Field(Path("runs"), description="Where run directories are created.")
+
+
+def _line_of(node: yaml.Node | None, loc: tuple) -> int | None:
+    """Line (1-based) of the YAML node at key path ``loc``, or of the deepest existing parent."""
+    line = node.start_mark.line + 1 if node is not None else None
+    for key in loc:
+        if isinstance(node, yaml.MappingNode):
+            child = next((v for k, v in node.value if k.value == key), None)
+            if child is None:
+                key_node = next((k for k, v in node.value if k.value == key), None)
+                return key_node.start_mark.line + 1 if key_node is not None else line
+            node = child
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+            node = node.value[key]
+        else:
+            break
+        line = node.start_mark.line + 1
+    return line
+
+
+def _load_yaml(path: Path) -> tuple[Any, yaml.Node | None]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        return yaml.safe_load(text), yaml.compose(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+
+
+def _validate(model: type[Section], path: Path, data: Any, node: yaml.Node | None):
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections at the top level, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            loc = tuple(err["loc"])
+            key = ".".join(str(p) for p in loc) or "(top level)"
+            line = _line_of(node, loc)
+            where = f"{path}:{line}" if line else str(path)
+            got = "" if err["type"] == "missing" else f" (got {err.get('input')!r})"
+            lines.append(f"{where}: {key}: {err['msg']}{got}")
+        raise ConfigError("invalid configuration\n  " + "\n  ".join(lines)) from None
+
+
+def load_config(path: Path | str | None = None) -> Config:
+    """Load and validate a config file; ``None`` gives the defaults."""
+    if path is None:
+        return Config()
+    path = Path(path)
+    data, node = _load_yaml(path)
+    return _validate(Config, path, data, node)
+
+
+def load_job(path: Path | str) -> Job:
+    path = Path(path)
+    data, node = _load_yaml(path)
+    return _validate(Job, path, data, node)
+
+
+def parse_size(text: str) -> int:
+    """'1GB' -> 1_000_000_000, '64MiB' -> 67_108_864, '1000' -> 1000."""
+    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+             "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40, "K": 10**3, "M": 10**6, "G": 10**9}
+    s = str(text).strip().upper().replace(" ", "")
+    num = s.rstrip("KMGTIB")
+    unit = s[len(num):]
+    try:
+        value = float(num)
+    except ValueError:
+        raise ConfigError(f"not a size: {text!r} (expected e.g. 20MB, 1GB, 64MiB)") from None
+    if unit not in units or value < 0:
+        raise ConfigError(f"not a size: {text!r} (expected e.g. 20MB, 1GB, 64MiB)")
+    return int(value * units[unit])

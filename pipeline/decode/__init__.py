@@ -1,0 +1,89 @@
+"""Decode stage: ETL traces and rustc self-profiles into parquet tables in ``RUN_DIR/decoded/``.
+
+Entry point: :func:`run`. Inputs are recognized by content, not by name: an ETL file starts with a
+buffer header whose first record is the logfile header event; a measureme file starts with ``MMPD``;
+a directory is searched for ``*.mm_profdata`` files. One run holds at most one ETL trace and any
+number of self-profiles; both decode into the same ``decoded/`` output.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import struct
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import InputError
+from pipeline.runs import fingerprint, stage_output
+
+STAGE = "decoded"
+
+ETL = "etl"
+SELF_PROFILE = "mm_profdata"
+
+
+def sniff(path: Path) -> str:
+    """Which format a file is, by its first bytes; InputError naming the file otherwise."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(0x50)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    if head[:4] == b"MMPD":
+        return SELF_PROFILE
+    if len(head) >= 0x4C:
+        buffer_type = struct.unpack_from("<H", head, 0x36)[0]
+        header_type, marker_flags = head[0x4A], head[0x4B]
+        if marker_flags == 0xC0 and header_type in (0x01, 0x02) and buffer_type in (4, 0):
+            return ETL
+    if len(head) < 0x4C:
+        raise InputError(f"{path}: {len(head)} bytes: too short to be an ETL trace or a .mm_profdata file")
+    raise InputError(
+        f"{path}: not an ETL trace (no logfile header event at byte offset 0x48) "
+        f"and not a .mm_profdata file (no 'MMPD' magic at offset 0)"
+    )
+
+
+def classify(inputs: list[Path]) -> tuple[Path | None, list[Path]]:
+    """Split inputs into the one ETL trace and the self-profile files (directories expanded)."""
+    etl: list[Path] = []
+    profiles: list[Path] = []
+    for raw in inputs:
+        path = Path(raw)
+        if not path.exists():
+            raise InputError(f"{path}: no such file or directory")
+        if path.is_dir():
+            found = sorted(path.rglob("*.mm_profdata"))
+            if not found:
+                raise InputError(f"{path}: directory holds no .mm_profdata files")
+            profiles.extend(found)
+            continue
+        kind = sniff(path)
+        (etl if kind == ETL else profiles).append(path)
+    if len(etl) > 1:
+        raise InputError(f"one run holds one ETL trace, got {len(etl)}: {', '.join(map(str, etl))}")
+    return (etl[0] if etl else None), profiles
+
+
+def run(run_dir: Path, config, pool, inputs: list[Path]) -> dict[str, Any]:
+    """Decode ``inputs`` into ``RUN_DIR/decoded``; returns the stage's summary counts."""
+    trace, profiles = classify(inputs)
+    files = ([trace] if trace else []) + profiles
+    summary: dict[str, Any] = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as hasher:
+        # sha256 of a multi-GB trace runs beside the decode (hashlib releases the GIL).
+        prints = hasher.submit(lambda: [fingerprint(f) for f in files])
+        fps = None
+        with stage_output(run_dir, STAGE, inputs=[], config=config.resolved()) as out:
+            if trace is not None:
+                from pipeline.decode.etl import decode_etl
+
+                summary["etl"] = decode_etl(trace, out, config.decode, pool)
+            if profiles:
+                from pipeline.decode.measureme import decode_profiles
+
+                summary["self_profile"] = decode_profiles(profiles, out, config.decode, pool)
+            fps = prints.result()
+            out.manifest.update(summary)
+            out.manifest["inputs"] = fps
+    return summary

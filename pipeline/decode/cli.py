@@ -1,0 +1,22 @@
+"""``bootprof decode PATH... --run RUN_DIR``"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def add_arguments(p) -> None:
+    p.add_argument("inputs", nargs="+", type=Path, metavar="PATH",
+                   help="an ETL trace, .mm_profdata files, or directories of them (recognized by content)")
+    p.add_argument("--run", dest="run_dir", type=Path, required=True, help="run directory to write decoded/ into")
+
+
+def main(args, config) -> int:
+    from pipeline import decode
+    from pipeline.cluster import connect
+
+    with connect(config.cluster) as pool:
+        summary = decode.run(args.run_dir, config, pool, inputs=args.inputs)
+    print(json.dumps(summary, indent=2, sort_keys=True, default=str))
+    return 0

@@ -1,0 +1,210 @@
+"""Run directories, stage manifests and atomic writes.
+
+A run directory holds everything bootprof knows about one trace (or one set of self-profiles):
+
+    RUN_DIR/
+      input/                  inputs the pipeline made itself (the demo trace, its truth and symbols)
+      capture/  decoded/  symbolized/  aggregated/  report/
+                              one directory per stage; each holds parquet tables and _manifest.json
+
+A stage never writes into its final directory. It writes into a hidden sibling (``.decoded.tmp-…``)
+and, once everything including the manifest is on disk, swaps it into place. A reader that finds
+``_manifest.json`` therefore sees a complete output; an interrupted stage leaves at most a hidden
+temporary directory, which the next run of that stage removes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+from pipeline import __version__
+from pipeline.errors import ManifestError
+
+#: Version of the on-disk layout of stage outputs (tables, columns, manifest fields). Readers refuse
+#: outputs with a higher number; bump it whenever a column changes meaning or disappears.
+SCHEMA_VERSION = 1
+
+MANIFEST = "_manifest.json"
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fingerprint(path: Path) -> dict[str, Any]:
+    """Path, size and sha256 of an input file, as stored in manifests."""
+    path = Path(path)
+    return {"path": str(path.resolve()), "size": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+def canonical_hash(obj: Any) -> str:
+    """sha256 of the canonical JSON form of ``obj`` (sorted keys, no whitespace)."""
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def parquet_row_counts(directory: Path) -> dict[str, int]:
+    """Rows per table for every ``<table>.parquet`` (file or dataset directory) in ``directory``."""
+    import pyarrow.parquet as pq
+
+    counts: dict[str, int] = {}
+    for entry in sorted(Path(directory).iterdir()):
+        if not entry.name.endswith(".parquet"):
+            continue
+        files = [entry] if entry.is_file() else sorted(entry.rglob("*.parquet"))
+        counts[entry.name[: -len(".parquet")]] = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    return counts
+
+
+class StageOutput:
+    """The temporary directory a stage writes into, and the manifest it will carry."""
+
+    def __init__(self, run_dir: Path, stage: str, tmp: Path):
+        self.run_dir = run_dir
+        self.stage = stage
+        self.path = tmp
+        self.manifest: dict[str, Any] = {}
+
+    def table_path(self, table: str) -> Path:
+        return self.path / f"{table}.parquet"
+
+    def write_table(self, table: str, data, **kwargs) -> Path:
+        """Write a pyarrow Table as ``<table>.parquet`` (zstd) in the stage directory."""
+        import pyarrow.parquet as pq
+
+        path = self.table_path(table)
+        pq.write_table(data, path, compression=kwargs.pop("compression", "zstd"), **kwargs)
+        return path
+
+
+def stage_dir(run_dir: Path, stage: str) -> Path:
+    return Path(run_dir) / stage
+
+
+@contextlib.contextmanager
+def stage_output(
+    run_dir: Path,
+    stage: str,
+    *,
+    inputs: list[dict[str, Any]] | None = None,
+    config: dict[str, Any] | None = None,
+) -> Iterator[StageOutput]:
+    """Give a stage a private directory; on success, add the manifest and swap it into ``RUN_DIR/stage``.
+
+    The manifest always carries: schema and project version, stage, creation time, inputs (path, size,
+    sha256), the resolved config and its hash, and row counts per table. The stage adds its own
+    counts (buffers skipped, events lost, ...) to ``out.manifest``.
+    On an exception the temporary directory is removed and the previous output stays untouched.
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for stale in run_dir.glob(f".{stage}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = run_dir / f".{stage}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    out = StageOutput(run_dir, stage, tmp)
+    started = time.time()
+    try:
+        yield out
+        manifest = {
+            "schema_version": SCHEMA_VERSION,
+            "project_version": __version__,
+            "stage": stage,
+            "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "elapsed_s": round(time.time() - started, 3),
+            "inputs": inputs or [],
+            "config": config or {},
+            "config_hash": canonical_hash(config or {}),
+            "tables": parquet_row_counts(tmp),
+        }
+        manifest.update(out.manifest)
+        atomic_write_json(tmp / MANIFEST, manifest)
+        _swap_into_place(tmp, stage_dir(run_dir, stage))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _swap_into_place(tmp: Path, final: Path) -> None:
+    old = None
+    if final.exists():
+        old = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
+        os.replace(final, old)
+    os.replace(tmp, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def read_manifest(run_dir: Path, stage: str) -> dict[str, Any]:
+    """The manifest of a finished stage; refuses missing, unreadable or newer-schema outputs."""
+    path = stage_dir(run_dir, stage) / MANIFEST
+    if not path.exists():
+        raise ManifestError(f"{path}: no finished '{stage}' output in run {run_dir} (run that stage first)")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ManifestError(f"{path}: unreadable manifest: {exc}") from exc
+    version = manifest.get("schema_version")
+    if not isinstance(version, int) or version > SCHEMA_VERSION:
+        raise ManifestError(
+            f"{path}: schema_version {version!r} is newer than this bootprof understands "
+            f"({SCHEMA_VERSION}); upgrade bootprof (installed {__version__})"
+        )
+    return manifest
+
+
+def table_path(run_dir: Path, stage: str, table: str) -> Path:
+    return stage_dir(run_dir, stage) / f"{table}.parquet"
+
+
+def has_table(run_dir: Path, stage: str, table: str) -> bool:
+    return table_path(run_dir, stage, table).exists()
+
+
+def read_table(run_dir: Path, stage: str, table: str, columns: list[str] | None = None):
+    """Read one table of a finished stage (file or dataset directory) as a pyarrow Table."""
+    import pyarrow.dataset as ds
+
+    read_manifest(run_dir, stage)
+    path = table_path(run_dir, stage, table)
+    if not path.exists():
+        raise ManifestError(f"{path}: table '{table}' is not in the '{stage}' output of {run_dir}")
+    return ds.dataset(path, format="parquet").to_table(columns=columns)

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Install the Debian packages the test suite needs, only those that are missing.
+set -euo pipefail
+declare -A want=(
+  [chromium]=chromium
+  [clang-cl-16]=clang-16
+  [lld-link-16]=lld-16
+)
+missing=()
+for cmd in "${!want[@]}"; do
+  command -v "$cmd" >/dev/null 2>&1 || missing+=("${want[$cmd]}")
+done
+if ((${#missing[@]})); then
+  echo "system-deps: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

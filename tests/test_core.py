@@ -1,0 +1,128 @@
+"""The core: config validation, run directories and atomic stage outputs, the dask pool, the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pipeline.config import load_config, load_job, parse_size
+from pipeline.errors import ConfigError, InputError, ManifestError
+from pipeline.runs import SCHEMA_VERSION, read_manifest, read_table, stage_output
+from tests.conftest import ROOT
+
+
+def test_default_config_file_matches_model_defaults():
+    assert load_config(ROOT / "configs" / "default.yaml").resolved() == load_config(None).resolved()
+
+
+def test_every_job_file_is_valid():
+    jobs = sorted((ROOT / "jobs").glob("*.yaml"))
+    assert jobs
+    for job in jobs:
+        load_job(job)
+
+
+def test_config_error_names_file_key_line_and_expectation(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("cluster:\n  mode: local\ndecode:\n  partition_bytes: lots\n  colour: blue\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(bad)
+    msg = str(err.value)
+    assert f"{bad}:4: decode.partition_bytes" in msg and "integer" in msg and "'lots'" in msg
+    assert f"{bad}:5: decode.colour: Extra inputs are not permitted" in msg
+
+
+def test_config_error_on_bad_yaml_and_missing_file(tmp_path):
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("cluster: [\n")
+    with pytest.raises(ConfigError, match="broken.yaml: not valid YAML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="nope.yaml: cannot read"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_parse_size():
+    assert parse_size("1GB") == 10**9
+    assert parse_size("64MiB") == 64 << 20
+    assert parse_size("1000") == 1000
+    with pytest.raises(ConfigError):
+        parse_size("big")
+
+
+def _table():
+    import pyarrow as pa
+
+    return pa.table({"x": pa.array([1, 2, 3], pa.int64())})
+
+
+def test_stage_output_is_atomic_and_keeps_previous_output_on_failure(tmp_path):
+    with stage_output(tmp_path, "decoded", config={"a": 1}) as out:
+        out.write_table("t", _table())
+        out.manifest["note"] = "first"
+        assert not (tmp_path / "decoded").exists()  # nothing visible until the stage finishes
+    first = read_manifest(tmp_path, "decoded")
+    assert first["tables"] == {"t": 3} and first["note"] == "first"
+    assert first["schema_version"] == SCHEMA_VERSION and len(first["config_hash"]) == 64
+
+    with pytest.raises(RuntimeError):
+        with stage_output(tmp_path, "decoded") as out:
+            out.write_table("t", _table().slice(0, 1))
+            raise RuntimeError("interrupted")
+    assert read_manifest(tmp_path, "decoded")["note"] == "first"
+    assert read_table(tmp_path, "decoded", "t").num_rows == 3
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_reader_refuses_newer_schema_and_missing_stage(tmp_path):
+    with pytest.raises(ManifestError, match="no finished 'decoded' output"):
+        read_manifest(tmp_path, "decoded")
+    with stage_output(tmp_path, "decoded") as out:
+        out.write_table("t", _table())
+    path = tmp_path / "decoded" / "_manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["schema_version"] = SCHEMA_VERSION + 1
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(ManifestError, match="newer than this bootprof"):
+        read_manifest(tmp_path, "decoded")
+
+
+def _square(x, offset=0):
+    import os
+
+    return x * x + offset, os.getpid()
+
+
+def test_pool_runs_tasks_on_real_worker_processes(dask_pool):
+    import os
+
+    results = dask_pool.map(_square, range(8), offset=1)
+    assert [r[0] for r in results] == [x * x + 1 for x in range(8)]
+    assert os.getpid() not in {r[1] for r in results}
+    assert dask_pool.n_workers == 2
+
+
+def test_decode_sniff_rejects_unknown_and_short_files(tmp_path):
+    from pipeline.decode import classify
+
+    junk = tmp_path / "junk.etl"
+    junk.write_bytes(b"\x00" * 4096)
+    with pytest.raises(InputError, match=r"junk.etl: not an ETL trace .*0x48"):
+        classify([junk])
+    short = tmp_path / "short.etl"
+    short.write_bytes(b"abc")
+    with pytest.raises(InputError, match="short.etl: 3 bytes"):
+        classify([short])
+
+
+def test_cli_help_and_clean_error_exit(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "pipeline", "--help"], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0 and "decode" in out.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("decode: {colour: 1}\n")
+    out = subprocess.run([sys.executable, "-m", "pipeline", "--config", str(bad), "decode", str(bad), "--run", str(tmp_path / "r")],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2
+    assert "bootprof: error:" in out.stderr and "decode.colour" in out.stderr and "Traceback" not in out.stderr
