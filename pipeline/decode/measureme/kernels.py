@@ -1,0 +1,209 @@
+"""Numba kernels for measureme event records: decode, intern string addresses, nest.
+
+Both kernels take the caller's arrays and check every length before they read. ``decode_events``
+reads the records as little-endian u32 words (a v9 record is 8 words, a v8 record 6) and turns the
+two string ids of each record into string-data addresses, interned into dense codes so that
+strings are resolved once per distinct address afterwards, in Python. ``nest_events`` rebuilds
+the per-thread call tree the way analyzeme does (§3 of the format notes): events are written when
+they end, so walking the file backwards visits a parent before its children.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from pipeline.decode.measureme.layout import (
+    FIRST_REGULAR_STRING_ID,
+    INSTANT,
+    INSTANT_MARKER,
+    INTEGER,
+    INTEGER_MARKER,
+    INTERVAL,
+    INVALID_STRING_ID,
+    METADATA_STRING_ID,
+)
+
+# decode_events status codes (anything but OK names the failing event in ``bad_event``).
+OK = 0
+SHORT_BUFFER = 1         # the words array is shorter than n records
+DANGLING_KIND = 2        # a concrete event_kind id points past the end of the string data
+DANGLING_ID = 3          # the same for event_id (virtual ids resolve through the index)
+BAD_INTERVAL = 4         # interval whose start lies after its end
+STATUS_TEXT = {
+    SHORT_BUFFER: "event stream shorter than its record count",
+    DANGLING_KIND: "event_kind string id points past the end of the string data",
+    DANGLING_ID: "event_id string id points past the end of the string data",
+    BAD_INTERVAL: "interval event with start > end",
+}
+
+UNKNOWN_ADDR = -1        # virtual id without index entry, or INVALID_STRING_ID: "<unknown>"
+_EMPTY = -(1 << 62)      # free slot in the open-addressing tables
+_MULT = -7046029254386353131  # 0x9E3779B97F4A7C15 as int64 (Fibonacci hashing)
+
+
+@njit(cache=True, nogil=True)
+def _find(keys, key):
+    mask = keys.shape[0] - 1
+    i = ((key * _MULT) >> 20) & mask
+    while True:
+        k = keys[i]
+        if k == key or k == _EMPTY:
+            return i
+        i = (i + 1) & mask
+
+
+@njit(cache=True, nogil=True)
+def _grow(keys, vals):
+    nk = np.full(keys.shape[0] * 2, _EMPTY, np.int64)
+    nv = np.zeros(keys.shape[0] * 2, np.int32)
+    for j in range(keys.shape[0]):
+        if keys[j] != _EMPTY:
+            s = _find(nk, keys[j])
+            nk[s] = keys[j]
+            nv[s] = vals[j]
+    return nk, nv
+
+
+@njit(cache=True, nogil=True)
+def _grow_list(arr):
+    out = np.empty(arr.shape[0] * 2, arr.dtype)
+    out[: arr.shape[0]] = arr
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _id_to_addr(sid, virt_addr):
+    """String id -> string-data address; UNKNOWN_ADDR for unresolved virtual and invalid ids."""
+    if sid >= FIRST_REGULAR_STRING_ID:
+        return sid - FIRST_REGULAR_STRING_ID
+    if sid == INVALID_STRING_ID or sid == METADATA_STRING_ID or sid < 0 or sid >= virt_addr.shape[0]:
+        return UNKNOWN_ADDR
+    return virt_addr[sid]
+
+
+@njit(cache=True, nogil=True)
+def decode_events(words, first_word, n, rec_words, id_words, virt_addr, string_data_len,
+                  kind_code, id_code, thread, thread_slot, start, end, payload):
+    """Decode ``n`` records starting at ``words[first_word]``.
+
+    Fills the per-event output arrays (allocated by the caller, length ``n``) and returns
+    ``(status, bad_event, addrs, n_addrs, n_threads)``: ``addrs[:n_addrs]`` are the distinct
+    string-data addresses, ``kind_code``/``id_code`` index into them; ``thread_slot`` numbers the
+    distinct thread ids densely from 0.
+    """
+    addrs = np.empty(64, np.int64)
+    n_addrs = 0
+    if n < 0 or first_word < 0 or first_word + n * rec_words > words.shape[0]:
+        return SHORT_BUFFER, 0, addrs, n_addrs, 0
+    if (kind_code.shape[0] < n or id_code.shape[0] < n or thread.shape[0] < n or thread_slot.shape[0] < n
+            or start.shape[0] < n or end.shape[0] < n or payload.shape[0] < n):
+        return SHORT_BUFFER, 0, addrs, n_addrs, 0
+    keys = np.full(1024, _EMPTY, np.int64)
+    vals = np.zeros(1024, np.int32)
+    tkeys = np.full(64, _EMPTY, np.int64)
+    tvals = np.zeros(64, np.int32)
+    n_threads = 0
+    last_tid = -1
+    last_slot = 0
+    for i in range(n):
+        w = first_word + i * rec_words
+        if id_words == 2:
+            kind = np.int64(words[w]) | (np.int64(words[w + 1]) << 32)
+            sid = np.int64(words[w + 2]) | (np.int64(words[w + 3]) << 32)
+        else:
+            kind = np.int64(words[w])
+            sid = np.int64(words[w + 1])
+        f = w + 2 * id_words
+        tid = np.int64(words[f])
+        upper = np.int64(words[f + 3])
+        v1 = np.int64(words[f + 1]) | ((upper >> 16) << 32)
+        v2 = np.int64(words[f + 2]) | ((upper & 0xFFFF) << 32)
+
+        # Two string addresses per record, interned into one table.
+        for which in range(2):
+            a = _id_to_addr(kind if which == 0 else sid, virt_addr)
+            if a >= string_data_len or a < UNKNOWN_ADDR:
+                return (DANGLING_KIND if which == 0 else DANGLING_ID), i, addrs, n_addrs, n_threads
+            s = _find(keys, a)
+            if keys[s] == _EMPTY:
+                if 2 * (n_addrs + 1) > keys.shape[0]:
+                    keys, vals = _grow(keys, vals)
+                    s = _find(keys, a)
+                if n_addrs == addrs.shape[0]:
+                    addrs = _grow_list(addrs)
+                keys[s] = a
+                vals[s] = n_addrs
+                addrs[n_addrs] = a
+                n_addrs += 1
+            if which == 0:
+                kind_code[i] = vals[s]
+            else:
+                id_code[i] = vals[s]
+
+        if tid != last_tid:
+            s = _find(tkeys, tid)
+            if tkeys[s] == _EMPTY:
+                if 2 * (n_threads + 1) > tkeys.shape[0]:
+                    tkeys, tvals = _grow(tkeys, tvals)
+                    s = _find(tkeys, tid)
+                tkeys[s] = tid
+                tvals[s] = n_threads
+                n_threads += 1
+            last_tid = tid
+            last_slot = tvals[s]
+        thread[i] = tid
+        thread_slot[i] = last_slot
+
+        start[i] = v1
+        end[i] = v2
+        if v2 == INSTANT_MARKER:
+            payload[i] = INSTANT
+        elif v2 == INTEGER_MARKER:
+            payload[i] = INTEGER
+        else:
+            if v1 > v2:
+                return BAD_INTERVAL, i, addrs, n_addrs, n_threads
+            payload[i] = INTERVAL
+    return OK, 0, addrs, n_addrs, n_threads
+
+
+@njit(cache=True, nogil=True)
+def nest_events(n, n_threads, thread_slot, start, end, payload, parent, depth, self_ns):
+    """Per-thread nesting, walking backwards as analyzeme does; returns the number of events nested.
+
+    The stack of a thread is the chain ``top, parent[top], parent[parent[top]], ...``: popping moves
+    the top to its parent, pushing links the new event to the current top. An interval ``c`` is a
+    child of ``p`` when ``p.start <= c.start and c.end <= p.end`` (inclusive bounds); an instant
+    is attached to the innermost open interval containing its time but is never pushed.
+    ``self_ns`` is an interval's duration minus the durations of its direct children (0 for
+    instants); ``parent`` is -1 for roots and integer events, ``depth`` -1 for integer events.
+    """
+    if (thread_slot.shape[0] < n or start.shape[0] < n or end.shape[0] < n or payload.shape[0] < n
+            or parent.shape[0] < n or depth.shape[0] < n or self_ns.shape[0] < n):
+        return 0
+    top = np.full(max(n_threads, 1), -1, np.int64)
+    for i in range(n - 1, -1, -1):
+        p = payload[i]
+        sl = thread_slot[i]
+        if p == INTEGER or sl < 0 or sl >= top.shape[0]:
+            parent[i] = -1
+            depth[i] = -1
+            self_ns[i] = 0
+            continue
+        s = start[i]
+        e = end[i] if p == INTERVAL else s
+        t = top[sl]
+        while t >= 0 and not (start[t] <= s and e <= end[t]):
+            t = parent[t]
+        parent[i] = t
+        depth[i] = depth[t] + 1 if t >= 0 else 0
+        if p == INTERVAL:
+            d = e - s
+            self_ns[i] = d
+            if t >= 0:
+                self_ns[t] -= d
+            top[sl] = i
+        else:
+            self_ns[i] = 0
+    return n
