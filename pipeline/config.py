@@ -67,6 +67,10 @@ class SymbolizeConfig(Section):
 
 class AggregateConfig(Section):
     top_n: int = Field(200, ge=1, description="Rows kept in the top-N summary tables.")
+    etl_join_tolerance_ms: float = Field(
+        2000.0, ge=0, description="Self-profile to ETL process join: largest start-time difference "
+        "(self-profile start_time vs ETL process start) still counted as the same process.",
+    )
 
 
 class ReportConfig(Section):

@@ -1,0 +1,59 @@
+"""Aggregate stage: decoded tables -> summaries in ``RUN_DIR/aggregated/``.
+
+Entry point: :func:`run`. The stage is a list of sections (``SECTIONS``); each is a function
+``section(ctx) -> dict | None`` in a sibling module that looks at the decoded output, returns
+``None`` when the run has nothing for it (e.g. no self-profiles), and otherwise writes its tables
+with ``ctx.out.write_table`` and returns its summary counts. A new kind of summary (CPU samples,
+memory, processes) is a new module appended to ``SECTIONS``; existing sections stay untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from pipeline.aggregate import queries
+from pipeline.runs import has_table, read_manifest, stage_dir, stage_output, table_path
+
+STAGE = "aggregated"
+SOURCE = "decoded"
+
+SECTIONS: list[Callable[["Context"], dict[str, Any] | None]] = [queries.aggregate]
+
+
+@dataclass
+class Context:
+    """What a section gets: where to read, where to write, the config and the dask pool."""
+
+    run_dir: Path
+    config: Any
+    pool: Any
+    out: Any                      # StageOutput of aggregated/
+    decoded: dict[str, Any]       # manifest of decoded/
+
+    def has(self, table: str) -> bool:
+        return has_table(self.run_dir, SOURCE, table)
+
+    def source(self, table: str) -> Path:
+        return table_path(self.run_dir, SOURCE, table)
+
+
+def section_name(section: Callable) -> str:
+    return section.__module__.rsplit(".", 1)[-1]
+
+
+def run(run_dir: Path, config, pool, inputs=None) -> dict[str, Any]:
+    """Run every applicable section on ``RUN_DIR/decoded``; returns {section: summary}."""
+    run_dir = Path(run_dir)
+    decoded = read_manifest(run_dir, SOURCE)
+    summary: dict[str, Any] = {}
+    source = [{"stage": SOURCE, "path": str(stage_dir(run_dir, SOURCE)), "created_utc": decoded.get("created_utc")}]
+    with stage_output(run_dir, STAGE, inputs=source, config=config.resolved()) as out:
+        ctx = Context(run_dir, config, pool, out, decoded)
+        for section in SECTIONS:
+            result = section(ctx)
+            if result is not None:
+                summary[section_name(section)] = result
+        out.manifest["sections"] = summary
+    return summary

@@ -1,0 +1,20 @@
+"""``bootprof aggregate --run RUN_DIR``"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--run", dest="run_dir", type=Path, required=True, help="run directory with a decoded/ output")
+
+
+def main(args, config) -> int:
+    from pipeline import aggregate
+    from pipeline.cluster import connect
+
+    with connect(config.cluster) as pool:
+        summary = aggregate.run(args.run_dir, config, pool)
+    print(json.dumps(summary, indent=2, sort_keys=True, default=str))
+    return 0
