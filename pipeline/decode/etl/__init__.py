@@ -1,0 +1,151 @@
+"""ETL decoder: buffer chain -> parallel partitions (numba) -> parquet parts -> global joins.
+
+Entry point :func:`decode_etl`, called by :func:`pipeline.decode.run`. The three layers live in
+``buffers`` (bytes), ``kernels``/``batch``/``partition`` (per-partition decode) and ``interpret``
+(the dispatch table); cross-buffer joins are in ``joins``. Tables and columns: ``schema.md``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.decode.etl import layout as L
+from pipeline.decode.etl.buffers import walk
+
+
+def plan_partitions(bufs: np.ndarray, partition_bytes: int) -> list[np.ndarray]:
+    """Split buffers (file order) into runs of about ``partition_bytes`` on-disk bytes each."""
+    parts = []
+    start = 0
+    acc = 0
+    for i, size in enumerate(bufs["buffer_size"].tolist()):
+        acc += size
+        if acc >= partition_bytes:
+            parts.append(bufs[start:i + 1])
+            start, acc = i + 1, 0
+    if start < len(bufs):
+        parts.append(bufs[start:])
+    return parts
+
+
+def stream_ranks(bufs: np.ndarray) -> np.ndarray:
+    """Rank of each buffer inside its CPU's stream (ordered by SequenceNumber, then file position)."""
+    order = np.lexsort((bufs["index"], bufs["sequence"], bufs["cpu"]))
+    ranks = np.empty(len(bufs), np.int64)
+    cpu_sorted = bufs["cpu"][order]
+    first = np.searchsorted(cpu_sorted, cpu_sorted, side="left")
+    ranks[order] = np.arange(len(bufs)) - first
+    return ranks
+
+
+def filetime_to_utc(ft: int) -> _dt.datetime | None:
+    if ft <= 0:
+        return None
+    return _dt.datetime(1601, 1, 1, tzinfo=_dt.timezone.utc) + _dt.timedelta(microseconds=ft // 10)
+
+
+def decode_etl(path: Path, out, cfg, pool) -> dict[str, Any]:
+    """Decode one ETL trace into ``out`` (a StageOutput); returns the summary stored in the manifest."""
+    from pipeline.decode.etl import joins
+    from pipeline.decode.etl.partition import decode_partition
+
+    t0 = time.time()
+    path = Path(path).resolve()
+    header, bufs = walk(path)
+    ranks = stream_ranks(bufs)
+    desc = np.empty(len(bufs), bufs.dtype.descr + [("stream_rank", "<i8")])
+    for name in bufs.dtype.names:
+        desc[name] = bufs[name]
+    desc["stream_rank"] = ranks
+    scratch = out.path / ".scratch"
+    scratch.mkdir(parents=True, exist_ok=True)
+    consts = {"header_ts": header.header_ts, "perf_freq": header.perf_freq}
+    tasks = [
+        {"path": str(path), "buffers": part, "part": i, "consts": consts,
+         "out_dir": str(out.path), "scratch_dir": str(scratch)}
+        for i, part in enumerate(plan_partitions(desc, cfg.partition_bytes))
+    ]
+    results = pool.map(decode_partition, tasks)
+    t_parts = time.time()
+
+    errors = list(header.walk_errors)
+    for r in results:
+        errors.extend(r["errors"])
+    write_event_counts(out, results)
+    joined = joins.finish(out, scratch, header)
+    shutil.rmtree(scratch, ignore_errors=True)
+
+    skipped = sum(r["buffers_skipped"] for r in results) + len(header.walk_errors)
+    write_errors(out, errors, cfg.max_error_rows)
+    f = header.fields
+    events_lost = int(f["events_lost"])
+    buffers_lost = int(f["buffers_lost"])
+    flagged_events_lost = int(((bufs["buffer_flag"] & L.BUFFER_FLAG_EVENTS_LOST) != 0).sum())
+    end_ts = max((r.get("max_ts", 0) for r in results), default=0)
+    trace = {
+        "file": str(path), "file_size": header.file_size,
+        "os_version": f"{f['version_major']}.{f['version_minor']}", "os_build": f["os_build"],
+        "log_format": f"{f['format_major']}.{f['format_minor']}",
+        "pointer_size": header.pointer_size, "header_pointer_size": f["pointer_size"],
+        "cpu_count": f["cpu_count"], "cpu_speed_mhz": f["cpu_speed_mhz"], "perf_freq": f["perf_freq"],
+        "clock_type": f["clock_type"], "clock_frequency": header.perf_freq,
+        "log_file_mode": f["log_file_mode"], "buffer_size": f["buffer_size"],
+        "timer_resolution": f["timer_resolution"], "timezone_bias_min": f["timezone_bias_min"],
+        "header_timestamp": header.header_ts,
+        "start_utc": filetime_to_utc(f["start_time_filetime"]), "end_utc": filetime_to_utc(f["end_time_filetime"]),
+        "boot_utc": filetime_to_utc(f["boot_time_filetime"]),
+        "start_filetime": f["start_time_filetime"], "end_filetime": f["end_time_filetime"],
+        "buffers": len(bufs), "buffers_written": f["buffers_written"],
+        "compressed_buffers": int(bufs["compressed"].sum()), "buffers_skipped": skipped,
+        "events_lost": events_lost, "buffers_lost": buffers_lost,
+        "buffers_flagged_events_lost": flagged_events_lost,
+        "records": sum(r["records"] for r in results),
+        "logger_name": header.logger_name, "log_file_name": header.log_file_name,
+    }
+    out.write_table("trace", pa.Table.from_pylist([trace]))
+    elapsed = time.time() - t0
+    summary = {
+        "file": str(path), "buffers_total": len(bufs), "buffers_compressed": trace["compressed_buffers"],
+        "buffers_skipped": skipped, "events_lost": events_lost, "buffers_lost": buffers_lost,
+        "records": trace["records"], "errors": len(errors), "partitions": len(tasks),
+        "decode_s": round(t_parts - t0, 3), "join_s": round(elapsed - (t_parts - t0), 3),
+        "mb_per_s": round(header.file_size / 1e6 / max(elapsed, 1e-9), 1), **joined,
+    }
+    out.manifest["etl"] = summary
+    return summary
+
+
+EVENT_COUNTS_SCHEMA = pa.schema([
+    ("provider_guid", pa.string()), ("opcode", pa.uint8()), ("event_id", pa.uint16()),
+    ("version", pa.uint16()), ("header_type", pa.uint8()), ("count", pa.int64()),
+])
+
+
+def write_event_counts(out, results) -> None:
+    totals: dict[tuple, int] = {}
+    for r in results:
+        for *key, n in r["event_counts"]:
+            totals[tuple(key)] = totals.get(tuple(key), 0) + n
+    rows = [(*k, n) for k, n in sorted(totals.items())]
+    cols = list(zip(*rows)) if rows else [[] for _ in EVENT_COUNTS_SCHEMA]
+    out.write_table("event_counts", pa.table([pa.array(c, t.type) for c, t in zip(cols, EVENT_COUNTS_SCHEMA)],
+                                             schema=EVENT_COUNTS_SCHEMA))
+
+
+ERRORS_SCHEMA = pa.schema([
+    ("file", pa.string()), ("buffer_index", pa.int32()), ("file_offset", pa.int64()),
+    ("record_offset", pa.int64()), ("kind", pa.string()), ("message", pa.string()),
+])
+
+
+def write_errors(out, errors: list[dict[str, Any]], limit: int) -> None:
+    rows = sorted(errors, key=lambda e: (e["buffer_index"], e["record_offset"]))[:limit]
+    out.write_table("errors", pa.Table.from_pylist(rows, schema=ERRORS_SCHEMA))
+    out.manifest["errors_total"] = len(errors)

@@ -1,0 +1,144 @@
+"""The decoded records of one partition as columns, with vectorized field readers for extractors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.decode.etl import kernels as K
+from pipeline.decode.etl import layout as L
+
+RECORD_COLUMNS = [
+    ("rbuf", np.int32), ("roff", np.int64), ("rsize", np.int32), ("htype", np.uint8), ("ptr", np.uint8),
+    ("hook", np.uint16), ("opcode", np.uint8), ("event_id", np.uint16), ("version", np.uint16),
+    ("tid", np.uint32), ("pid", np.uint32), ("ts", np.int64), ("guid_off", np.int64),
+    ("pay_off", np.int64), ("pay_len", np.int32), ("ext_off", np.int64), ("ext_len", np.int32),
+]
+
+
+def walk(blob: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """Run the record walk (count, then fill); returns (columns, status per buffer, status offset)."""
+    nbuf = len(starts)
+    status = np.zeros(nbuf, np.int32)
+    status_pos = np.zeros(nbuf, np.int64)
+    empty = [np.zeros(0, t) for _, t in RECORD_COLUMNS]
+    n = K.walk_records(blob, starts, lens, False, *empty, status, status_pos)
+    cols = {name: np.empty(n, t) for name, t in RECORD_COLUMNS}
+    status[:] = 0
+    status_pos[:] = 0
+    K.walk_records(blob, starts, lens, True, *(cols[name] for name, _ in RECORD_COLUMNS), status, status_pos)
+    return cols, status, status_pos
+
+
+class Batch:
+    """Records of one partition plus what extractors need to turn them into table rows."""
+
+    def __init__(self, blob, cols, bufs, consts):
+        self.blob = blob
+        self.c = cols
+        self.n = len(cols["ts"])
+        self.bufs = bufs                    # BUFFER_DESC rows of this partition (+ stream_rank)
+        self.consts = consts
+        self.cpu = bufs["cpu"][cols["rbuf"]].astype(np.uint16) if self.n else np.zeros(0, np.uint16)
+        # Stable position inside the CPU stream: buffer rank in its CPU's sequence order, record index.
+        first = np.searchsorted(cols["rbuf"], np.arange(len(bufs)))
+        rec_in_buf = np.arange(self.n, dtype=np.int64) - first[cols["rbuf"]] if self.n else np.zeros(0, np.int64)
+        self.stream_pos = (bufs["stream_rank"][cols["rbuf"]].astype(np.int64) << 24) | rec_in_buf
+        self.buffer_index = bufs["index"][cols["rbuf"]] if self.n else np.zeros(0, np.int32)
+        self.consumed = np.zeros(self.n, bool)
+        self.out: dict[str, list[pa.Table]] = {}
+        self.errors: list[dict[str, Any]] = []
+
+    # --- time -------------------------------------------------------------------------------------
+    def ns(self, raw: np.ndarray) -> np.ndarray:
+        """Nanoseconds since the trace start (the header event's timestamp) for raw clock values."""
+        return to_ns(raw, self.consts["header_ts"], self.consts["perf_freq"])
+
+    # --- readers ----------------------------------------------------------------------------------
+    def gather(self, pos: np.ndarray, nbytes: int) -> np.ndarray:
+        """Little-endian unsigned ints of ``nbytes`` at blob positions ``pos`` (caller checked bounds)."""
+        if len(pos) == 0:
+            return np.zeros(0, f"<u{nbytes}")
+        idx = pos.astype(np.int64)[:, None] + np.arange(nbytes)
+        return np.ascontiguousarray(self.blob[idx]).view(f"<u{nbytes}").ravel()
+
+    def field(self, idx, off32: int, nptr: int, nbytes: int) -> np.ndarray:
+        """A fixed-size field at payload offset off32 + (P-4)*nptr of records ``idx``."""
+        P = self.c["ptr"][idx].astype(np.int64)
+        return self.gather(self.c["pay_off"][idx] + off32 + (P - 4) * nptr, nbytes)
+
+    def pointer(self, idx, off32: int, nptr: int) -> np.ndarray:
+        """A pointer-sized field (4 or 8 bytes by each record's header) as uint64."""
+        P = self.c["ptr"][idx]
+        pos = self.c["pay_off"][idx] + off32 + (P.astype(np.int64) - 4) * nptr
+        out = np.zeros(len(idx), np.uint64)
+        wide = P == 8
+        out[wide] = self.gather(pos[wide], 8)
+        out[~wide] = self.gather(pos[~wide], 4)
+        return out
+
+    def offset_of(self, idx, off32: int, nptr: int) -> np.ndarray:
+        return off32 + (self.c["ptr"][idx].astype(np.int64) - 4) * nptr
+
+    def strings(self, idx, rel_start: np.ndarray, wide: bool) -> tuple[list[str], np.ndarray]:
+        """NUL-terminated strings at payload offsets ``rel_start``; returns (texts, bytes consumed incl. NUL)."""
+        start = self.c["pay_off"][idx] + rel_start
+        limit = self.c["pay_off"][idx] + self.c["pay_len"][idx]
+        lens = np.zeros(len(idx), np.int64)
+        K.cstring_lengths(self.blob, start.astype(np.int64), limit.astype(np.int64), wide, lens)
+        raw = self.blob
+        enc = "utf-16-le" if wide else "latin-1"
+        texts = [bytes(raw[s:s + k]).decode(enc, errors="replace") for s, k in zip(start.tolist(), lens.tolist())]
+        term = 2 if wide else 1
+        return texts, lens + np.where(start + lens < limit, term, 0)
+
+    def require(self, idx, min_len, what: str) -> np.ndarray:
+        """Records of ``idx`` whose payload holds ``min_len`` bytes (array or int); others become errors."""
+        ok = self.c["pay_len"][idx] >= min_len
+        if not ok.all():
+            for i in idx[~ok][:100].tolist():
+                self.error(i, "short_payload", f"{what}: payload of {int(self.c['pay_len'][i])} bytes is too short")
+        return idx[ok]
+
+    # --- outputs ----------------------------------------------------------------------------------
+    def common(self, idx) -> dict[str, Any]:
+        """Columns every event-like row carries: raw time, ns since start, cpu and stream position."""
+        ts = self.c["ts"][idx]
+        return {"timestamp": ts, "timestamp_ns": self.ns(ts), "cpu": self.cpu[idx],
+                "stream_pos": self.stream_pos[idx]}
+
+    def emit(self, table: str, columns: dict[str, Any], idx=None) -> None:
+        """Add rows to ``table``; ``idx`` marks those records as consumed (they leave ``events``)."""
+        arrays = {k: (v if isinstance(v, (pa.Array, pa.ChunkedArray)) else pa.array(v)) for k, v in columns.items()}
+        self.out.setdefault(table, []).append(pa.table(arrays))
+        if idx is not None:
+            self.consumed[idx] = True
+
+    def error(self, i: int, kind: str, message: str) -> None:
+        b = int(self.c["rbuf"][i])
+        buf = self.bufs[b]
+        rel = int(self.c["roff"][i]) - int(self.consts["starts"][b])
+        self.errors.append(record_error(self.consts["path"], buf, rel, kind, message))
+
+
+def record_error(path: str, buf, rel_offset: int, kind: str, message: str) -> dict[str, Any]:
+    """An errors-table row for a problem ``rel_offset`` bytes into the event data of buffer ``buf``."""
+    file_offset = int(buf["file_offset"]) + L.BUFFER_HEADER_SIZE + rel_offset if not buf["compressed"] else int(buf["file_offset"])
+    where = (f"byte offset 0x{file_offset:x}" if not buf["compressed"]
+             else f"byte offset 0x{int(buf['file_offset']):x} (compressed; record at 0x{rel_offset:x} of the inflated data)")
+    return {"file": path, "buffer_index": int(buf["index"]), "file_offset": file_offset,
+            "record_offset": rel_offset, "kind": kind,
+            "message": f"{path}: buffer {int(buf['index'])} at {where}: {message}"}
+
+
+def to_ns(raw: np.ndarray, t0: int, freq: int) -> np.ndarray:
+    d = raw.astype(np.int64) - np.int64(t0)
+    q, r = np.divmod(d, np.int64(freq))
+    return q * np.int64(1_000_000_000) + (r * np.int64(1_000_000_000)) // np.int64(freq)
+
+
+def list_array(offsets: np.ndarray, values: np.ndarray) -> pa.Array:
+    """A list<uint64> column from CSR offsets and flat values."""
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, pa.uint64()))

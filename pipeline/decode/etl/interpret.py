@@ -1,0 +1,298 @@
+"""Layer 3, interpretation: ONE dispatch table from (provider, opcode, version) to a payload extractor.
+
+An extractor receives the partition's :class:`Batch` and the indices of the records it owns, reads
+their payload fields column-wise and emits rows to one table. Records no extractor claims (and records
+an extractor rejects as too short) go to the ``events`` table, so nothing is invisible. Tables whose
+rows need information from other buffers (stacks, process of a sample, lifetimes) are emitted as raw
+``_``-prefixed scratch tables and finished by :mod:`pipeline.decode.etl.joins`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from pipeline.decode.etl import kernels as K
+from pipeline.decode.etl import layout as L
+from pipeline.decode.etl.batch import Batch, list_array
+
+Extractor = Callable[[Batch, np.ndarray], None]
+
+
+def _u32(b, idx, spec):
+    return b.field(idx, spec[0], spec[1], 4)
+
+
+# --- Process (§3.1) --------------------------------------------------------------------------------
+PROCESS_KIND = {1: "start", 2: "end", 3: "dcstart", 4: "dcend", 39: "defunct"}
+
+
+def process(b: Batch, idx: np.ndarray) -> None:
+    S = L.PROCESS
+    # UserSID position by version: v4+ after Flags, v3 after DirectoryTableBase, v1/v2 after ExitStatus.
+    def sid_offset(idx):
+        v = b.c["version"][idx].astype(np.int64)
+        P = b.c["ptr"][idx].astype(np.int64)
+        return np.where(v >= 4, S["sid"][0], np.where(v == 3, 0x18, 0x14)) + (P - 4) * np.where(v >= 3, 2, 1)
+
+    idx = b.require(idx, sid_offset(idx) + 4, "Process")
+    if len(idx) == 0:
+        return
+    v = b.c["version"][idx].astype(np.int64)
+    P = b.c["ptr"][idx].astype(np.int64)
+    plen = b.c["pay_len"][idx]
+    sid_rel = sid_offset(idx)
+    first = b.gather(b.c["pay_off"][idx] + sid_rel, 4)
+    n_pos = np.minimum(sid_rel + 2 * P + 1, plen - 1)
+    nsub = b.gather(b.c["pay_off"][idx] + n_pos, 1).astype(np.int64)
+    sid_len = np.where(first == 0, 4, 2 * P + 8 + 4 * nsub)
+    name_rel = np.minimum(sid_rel + sid_len, plen)
+    names, used = b.strings(idx, name_rel, wide=False)
+    cmd_rel = name_rel + used
+    cmds, _ = b.strings(idx, cmd_rel, wide=True)
+    cmds = [c if vv >= 2 else "" for c, vv in zip(cmds, v.tolist())]
+    kinds = [PROCESS_KIND.get(int(o), str(int(o))) for o in b.c["opcode"][idx]]
+    b.emit("_process_events", {
+        **b.common(idx), "kind": kinds,
+        "pid": _u32(b, idx, S["pid"]), "parent_pid": _u32(b, idx, S["parent_pid"]),
+        "session": _u32(b, idx, S["session"]), "exit_status": _u32(b, idx, S["exit_status"]).view(np.int32),
+        "unique_process_key": b.pointer(idx, *S["unique_key"]),
+        "flags": np.where(v >= 4, _u32(b, idx, S["flags"]), 0).astype(np.uint32),
+        "image_name": names, "command_line": cmds, "version": b.c["version"][idx],
+    }, idx)
+
+
+# --- Thread (§3.2) ---------------------------------------------------------------------------------
+THREAD_KIND = {1: "start", 2: "end", 3: "dcstart", 4: "dcend"}
+
+
+def thread(b: Batch, idx: np.ndarray) -> None:
+    idx = b.require(idx, 8, "Thread")
+    if len(idx) == 0:
+        return
+    T = L.THREAD
+    P = b.c["ptr"][idx].astype(np.int64)
+    full = b.c["pay_len"][idx] >= 0x2C + 7 * (P - 4)
+    start = np.zeros(len(idx), np.uint64)
+    if full.any():
+        start[full] = b.pointer(idx[full], *T["win32_start_addr"])
+    name_rel = b.offset_of(idx, *T["name"])
+    names, _ = b.strings(idx, name_rel, wide=True)
+    b.emit("_thread_events", {
+        **b.common(idx), "kind": [THREAD_KIND.get(int(o), str(int(o))) for o in b.c["opcode"][idx]],
+        "pid": _u32(b, idx, T["pid"]), "tid": _u32(b, idx, T["tid"]), "win32_start_addr": start,
+        "thread_name": names,
+    }, idx)
+
+
+# --- Image (§3.3) ----------------------------------------------------------------------------------
+IMAGE_KIND = {10: "load", 2: "unload", 3: "dcstart", 4: "dcend"}
+
+
+def image(b: Batch, idx: np.ndarray) -> None:
+    I = L.IMAGE
+    v = b.c["version"][idx]
+    P = b.c["ptr"][idx].astype(np.int64)
+    idx = b.require(idx, np.where(v >= 2, 0x2C + 3 * (P - 4), 0x0C + 2 * (P - 4)), "Image")
+    if len(idx) == 0:
+        return
+    v = b.c["version"][idx]
+    new = v >= 2
+    name_rel = np.where(new, b.offset_of(idx, *I["file_name"]), b.offset_of(idx, 0x0C, 2))
+    names, _ = b.strings(idx, name_rel, wide=True)
+    pid = _u32(b, idx, I["pid"])
+    zero = np.zeros(len(idx), np.uint32)
+    b.emit("_image_events", {
+        **b.common(idx), "kind": [IMAGE_KIND.get(int(o), str(int(o))) for o in b.c["opcode"][idx]],
+        "pid": pid, "base": b.pointer(idx, *I["base"]), "size": b.pointer(idx, *I["size"]),
+        "checksum": np.where(new, _u32(b, idx, I["checksum"]), zero),
+        "time_date_stamp": np.where(new, _u32(b, idx, I["time_date_stamp"]), zero),
+        "file_name": names,
+    }, idx)
+
+
+# --- KernelTraceControl ImageID / DbgID (§3.9) -----------------------------------------------------
+def image_id(b: Batch, idx: np.ndarray) -> None:
+    P = b.c["ptr"][idx].astype(np.int64)
+    idx = b.require(idx, 2 * P + 8, "ImageID")
+    if len(idx) == 0:
+        return
+    D = L.IMAGE_ID
+    names, _ = b.strings(idx, b.offset_of(idx, *D["file_name"]), wide=True)
+    b.emit("_image_id_info", {
+        **b.common(idx), "base": b.pointer(idx, *D["base"]), "size": b.pointer(idx, *D["size"]),
+        "pid": _u32(b, idx, D["pid"]), "time_date_stamp": _u32(b, idx, D["time_date_stamp"]),
+        "original_file_name": names,
+    }, idx)
+
+
+def dbg_id(b: Batch, idx: np.ndarray) -> None:
+    P = b.c["ptr"][idx].astype(np.int64)
+    idx = b.require(idx, P + 24, "DbgID_RSDS")
+    if len(idx) == 0:
+        return
+    D = L.DBG_ID
+    g = b.c["pay_off"][idx] + b.offset_of(idx, *D["guid"])
+    raw = b.blob[g.astype(np.int64)[:, None] + np.arange(16)]
+    guids = [_guid_text(bytes(r)) for r in raw]
+    names, _ = b.strings(idx, b.offset_of(idx, *D["pdb_name"]), wide=False)
+    b.emit("_image_id_dbg", {
+        **b.common(idx), "base": b.pointer(idx, *D["base"]), "pid": _u32(b, idx, D["pid"]),
+        "pdb_guid": guids, "pdb_age": _u32(b, idx, D["age"]), "pdb_name": names,
+        "il": b.c["opcode"][idx] == 37,
+    }, idx)
+
+
+def _guid_text(raw: bytes) -> str:
+    import uuid
+
+    return str(uuid.UUID(bytes_le=raw))
+
+
+# --- PerfInfo SampledProfile (§3.4) ----------------------------------------------------------------
+def sampled_profile(b: Batch, idx: np.ndarray) -> None:
+    P = b.c["ptr"][idx].astype(np.int64)
+    idx = b.require(idx, 8 + P, "SampledProfile")
+    S = L.SAMPLED_PROFILE
+    b.emit("_samples", {**b.common(idx), "tid": _u32(b, idx, S["tid"]), "ip": b.pointer(idx, *S["ip"])}, idx)
+
+
+# --- StackWalk (§3.5) ------------------------------------------------------------------------------
+def _frames(b: Batch, idx: np.ndarray, skip: np.ndarray):
+    n = len(idx)
+    offs = np.zeros(n + 1, np.int64)
+    args = (b.blob, b.c["pay_off"][idx], b.c["pay_len"][idx].astype(np.int64),
+            b.c["ptr"][idx].astype(np.int64), skip.astype(np.int64), offs)
+    total = K.gather_frames(*args, np.zeros(0, np.uint64), False)
+    frames = np.empty(total, np.uint64)
+    K.gather_frames(*args, frames, True)
+    return list_array(offs, frames)
+
+
+def stack_walk(b: Batch, idx: np.ndarray) -> None:
+    idx = b.require(idx, 16, "StackWalk")
+    W = L.STACK_WALK
+    po = b.c["pay_off"][idx]
+    b.emit("_stack_refs", {
+        **b.common(idx), "event_ts": b.gather(po + W["event_ts"], 8).view(np.int64),
+        "pid": b.gather(po + W["pid"], 4), "tid": b.gather(po + W["tid"], 4),
+        "kind": np.zeros(len(idx), np.uint8), "key": np.zeros(len(idx), np.uint64),
+        "frames": _frames(b, idx, np.full(len(idx), W["frames"])),
+    }, idx)
+
+
+def stack_key_ref(b: Batch, idx: np.ndarray) -> None:
+    P = b.c["ptr"][idx].astype(np.int64)
+    idx = b.require(idx, 16 + P, "StackKey")
+    W = L.STACK_WALK
+    po = b.c["pay_off"][idx]
+    empty = list_array(np.zeros(len(idx) + 1, np.int64), np.zeros(0, np.uint64))
+    b.emit("_stack_refs", {
+        **b.common(idx), "event_ts": b.gather(po + W["event_ts"], 8).view(np.int64),
+        "pid": b.gather(po + W["pid"], 4), "tid": b.gather(po + W["tid"], 4),
+        "kind": np.where(b.c["opcode"][idx] == 37, 1, 2).astype(np.uint8),
+        "key": b.pointer(idx, 0x10, 0), "frames": empty,
+    }, idx)
+
+
+def stack_key_def(b: Batch, idx: np.ndarray) -> None:
+    P = b.c["ptr"][idx].astype(np.int64)
+    idx = b.require(idx, P, "StackKey definition")
+    P = b.c["ptr"][idx].astype(np.int64)
+    b.emit("_stack_defs", {
+        **b.common(idx), "key": b.pointer(idx, 0, 0), "opcode": b.c["opcode"][idx],
+        "frames": _frames(b, idx, P),
+    }, idx)
+
+
+# --- PageFault VirtualAlloc / VirtualFree (§3.7) ---------------------------------------------------
+def virtual_alloc(b: Batch, idx: np.ndarray) -> None:
+    P = b.c["ptr"][idx].astype(np.int64)
+    idx = b.require(idx, 16 + 2 * (P - 4), "VirtualAlloc")
+    V = L.VIRTUAL_ALLOC
+    b.emit("_virtual_allocs", {
+        **b.common(idx), "pid": _u32(b, idx, V["pid"]), "base": b.pointer(idx, *V["base"]),
+        "size": b.pointer(idx, *V["size"]), "flags": _u32(b, idx, V["flags"]),
+        "is_free": b.c["opcode"][idx] == 99,
+    }, idx)
+
+
+# --- Heap (§3.8) -----------------------------------------------------------------------------------
+HEAP_KIND = {32: "create", 33: "alloc", 34: "realloc", 35: "destroy", 36: "free"}
+
+
+def heap(b: Batch, idx: np.ndarray) -> None:
+    """Classic heap events: one row layout for all five kinds; absent fields are 0."""
+    op = b.c["opcode"][idx]
+    P = b.c["ptr"][idx].astype(np.int64)
+    need = np.select([op == 32, op == 33, op == 34, op == 35, op == 36],
+                     [4 + P, 4 + 3 * P, 4 + 5 * P, P, 4 + 2 * P], P)
+    idx = b.require(idx, need, "Heap")
+    n = len(idx)
+    op = b.c["opcode"][idx]
+    cols = {k: np.zeros(n, np.uint64) for k in ("heap", "address", "size", "old_address", "old_size")}
+    flags = np.zeros(n, np.uint32)
+    source = np.zeros(n, np.uint32)
+    cols["heap"] = b.pointer(idx, 0, 0)
+    for code, layout in ((33, L.HEAP_ALLOC), (34, L.HEAP_REALLOC), (36, L.HEAP_FREE)):
+        m = op == code
+        if not m.any():
+            continue
+        for name, spec in layout.items():
+            if name == "heap":
+                continue
+            if name == "source":
+                source[m] = _u32(b, idx[m], spec)
+            else:
+                cols[name][m] = b.pointer(idx[m], *spec)
+    m = op == 32
+    if m.any():
+        flags[m] = _u32(b, idx[m], L.HEAP_CREATE["flags"])
+    b.emit("_heap_events", {
+        **b.common(idx), "pid": b.c["pid"][idx], "tid": b.c["tid"][idx],
+        "kind": [HEAP_KIND[int(o)] for o in op], **cols, "flags": flags, "source": source,
+    }, idx)
+
+
+# --- SysConfig CPU (§3.10) -------------------------------------------------------------------------
+def sysconfig_cpu(b: Batch, idx: np.ndarray) -> None:
+    C = L.SYSCONFIG_CPU
+    idx = b.require(idx, C["computer_name"] + C["computer_name_bytes"], "SysConfig CPU")
+    po = b.c["pay_off"][idx]
+    names, _ = b.strings(idx, np.full(len(idx), C["computer_name"]), wide=True)
+    b.emit("sysconfig", {
+        **b.common(idx), "kind": ["cpu"] * len(idx),
+        "cpu_mhz": b.gather(po + C["mhz"], 4), "cpu_count": b.gather(po + C["cpus"], 4),
+        "memory_mb": b.gather(po + C["memory_mb"], 4), "page_size": b.gather(po + C["page_size"], 4),
+        "allocation_granularity": b.gather(po + C["alloc_granularity"], 4), "computer_name": names,
+    }, idx)
+
+
+# --- THE dispatch table ----------------------------------------------------------------------------
+#: (provider GUID, opcode, version or None for any) -> extractor. Extractors bound every read by the
+#: record's payload length, so later versions that append fields decode with the same code.
+DISPATCH: dict[tuple[str, int, int | None], Extractor] = {
+    **{(L.PROCESS_GUID, op, None): process for op in PROCESS_KIND},
+    **{(L.THREAD_GUID, op, None): thread for op in THREAD_KIND},
+    **{(L.IMAGE_GUID, op, None): image for op in IMAGE_KIND},
+    (L.IMAGE_ID_GUID, 0, None): image_id,
+    (L.IMAGE_ID_GUID, 36, None): dbg_id,
+    (L.IMAGE_ID_GUID, 37, None): dbg_id,
+    (L.PERFINFO_GUID, 46, None): sampled_profile,
+    (L.STACKWALK_GUID, 32, None): stack_walk,
+    (L.STACKWALK_GUID, 37, None): stack_key_ref,
+    (L.STACKWALK_GUID, 38, None): stack_key_ref,
+    **{(L.STACKWALK_GUID, op, None): stack_key_def for op in (34, 35, 36)},
+    (L.PAGEFAULT_GUID, 98, None): virtual_alloc,
+    (L.PAGEFAULT_GUID, 99, None): virtual_alloc,
+    **{(L.HEAP_GUID, op, None): heap for op in HEAP_KIND},
+    (L.SYSCONFIG_GUID, 10, None): sysconfig_cpu,
+}
+
+#: Header types each extractor accepts (payload layouts above are those of kernel/classic headers).
+KERNEL_OR_CLASSIC = set(L.SYSTEM_KINDS) | {L.HT_FULL32, L.HT_FULL64, L.HT_INSTANCE32, L.HT_INSTANCE64}
+
+
+def lookup(provider: str, opcode: int, version: int) -> Extractor | None:
+    return DISPATCH.get((provider, opcode, version)) or DISPATCH.get((provider, opcode, None))

@@ -1,0 +1,389 @@
+"""Layer 2, numba kernels: XPRESS decompression and the record walk.
+
+Every kernel takes arrays and offsets, checks each length before it reads and returns status codes
+instead of raising: whatever the bytes say, no read leaves the buffer being decoded and every loop
+advances, so a corrupt input cannot crash or hang the worker.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from pipeline.decode.etl import layout as L
+
+JIT = dict(nogil=True, cache=True)
+
+# Status codes (kernels return them; ``STATUS_TEXT`` turns them into messages).
+OK = 0
+XPRESS_TRUNCATED = 1       # the compressed stream ends inside a token
+XPRESS_BAD_OFFSET = 2      # a match refers to bytes before the start of the buffer
+XPRESS_OVERFLOW = 3        # output would exceed SavedOffset - 0x48
+XPRESS_SHORT = 4           # stream ended before SavedOffset - 0x48 bytes were produced
+XPRESS_BAD_LENGTH = 5      # an extended match length below its minimum
+REC_BAD_MARKER = 10        # first u32 of a record is not a known header
+REC_TOO_SMALL = 11         # record size smaller than its header
+REC_PAST_END = 12          # record runs past the buffer's fill mark
+REC_BAD_EXTENDED = 13      # EVENT_HEADER extended items or PERFINFO extensions do not fit the record
+REC_TRUNCATED_HEADER = 14  # fewer bytes left in the buffer than a record header
+
+STATUS_TEXT = {
+    XPRESS_TRUNCATED: "XPRESS stream ends inside a token",
+    XPRESS_BAD_OFFSET: "XPRESS match refers before the buffer start",
+    XPRESS_OVERFLOW: "XPRESS output exceeds SavedOffset-0x48",
+    XPRESS_SHORT: "XPRESS output shorter than SavedOffset-0x48",
+    XPRESS_BAD_LENGTH: "XPRESS extended match length below its minimum",
+    REC_BAD_MARKER: "record marker is not a known header type",
+    REC_TOO_SMALL: "record size smaller than its header",
+    REC_PAST_END: "record runs past the buffer's fill mark",
+    REC_BAD_EXTENDED: "extended header items do not fit the record",
+    REC_TRUNCATED_HEADER: "buffer ends inside a record header",
+}
+
+
+@nb.njit(**JIT)
+def _u16(a, p):
+    return np.uint32(a[p]) | (np.uint32(a[p + 1]) << 8)
+
+
+@nb.njit(**JIT)
+def _u32(a, p):
+    return np.uint32(a[p]) | (np.uint32(a[p + 1]) << 8) | (np.uint32(a[p + 2]) << 16) | (np.uint32(a[p + 3]) << 24)
+
+
+@nb.njit(**JIT)
+def _u64(a, p):
+    return np.uint64(_u32(a, p)) | (np.uint64(_u32(a, p + 4)) << np.uint64(32))
+
+
+@nb.njit(**JIT)
+def xpress_decompress(src, s0, s1, dst, d0, d1):
+    """Plain LZ77 (MS-XCA §2.4) from src[s0:s1] into dst[d0:d1]; returns (status, bytes written)."""
+    ip = s0
+    op = d0
+    flags = np.uint32(0)
+    nflags = 0
+    half = -1  # position of the shared length nibble byte, -1 when none pending
+    while True:
+        if nflags == 0:
+            if ip + 4 > s1:
+                break
+            flags = _u32(src, ip)
+            ip += 4
+            nflags = 32
+        nflags -= 1
+        if (flags >> np.uint32(nflags)) & np.uint32(1) == 0:
+            if ip >= s1:
+                break
+            if op >= d1:
+                return XPRESS_OVERFLOW, op - d0
+            dst[op] = src[ip]
+            op += 1
+            ip += 1
+            continue
+        if ip >= s1:
+            break
+        if ip + 2 > s1:
+            return XPRESS_TRUNCATED, op - d0
+        token = _u16(src, ip)
+        ip += 2
+        length = np.int64(token & 7)
+        dist = np.int64(token >> 3) + 1
+        if length == 7:
+            if half < 0:
+                if ip >= s1:
+                    return XPRESS_TRUNCATED, op - d0
+                length = np.int64(src[ip] & 15)
+                half = ip
+                ip += 1
+            else:
+                length = np.int64(src[half] >> 4)
+                half = -1
+            if length == 15:
+                if ip >= s1:
+                    return XPRESS_TRUNCATED, op - d0
+                length = np.int64(src[ip])
+                ip += 1
+                if length == 255:
+                    if ip + 2 > s1:
+                        return XPRESS_TRUNCATED, op - d0
+                    length = np.int64(_u16(src, ip))
+                    ip += 2
+                    if length == 0:
+                        if ip + 4 > s1:
+                            return XPRESS_TRUNCATED, op - d0
+                        length = np.int64(_u32(src, ip))
+                        ip += 4
+                    if length < 22:
+                        return XPRESS_BAD_LENGTH, op - d0
+                    length -= 22
+                length += 15
+            length += 7
+        length += 3
+        if op - dist < d0:
+            return XPRESS_BAD_OFFSET, op - d0
+        if op + length > d1:
+            return XPRESS_OVERFLOW, op - d0
+        for _ in range(length):  # byte by byte: overlapping matches repeat the pattern
+            dst[op] = dst[op - dist]
+            op += 1
+    if op != d1:
+        return XPRESS_SHORT, op - d0
+    return OK, op - d0
+
+
+@nb.njit(**JIT)
+def decompress_buffers(raw, src_start, src_end, dst, dst_start, dst_len, status, produced):
+    """Decompress every buffer i with src_start[i] >= 0 from raw[src_start:src_end] into its dst slot."""
+    for i in range(src_start.shape[0]):
+        if src_start[i] < 0:
+            continue
+        st, n = xpress_decompress(raw, src_start[i], src_end[i], dst, dst_start[i], dst_start[i] + dst_len[i])
+        status[i] = st
+        produced[i] = n
+
+
+@nb.njit(**JIT)
+def _header_kind(htype):
+    """(header size, pointer size, size field at +4) of a 0xC0 header type; size 0 if unknown."""
+    if htype == 0x01:
+        return 0x20, 4, True
+    if htype == 0x02:
+        return 0x20, 8, True
+    if htype == 0x03:
+        return 0x18, 4, True
+    if htype == 0x04:
+        return 0x18, 8, True
+    if htype == 0x10:
+        return 0x10, 4, True
+    if htype == 0x11:
+        return 0x10, 8, True
+    if htype == 0x0A:
+        return 0x30, 4, False
+    if htype == 0x14:
+        return 0x30, 8, False
+    if htype == 0x0B:
+        return 0x48, 4, False
+    if htype == 0x15:
+        return 0x48, 8, False
+    if htype == 0x12:
+        return 0x50, 4, False
+    if htype == 0x13:
+        return 0x50, 8, False
+    return 0, 0, False
+
+
+@nb.njit(**JIT)
+def walk_records(blob, starts, lens, fill, rbuf, roff, rsize, htype, ptr, hook, opcode, event_id, version,
+                 tid, pid, ts, guid_off, pay_off, pay_len, ext_off, ext_len, status, status_pos):
+    """Walk the records of every buffer blob[starts[i]:starts[i]+lens[i]].
+
+    With ``fill`` False only counts (returns the number of records); with ``fill`` True writes one entry
+    per record into the column arrays (sized by the counting pass). A record that does not parse ends
+    its buffer: status[i] gets the code and status_pos[i] the offset of the record inside the buffer.
+    """
+    n = 0
+    for b in range(starts.shape[0]):
+        base = starts[b]
+        end = base + lens[b]
+        p = base
+        while p < end:
+            if p + 4 > end:
+                break  # less than a marker of slack: end of data
+            marker = _u32(blob, p)
+            if marker == np.uint32(0xFFFFFFFF):
+                break
+            mflags = marker >> np.uint32(24)
+            ht = (marker >> np.uint32(16)) & np.uint32(0xFF)
+            hsize = 0
+            psize = 8
+            size = 0
+            if mflags == np.uint32(0xC0):
+                hsize, psize, size_at_4 = _header_kind(ht)
+                if hsize == 0:
+                    status[b] = REC_BAD_MARKER
+                    status_pos[b] = p - base
+                    break
+                if p + hsize > end:
+                    status[b] = REC_TRUNCATED_HEADER
+                    status_pos[b] = p - base
+                    break
+                size = _u16(blob, p + 4) if size_at_4 else _u16(blob, p)
+            elif mflags == np.uint32(0x90):
+                ht = np.uint32(0x90)
+                hsize = 8
+                if p + hsize > end:
+                    status[b] = REC_TRUNCATED_HEADER
+                    status_pos[b] = p - base
+                    break
+                size = _u16(blob, p)
+            else:
+                status[b] = REC_BAD_MARKER
+                status_pos[b] = p - base
+                break
+            if size < hsize:
+                status[b] = REC_TOO_SMALL
+                status_pos[b] = p - base
+                break
+            if p + size > end:
+                status[b] = REC_PAST_END
+                status_pos[b] = p - base
+                break
+            # Where the payload starts: after the header and any extensions.
+            po = p + hsize
+            eo = np.int64(-1)
+            el = 0
+            if ht == 0x10 or ht == 0x11:
+                v = _u16(blob, p)
+                extra = 8 * ((v >> 8) & 7) + (8 if (v & 0x8000) else 0)
+                po += extra
+            elif ht == 0x12 or ht == 0x13:
+                if _u16(blob, p + 4) & 1:
+                    eo = po
+                    q = po
+                    ok = False
+                    while q + 8 <= p + size:
+                        isz = _u16(blob, q)
+                        link = _u16(blob, q + 4)
+                        if isz < 8:
+                            break
+                        q += isz
+                        if link & 1 == 0:
+                            ok = q <= p + size
+                            break
+                    if not ok:
+                        status[b] = REC_BAD_EXTENDED
+                        status_pos[b] = p - base
+                        break
+                    el = q - eo
+                    po = q
+            elif ht == 0x90:
+                mf = _u16(blob, p + 6)
+                extra = 0
+                if mf & 0x1:
+                    extra += 4
+                if mf & 0x2:
+                    extra += 16
+                elif mf & 0x4:
+                    extra += 4
+                if mf & 0x8:
+                    extra += 8
+                if mf & 0x20:
+                    extra += 8
+                po += extra
+            if po > p + size:
+                status[b] = REC_BAD_EXTENDED
+                status_pos[b] = p - base
+                break
+            if fill:
+                rbuf[n] = b
+                roff[n] = p
+                rsize[n] = size
+                htype[n] = ht
+                ptr[n] = psize
+                pay_off[n] = po
+                pay_len[n] = p + size - po
+                ext_off[n] = eo
+                ext_len[n] = el
+                guid_off[n] = -1
+                event_id[n] = 0
+                if ht <= 0x04 or ht == 0x10 or ht == 0x11:
+                    hk = _u16(blob, p + 6)
+                    hook[n] = hk
+                    opcode[n] = hk & 0xFF
+                    version[n] = _u16(blob, p) & 0xFF
+                    if ht <= 0x04:
+                        tid[n] = _u32(blob, p + 8)
+                        pid[n] = _u32(blob, p + 12)
+                        ts[n] = np.int64(_u64(blob, p + 16))
+                    else:
+                        tid[n] = np.uint32(0xFFFFFFFF)
+                        pid[n] = np.uint32(0xFFFFFFFF)
+                        ts[n] = np.int64(_u64(blob, p + 8))
+                elif ht == 0x90:
+                    mf = _u16(blob, p + 6)
+                    hook[n] = 0
+                    opcode[n] = 0
+                    version[n] = 0
+                    event_id[n] = _u16(blob, p + 4)
+                    q = p + 8
+                    if mf & 0x1:
+                        q += 4
+                    if mf & 0x2:
+                        guid_off[n] = q
+                        q += 16
+                    elif mf & 0x4:
+                        q += 4
+                    ts[n] = 0
+                    if mf & 0x8:
+                        ts[n] = np.int64(_u64(blob, q))
+                        q += 8
+                    tid[n] = np.uint32(0xFFFFFFFF)
+                    pid[n] = np.uint32(0xFFFFFFFF)
+                    if mf & 0x20:
+                        tid[n] = _u32(blob, q)
+                        pid[n] = _u32(blob, q + 4)
+                elif ht == 0x12 or ht == 0x13:
+                    hook[n] = 0
+                    opcode[n] = blob[p + 0x2D]
+                    version[n] = blob[p + 0x2A]
+                    event_id[n] = _u16(blob, p + 0x28)
+                    tid[n] = _u32(blob, p + 8)
+                    pid[n] = _u32(blob, p + 12)
+                    ts[n] = np.int64(_u64(blob, p + 16))
+                    guid_off[n] = p + 0x18
+                else:  # FULL_HEADER / INSTANCE: Class {u8 Type; u8 Level; u16 Version} at +4
+                    hook[n] = 0
+                    opcode[n] = blob[p + 4]
+                    version[n] = _u16(blob, p + 6)
+                    tid[n] = _u32(blob, p + 8)
+                    pid[n] = _u32(blob, p + 12)
+                    ts[n] = np.int64(_u64(blob, p + 16))
+                    guid_off[n] = p + 0x18
+            n += 1
+            p += (size + 7) & ~7
+    return n
+
+
+@nb.njit(**JIT)
+def gather_frames(blob, pay_off, pay_len, ptr, skip, out_offsets, out_frames, fill):
+    """Stack frames of each record: pointers from payload byte ``skip[i]`` to the payload end.
+
+    Counting pass (``fill`` False) returns the total number of frames and writes out_offsets
+    (CSR, len n+1); the fill pass writes the frames as uint64 (4-byte pointers zero-extended).
+    """
+    total = 0
+    out_offsets[0] = 0
+    for i in range(pay_off.shape[0]):
+        P = ptr[i]
+        avail = pay_len[i] - skip[i]
+        k = avail // P if avail > 0 else 0
+        if fill:
+            q = pay_off[i] + skip[i]
+            for j in range(k):
+                if P == 8:
+                    out_frames[total + j] = _u64(blob, q + 8 * j)
+                else:
+                    out_frames[total + j] = np.uint64(_u32(blob, q + 4 * j))
+        total += k
+        out_offsets[i + 1] = total
+    return total
+
+
+@nb.njit(**JIT)
+def cstring_lengths(blob, start, limit, wide, out):
+    """Length in bytes (without terminator) of the NUL-terminated string at start[i], bounded by limit[i]."""
+    for i in range(start.shape[0]):
+        p = start[i]
+        e = limit[i]
+        if p < 0 or p > e:
+            out[i] = 0
+            continue
+        q = p
+        if wide:
+            while q + 1 < e and not (blob[q] == 0 and blob[q + 1] == 0):
+                q += 2
+        else:
+            while q < e and blob[q] != 0:
+                q += 1
+        out[i] = q - p
