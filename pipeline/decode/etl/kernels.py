@@ -174,6 +174,30 @@ def _header_kind(htype):
 
 
 @nb.njit(**JIT)
+def _record_frame(blob, p, end, marker):
+    """(status, header type, header size, pointer size, record size) of the record at p < end."""
+    mflags = marker >> np.uint32(24)
+    ht = (marker >> np.uint32(16)) & np.uint32(0xFF)
+    if mflags == np.uint32(0xC0):
+        hsize, psize, size_at_4 = _header_kind(ht)
+        if hsize == 0:
+            return REC_BAD_MARKER, ht, 0, 0, np.int64(0)
+    elif mflags == np.uint32(0x90):
+        ht, hsize, psize, size_at_4 = np.uint32(0x90), 8, 8, False
+    else:
+        return REC_BAD_MARKER, ht, 0, 0, np.int64(0)
+    if p + hsize > end:
+        return REC_TRUNCATED_HEADER, ht, hsize, psize, np.int64(0)
+    size = np.int64(_u16(blob, p + 4)) if size_at_4 else np.int64(_u16(blob, p))
+    if size < hsize:
+        return REC_TOO_SMALL, ht, hsize, psize, size
+    if p + size > end:
+        return REC_PAST_END, ht, hsize, psize, size
+    return OK, ht, hsize, psize, size
+
+
+
+@nb.njit(**JIT)
 def walk_records(blob, starts, lens, fill, rbuf, roff, rsize, htype, ptr, hook, opcode, event_id, version,
                  tid, pid, ts, guid_off, pay_off, pay_len, ext_off, ext_len, status, status_pos):
     """Walk the records of every buffer blob[starts[i]:starts[i]+lens[i]].
@@ -193,40 +217,9 @@ def walk_records(blob, starts, lens, fill, rbuf, roff, rsize, htype, ptr, hook, 
             marker = _u32(blob, p)
             if marker == np.uint32(0xFFFFFFFF):
                 break
-            mflags = marker >> np.uint32(24)
-            ht = (marker >> np.uint32(16)) & np.uint32(0xFF)
-            hsize = 0
-            psize = 8
-            size = 0
-            if mflags == np.uint32(0xC0):
-                hsize, psize, size_at_4 = _header_kind(ht)
-                if hsize == 0:
-                    status[b] = REC_BAD_MARKER
-                    status_pos[b] = p - base
-                    break
-                if p + hsize > end:
-                    status[b] = REC_TRUNCATED_HEADER
-                    status_pos[b] = p - base
-                    break
-                size = _u16(blob, p + 4) if size_at_4 else _u16(blob, p)
-            elif mflags == np.uint32(0x90):
-                ht = np.uint32(0x90)
-                hsize = 8
-                if p + hsize > end:
-                    status[b] = REC_TRUNCATED_HEADER
-                    status_pos[b] = p - base
-                    break
-                size = _u16(blob, p)
-            else:
-                status[b] = REC_BAD_MARKER
-                status_pos[b] = p - base
-                break
-            if size < hsize:
-                status[b] = REC_TOO_SMALL
-                status_pos[b] = p - base
-                break
-            if p + size > end:
-                status[b] = REC_PAST_END
+            err, ht, hsize, psize, size = _record_frame(blob, p, end, marker)
+            if err != OK:
+                status[b] = err
                 status_pos[b] = p - base
                 break
             # Where the payload starts: after the header and any extensions.
@@ -323,19 +316,15 @@ def walk_records(blob, starts, lens, fill, rbuf, roff, rsize, htype, ptr, hook, 
                     if mf & 0x20:
                         tid[n] = _u32(blob, q)
                         pid[n] = _u32(blob, q + 4)
-                elif ht == 0x12 or ht == 0x13:
+                else:  # EVENT_HEADER, or FULL_HEADER/INSTANCE with Class {u8 Type; u8 Level; u16 Version} at +4
                     hook[n] = 0
-                    opcode[n] = blob[p + 0x2D]
-                    version[n] = blob[p + 0x2A]
-                    event_id[n] = _u16(blob, p + 0x28)
-                    tid[n] = _u32(blob, p + 8)
-                    pid[n] = _u32(blob, p + 12)
-                    ts[n] = np.int64(_u64(blob, p + 16))
-                    guid_off[n] = p + 0x18
-                else:  # FULL_HEADER / INSTANCE: Class {u8 Type; u8 Level; u16 Version} at +4
-                    hook[n] = 0
-                    opcode[n] = blob[p + 4]
-                    version[n] = _u16(blob, p + 6)
+                    if ht == 0x12 or ht == 0x13:
+                        opcode[n] = blob[p + 0x2D]
+                        version[n] = blob[p + 0x2A]
+                        event_id[n] = _u16(blob, p + 0x28)
+                    else:
+                        opcode[n] = blob[p + 4]
+                        version[n] = _u16(blob, p + 6)
                     tid[n] = _u32(blob, p + 8)
                     pid[n] = _u32(blob, p + 12)
                     ts[n] = np.int64(_u64(blob, p + 16))
