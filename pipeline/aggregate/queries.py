@@ -36,6 +36,8 @@ ARTIFACTS = "artifact_sizes"
 STACKS = "query_stacks"
 PROCESSES = "self_profile_processes"
 
+#: ``query_summary.category``: 'query' when the label has query events (Query, cache hits, incremental
+#: loads, hashing, blocking), else 'activity' for GenericActivity (timed passes), else 'other'.
 #: Measure columns of ``query_summary``, in summarize's order.
 MEASURES = ["self_ns", "time_ns", "invocations", "cache_misses", "cache_hits", "blocked_ns",
             "incr_load_ns", "incr_hashing_ns"]
@@ -64,16 +66,23 @@ instants as (
     where e.kind = 'QueryCacheHit' and e.payload = 'instant'
       and (c.last_count is null or e.event_index > c.last_count)
     group by e.file_id, e.label),
+categories as (
+    select file_id, label, max(case when kind = 'GenericActivity' then 1
+                                    when kind in ('Query', 'QueryBlocked', 'QueryCacheHit', 'QueryCacheHitCount',
+                                                  'IncrementalLoadResult', 'IncrementalResultHashing') then 2
+                                    else 0 end) as category
+    from ev where kind <> 'ArtifactSize' group by file_id, label),
 hits as (
     select file_id, label, sum(hits)::BIGINT as cache_hits
     from (select file_id, label, hits from counts union all select file_id, label, hits from instants)
     group by file_id, label)
-select coalesce(p.file_id, h.file_id) as file_id, coalesce(p.label, h.label) as label,
+select coalesce(p.file_id, h.file_id) as file_id, coalesce(p.label, h.label) as label, c.category,
     coalesce(self_ns, 0) as self_ns, coalesce(time_ns, 0) as time_ns,
     coalesce(invocations, 0) as invocations, coalesce(cache_misses, 0) as cache_misses,
     coalesce(cache_hits, 0) as cache_hits, coalesce(blocked_ns, 0) as blocked_ns,
     coalesce(incr_load_ns, 0) as incr_load_ns, coalesce(incr_hashing_ns, 0) as incr_hashing_ns
 from per_label p full outer join hits h on p.file_id = h.file_id and p.label = h.label
+join categories c on c.file_id = coalesce(p.file_id, h.file_id) and c.label = coalesce(p.label, h.label)
 """
 
 _TOTALS_FILE = """
@@ -87,8 +96,10 @@ group by file_id
 
 
 def _scoped(sql_file_level: str, keys: list[str], measures: list[str]) -> str:
-    """Rows per file, per crate and for the whole build from a per-file query (joined to the files)."""
-    sums = ", ".join(f"sum({m})::BIGINT as {m}" for m in measures)
+    """Rows per file, per crate and for the whole build from a per-file query (joined to the files).
+
+    Measures are summed, except ``category`` (a rank: the largest wins)."""
+    sums = ", ".join(f"max({m}) as {m}" if m == "category" else f"sum({m})::BIGINT as {m}" for m in measures)
     k = "".join(f"{key}, " for key in keys)
     group = "group by " + ", ".join(keys) if keys else ""
     return f"""
@@ -114,10 +125,11 @@ def aggregate(ctx) -> dict[str, Any] | None:
     con.execute(f"create table file_totals as {_TOTALS_FILE}")
     totals_sql = _scoped("select * from file_totals", [], ["total_ns", "gap_ns", "threads"])
     con.execute(f"create table totals as select scope, file_id, crate, total_ns, gap_ns, threads from ({totals_sql})")
-    summary_sql = _scoped(_PER_FILE, ["label"], MEASURES)
+    summary_sql = _scoped(_PER_FILE, ["label"], ["category"] + MEASURES)
     con.execute(f"create table summary as {summary_sql}")
     summary = con.sql("""
-        select s.scope, s.file_id, s.crate, s.label, s.self_ns, s.time_ns, s.invocations, s.cache_misses,
+        select s.scope, s.file_id, s.crate, s.label,
+               case s.category when 2 then 'query' when 1 then 'activity' else 'other' end as category, s.self_ns, s.time_ns, s.invocations, s.cache_misses,
                s.cache_hits, s.blocked_ns, s.incr_load_ns, s.incr_hashing_ns,
                round(100.0 * s.self_ns / nullif(t.total_ns, 0), 3) as pct_total
         from summary s join totals t on s.scope = t.scope
