@@ -1,0 +1,434 @@
+"""Symbolize stage: every unique stack frame of a run -> module, function, inline chain, file:line.
+
+Entry point: :func:`run`. Reads ``RUN_DIR/decoded/{samples,stacks,images,image_ids}`` and writes
+``RUN_DIR/symbolized/frames.parquet`` (see ``schema.md``). The steps:
+
+1. **Frames.** Unique (pid, stack) pairs of the samples are expanded into their frames, plus each
+   sample's ``ip``; one row per unique (pid, address), remembering whether the address ever was a
+   leaf (frame 0 or the ip) and its first time.
+2. **Images.** Each frame is mapped to the image loaded at that address in that process at that
+   time (:mod:`.images`). Only frames that two images of one process could both cover (a reused
+   address range) are mapped again with the time of every sample that holds them.
+3. **Symbols.** The distinct debug ids of the images that occur go to the dask pool, one task
+   each (:func:`.build.resolve_debug_id`): find the PDB or Breakpad file along the symbol path
+   (downloading it into the cache once), build its sorted address table once per debug id.
+4. **Lookups.** Per debug id, one ``searchsorted`` over the frames' RVAs (return addresses minus
+   one: a non-leaf frame's address is the instruction after the call) and gathers up the inline
+   chains give one output row per frame and inline level.
+
+A missing or unusable symbol file is reported once per image, with its reason, in the manifest
+(``images_without_symbols``); its frames stay visible as ``module+0xoffset``.
+"""
+
+from __future__ import annotations
+
+import logging
+import ntpath
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.errors import ManifestError
+from pipeline.runs import has_table, read_manifest, read_table, stage_output
+
+STAGE = "symbolized"
+DECODED = "decoded"
+
+log = logging.getLogger("bootprof.symbolize")
+
+INT64_MIN = np.iinfo(np.int64).min
+INT64_MAX = np.iinfo(np.int64).max
+
+
+def _column(table, name: str, where: str, fill=None) -> np.ndarray:
+    import pyarrow.compute as pc
+
+    if name not in table.column_names:
+        raise ManifestError(f"{where}: column '{name}' is missing (has {', '.join(table.column_names)})")
+    col = table.column(name)
+    if fill is not None and col.null_count:
+        col = pc.fill_null(col, fill)
+    return col.to_numpy(zero_copy_only=False)
+
+
+# -- 1. frames ---------------------------------------------------------------------------------
+
+
+def _explode(pids: np.ndarray, stack_ids: np.ndarray, times: np.ndarray, stack_keys: np.ndarray,
+             stack_starts: np.ndarray, stack_stops: np.ndarray,
+             values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Frames of each (pid, stack_id, time): (pid, address, is_leaf, time) per frame, vectorized."""
+    if len(stack_keys) == 0 or len(stack_ids) == 0:
+        z = np.zeros(0, dtype=np.int64)
+        return z, z.astype(np.uint64), z.astype(bool), z
+    pos = np.searchsorted(stack_keys, stack_ids)
+    pos = np.minimum(pos, len(stack_keys) - 1)
+    known = stack_keys[pos] == stack_ids
+    pids, pos, times = pids[known], pos[known], times[known]
+    starts = stack_starts[pos]
+    lengths = stack_stops[pos] - starts
+    total = int(lengths.sum())
+    owner = np.repeat(np.arange(len(pos)), lengths)
+    first = np.cumsum(lengths) - lengths
+    within = np.arange(total, dtype=np.int64) - np.repeat(first, lengths)
+    address = values[np.repeat(starts, lengths) + within]
+    return pids[owner], address.astype(np.uint64), within == 0, times[owner]
+
+
+def _unique_frames(pid, address, leaf, t, keys=("pid", "address")):
+    """One row per key: is_leaf = any, time = min."""
+    import pyarrow as pa
+
+    tbl = pa.table({"pid": pid, "address": address, "leaf": leaf, "t": t})
+    g = tbl.group_by(list(keys), use_threads=True).aggregate([("leaf", "max"), ("t", "min")])
+    return (g.column("pid").to_numpy(), g.column("address").to_numpy(),
+            g.column("leaf_max").to_numpy(zero_copy_only=False), g.column("t_min").to_numpy())
+
+
+def collect_frames(run_dir: Path) -> dict[str, np.ndarray]:
+    """Unique (pid, address) frames of the run with is_leaf and first time; plus what refinement needs."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    where = f"{run_dir}/{DECODED}/samples.parquet"
+    samples = read_table(run_dir, DECODED, "samples", columns=["timestamp_ns", "pid", "ip", "stack_id"])
+    s_pid = _column(samples, "pid", where, 0).astype(np.int64)
+    s_t = _column(samples, "timestamp_ns", where, 0).astype(np.int64)
+    s_ip = _column(samples, "ip", where, 0).astype(np.uint64)
+    s_stack = _column(samples, "stack_id", where, -1).astype(np.int64)
+
+    stacks = read_table(run_dir, DECODED, "stacks", columns=["stack_id", "frames"])
+    keys = _column(stacks, "stack_id", f"{run_dir}/{DECODED}/stacks.parquet").astype(np.int64)
+    lists = stacks.column("frames")
+    lists = lists.combine_chunks() if lists.num_chunks else pa.array([], pa.list_(pa.uint64()))
+    if isinstance(lists, pa.ChunkedArray):
+        lists = pa.concat_arrays(lists.chunks)
+    if lists.null_count:
+        lists = pc.fill_null(lists, pa.scalar([], lists.type))
+    offsets = lists.offsets.to_numpy().astype(np.int64)  # absolute positions in lists.values
+    values = lists.values.to_numpy(zero_copy_only=False).astype(np.uint64)
+    order = np.argsort(keys, kind="stable")
+    stack_index = (keys[order], offsets[:-1][order], offsets[1:][order], values)
+
+    # unique (pid, stack) pairs with their first time
+    has_stack = s_stack >= 0
+    pairs = pa.table({"pid": s_pid[has_stack], "stack_id": s_stack[has_stack], "t": s_t[has_stack]})
+    pairs = pairs.group_by(["pid", "stack_id"], use_threads=True).aggregate([("t", "min")])
+    f_pid, f_addr, f_leaf, f_t = _explode(
+        pairs.column("pid").to_numpy(), pairs.column("stack_id").to_numpy(), pairs.column("t_min").to_numpy(),
+        *stack_index,
+    )
+    has_ip = s_ip != 0
+    pid = np.concatenate([f_pid, s_pid[has_ip]])
+    address = np.concatenate([f_addr, s_ip[has_ip]])
+    leaf = np.concatenate([f_leaf, np.ones(int(has_ip.sum()), dtype=bool)])
+    t = np.concatenate([f_t, s_t[has_ip]])
+    u_pid, u_addr, u_leaf, u_t = _unique_frames(pid, address, leaf, t)
+    return {
+        "pid": u_pid.astype(np.int64), "address": u_addr.astype(np.uint64), "leaf": u_leaf.astype(bool),
+        "t": u_t.astype(np.int64),
+        "samples": (s_pid, s_t, s_ip, s_stack), "stack_index": stack_index,
+    }
+
+
+# -- 2. images ---------------------------------------------------------------------------------
+
+
+def map_images(frames: dict, images) -> dict[str, np.ndarray]:
+    """Add ``image`` (row of the images table, -1 none) to the frames; split reused ranges by time."""
+    import pyarrow as pa
+
+    from pipeline.symbolize.images import ImageIndex
+
+    where = "decoded/images.parquet"
+    index = ImageIndex(
+        _column(images, "pid", where, 0).astype(np.int64),
+        _column(images, "base", where, 0).astype(np.uint64),
+        _column(images, "size", where, 0).astype(np.uint64),
+        _column(images, "load_ns", where, INT64_MIN).astype(np.int64),
+        _column(images, "unload_ns", where, INT64_MAX).astype(np.int64),
+    )
+    rows, count = index.find(frames["pid"], frames["address"], frames["t"])
+    out = {k: frames[k] for k in ("pid", "address", "leaf")}
+    out["image"] = rows
+    ambiguous = count >= 2
+    out["reused_range_frames"] = int(ambiguous.sum())
+    if not ambiguous.any():
+        return out
+    # Frames two images could hold: map every sample occurrence with its own time.
+    s_pid, s_t, s_ip, s_stack = frames["samples"]
+    amb = pa.table({"pid": frames["pid"][ambiguous], "address": frames["address"][ambiguous]})
+    sel = np.isin(s_pid, np.unique(frames["pid"][ambiguous]))
+    o_pid, o_addr, o_leaf, o_t = _explode(s_pid[sel & (s_stack >= 0)], s_stack[sel & (s_stack >= 0)],
+                                          s_t[sel & (s_stack >= 0)], *frames["stack_index"])
+    ip_sel = sel & (s_ip != 0)
+    occ = pa.table({
+        "pid": np.concatenate([o_pid, s_pid[ip_sel]]),
+        "address": np.concatenate([o_addr, s_ip[ip_sel]]),
+        "leaf": np.concatenate([o_leaf, np.ones(int(ip_sel.sum()), dtype=bool)]),
+        "t": np.concatenate([o_t, s_t[ip_sel]]),
+    }).join(amb, keys=["pid", "address"], join_type="inner")
+    o_pid = occ.column("pid").to_numpy()
+    o_addr = occ.column("address").to_numpy().astype(np.uint64)
+    o_rows, _ = index.find(o_pid, o_addr, occ.column("t").to_numpy())
+    g = pa.table({"pid": o_pid, "address": o_addr, "image": o_rows,
+                  "leaf": occ.column("leaf").to_numpy(zero_copy_only=False)})
+    g = g.group_by(["pid", "address", "image"]).aggregate([("leaf", "max")])
+    keep = ~ambiguous
+    out["pid"] = np.concatenate([out["pid"][keep], g.column("pid").to_numpy()])
+    out["address"] = np.concatenate([out["address"][keep], g.column("address").to_numpy().astype(np.uint64)])
+    out["leaf"] = np.concatenate([out["leaf"][keep], g.column("leaf_max").to_numpy(zero_copy_only=False)])
+    out["image"] = np.concatenate([out["image"][keep], g.column("image").to_numpy()])
+    return out
+
+
+def image_debug_ids(images, image_ids) -> list[dict[str, Any] | None]:
+    """Debug identity (guid, age, pdb_name, debug_id) of each images row, None when the trace has none.
+
+    Matched on (pid, base); an image without its own DbgID record borrows the one of another load
+    of the same file name (the same file has the same PDB).
+    """
+    from pipeline.symbolize.build import debug_id_of
+
+    n = images.num_rows
+    ids: list[dict[str, Any] | None] = [None] * n
+    if image_ids is None or image_ids.num_rows == 0:
+        return ids
+    where = "decoded/image_ids.parquet"
+    by_key: dict[tuple[int, int], dict[str, Any]] = {}
+    for pid, base, guid, age, name in zip(
+        _column(image_ids, "pid", where, 0).tolist(), _column(image_ids, "base", where, 0).tolist(),
+        image_ids.column("pdb_guid").to_pylist(), image_ids.column("pdb_age").to_pylist(),
+        image_ids.column("pdb_name").to_pylist(),
+    ):
+        if not guid or age is None or not name:
+            continue
+        pdb_name = ntpath.basename(name.replace("/", "\\"))
+        by_key[(int(pid), int(base))] = {"guid": str(guid), "age": int(age), "pdb_name": pdb_name,
+                                         "debug_id": debug_id_of(str(guid), int(age))}
+    names = images.column("file_name").to_pylist()
+    by_name: dict[str, dict[str, Any]] = {}
+    keys = list(zip(_column(images, "pid", "images", 0).tolist(), _column(images, "base", "images", 0).tolist()))
+    for i, key in enumerate(keys):
+        ident = by_key.get((int(key[0]), int(key[1])))
+        if ident is not None:
+            ids[i] = ident
+            if names[i]:
+                by_name[names[i].lower()] = ident
+    for i in range(n):
+        if ids[i] is None and names[i] and names[i].lower() in by_name:
+            ids[i] = by_name[names[i].lower()]
+    return ids
+
+
+def module_name(file_name: str | None) -> str | None:
+    if not file_name:
+        return None
+    return ntpath.basename(file_name.replace("/", "\\")) or file_name
+
+
+# -- 3 + 4. symbols and lookups ----------------------------------------------------------------
+
+
+def run(run_dir: Path, config, pool, inputs: list[Path] | None = None) -> dict[str, Any]:
+    """Symbolize ``RUN_DIR/decoded`` into ``RUN_DIR/symbolized``; returns the stage's summary."""
+    from pipeline.symbolize.build import resolve_debug_id
+    from pipeline.symbolize.symbolpath import parse_symbol_path
+
+    run_dir = Path(run_dir)
+    cfg = config.symbolize
+    t0 = time.perf_counter()
+    decoded = read_manifest(run_dir, DECODED)
+    cache_dir = Path(cfg.cache_dir).expanduser()
+    symbol_path = cfg.symbol_path if cfg.symbol_path is not None else os.environ.get("_NT_SYMBOL_PATH", "")
+    entries = parse_symbol_path(symbol_path, cache_dir)
+
+    frames = collect_frames(run_dir)
+    images = read_table(run_dir, DECODED, "images")
+    image_ids = read_table(run_dir, DECODED, "image_ids") if has_table(run_dir, DECODED, "image_ids") else None
+    mapped = map_images(frames, images)
+    t_frames = time.perf_counter()
+
+    ids = image_debug_ids(images, image_ids)
+    used = np.unique(mapped["image"][mapped["image"] >= 0])
+    wanted: dict[str, dict[str, Any]] = {}
+    for row in used.tolist():
+        if ids[row] is not None:
+            wanted.setdefault(ids[row]["debug_id"], ids[row])
+    descs = [wanted[k] for k in sorted(wanted)]
+    results = pool.map(resolve_debug_id, descs, entries=entries, cache_dir=str(cache_dir),
+                       timeout=cfg.download_timeout_s)
+    status = {r["debug_id"]: r for r in results}
+    t_symbols = time.perf_counter()
+
+    frames_table, stats = assemble(mapped, images, ids, status)
+    t_lookup = time.perf_counter()
+
+    with stage_output(run_dir, STAGE, inputs=decoded.get("inputs", []), config=config.resolved()) as out:
+        out.write_table("frames", frames_table)
+        out.manifest.update(stats)
+        out.manifest["symbol_path"] = symbol_path
+        out.manifest["cache_dir"] = str(cache_dir)
+        out.manifest["debug_ids"] = sorted(
+            ({k: v for k, v in r.items() if k != "tried"} for r in results), key=lambda r: r["debug_id"])
+        out.manifest["http_requests"] = int(sum(r.get("requests", 0) for r in results))
+        out.manifest["reused_range_frames"] = mapped["reused_range_frames"]
+        out.manifest["timings_s"] = {
+            "frames_and_images": round(t_frames - t0, 3),
+            "symbol_files": round(t_symbols - t_frames, 3),
+            "lookups": round(t_lookup - t_symbols, 3),
+        }
+    for img in stats["images_without_symbols"]:
+        log.warning("no symbols for %s (%s): %s", img["module"], img["debug_id"], img["reason"])
+    return {
+        "frames": stats["frames"],
+        "rows": frames_table.num_rows,
+        "resolved_frames": stats["resolved_frames"],
+        "resolution_rate": stats["resolution_rate"],
+        "images_without_symbols": len(stats["images_without_symbols"]),
+    }
+
+
+def assemble(mapped: dict, images, ids: list, status: dict[str, dict]):
+    """Build ``frames.parquet`` rows and the manifest statistics from mapped frames and tables."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from pipeline.symbolize.table import NONE, AddressTable
+
+    n = len(mapped["address"])
+    image = mapped["image"]
+    bases = _column(images, "base", "images", 0).astype(np.uint64)
+    loads = images.column("load_ns")
+    unloads = images.column("unload_ns")
+    modules = [module_name(f) for f in images.column("file_name").to_pylist()]
+    has_image = image >= 0
+    safe = np.maximum(image, 0)
+    rva = np.where(has_image, mapped["address"] - bases[safe], 0).astype(np.uint64)
+    lookup_rva = rva - np.where(mapped["leaf"] | (rva == 0), 0, 1).astype(np.uint64)
+    debug_of_image = np.array([i["debug_id"] if i else "" for i in ids] or [""], dtype=object)
+    frame_debug = np.where(has_image, debug_of_image[safe] if len(ids) else "", "")
+
+    parts: list[dict[str, Any]] = []
+    resolved = np.zeros(n, dtype=bool)
+    for debug_id, res in sorted(status.items()):
+        if res.get("status") != "ok":
+            continue
+        sel = np.flatnonzero(frame_debug == debug_id)
+        if len(sel) == 0:
+            continue
+        table = AddressTable.load(Path(res["table_dir"]))
+        inner = table.innermost(lookup_rva[sel])
+        query, loc, depth = table.chains(inner)
+        if len(query) == 0:
+            continue
+        locs = table.locations[loc]
+        fn = locs["function"].astype(np.int64)
+        file_idx = locs["file"].astype(np.int64)
+        files = table.files
+        has_file = (file_idx != NONE) & (file_idx < len(files))
+        file_col = pa.array(np.where(has_file, file_idx, 0), pa.int64())
+        file_vals = files.take(file_col) if len(files) else pa.nulls(len(loc), pa.string())
+        file_vals = pc.if_else(pa.array(has_file), file_vals, pa.scalar(None, pa.string()))
+        line = locs["line"].astype(np.int64)
+        resolved[sel[query]] = True
+        parts.append({
+            "frame": sel[query], "inline_depth": depth,
+            "function": table.names.take(pa.array(fn)), "raw_name": table.raw_names.take(pa.array(fn)),
+            "file": file_vals, "line": pa.array(np.where(line > 0, line, 0), pa.uint32(), mask=line <= 0),
+        })
+    unres = np.flatnonzero(~resolved)
+    if len(unres):
+        names = [
+            f"{modules[int(image[k])] or '?'}+0x{int(rva[k]):x}" if image[k] >= 0 else f"0x{int(mapped['address'][k]):x}"
+            for k in unres.tolist()
+        ]
+        parts.append({
+            "frame": unres, "inline_depth": np.zeros(len(unres), dtype=np.int64),
+            "function": pa.array(names, pa.string()), "raw_name": pa.nulls(len(unres), pa.string()),
+            "file": pa.nulls(len(unres), pa.string()), "line": pa.nulls(len(unres), pa.uint32()),
+        })
+
+    def cat(key):
+        chunks = []
+        for p in parts:
+            v = p[key]
+            chunks.extend(v.chunks if isinstance(v, pa.ChunkedArray) else [v])
+        return pa.chunked_array(chunks, type=pa.string() if key in ("function", "raw_name", "file") else None)
+
+    frame = np.concatenate([p["frame"] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
+    depth = np.concatenate([p["inline_depth"] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
+    order = np.lexsort((depth, frame))
+    frame, depth = frame[order], depth[order]
+    take = pa.array(order)
+    img = image[frame]
+    img_safe = pa.array(np.maximum(img, 0))
+    img_mask = pa.array(img < 0)
+    module_arr = pa.array(modules, pa.string()).take(img_safe) if len(modules) else pa.nulls(len(frame), pa.string())
+    null_str = pa.scalar(None, pa.string())
+
+    def per_image(col):
+        vals = col.take(img_safe) if len(col) else pa.nulls(len(frame), pa.int64())
+        return pc.if_else(img_mask, pa.scalar(None, vals.type), vals)
+
+    table = pa.table({
+        "address": pa.array(mapped["address"][frame], pa.uint64()),
+        "pid": pa.array(mapped["pid"][frame], pa.uint32()),
+        "module": pc.if_else(img_mask, null_str, module_arr),
+        "rva": pa.array(rva[frame], pa.uint64(), mask=img < 0),
+        "function": cat("function").take(take) if parts else pa.array([], pa.string()),
+        "raw_name": cat("raw_name").take(take) if parts else pa.array([], pa.string()),
+        "inline_depth": pa.array(depth, pa.uint16()),
+        "file": cat("file").take(take) if parts else pa.array([], pa.string()),
+        "line": pa.chunked_array([p["line"] for p in parts], pa.uint32()).take(take) if parts else pa.array([], pa.uint32()),
+        "resolved": pa.array(resolved[frame]),
+        "debug_id": pa.array(np.where(frame_debug[frame] == "", None, frame_debug[frame]), pa.string()),
+        "image_load_ns": per_image(loads),
+        "image_unload_ns": per_image(unloads),
+    })
+    stats = _statistics(mapped, image, modules, ids, status, resolved)
+    return table, stats
+
+
+def _statistics(mapped, image, modules, ids, status, resolved) -> dict[str, Any]:
+    """Resolution rate per module and one entry per image without symbols (with its reason)."""
+    n = len(image)
+    names = sorted({m or "?" for m in modules}) + ["(no image)"]
+    code_of = {name: i for i, name in enumerate(names)}
+    image_code = np.array([code_of[m or "?"] for m in modules] + [len(names) - 1], dtype=np.int64)
+    frame_code = image_code[np.where(image >= 0, image, len(modules))]
+    frames_per = np.bincount(frame_code, minlength=len(names))
+    resolved_per = np.bincount(frame_code, weights=resolved.astype(np.int64), minlength=len(names)).astype(np.int64)
+    per_module = {
+        names[i]: {"frames": int(frames_per[i]), "resolved": int(resolved_per[i]),
+                   "rate": round(int(resolved_per[i]) / int(frames_per[i]), 6)}
+        for i in np.flatnonzero(frames_per).tolist()
+    }
+    missing: dict[tuple[str, str], dict[str, Any]] = {}
+    used, counts = np.unique(image[image >= 0], return_counts=True)
+    for row, count in zip(used.tolist(), counts.tolist()):
+        ident = ids[row]
+        if ident is None:
+            reason, debug_id = "no debug id: the trace has no DbgID_RSDS record for this image", ""
+        else:
+            debug_id = ident["debug_id"]
+            res = status.get(debug_id, {})
+            if res.get("status") == "ok":
+                continue
+            reason = res.get("reason") or "not found"
+        module = modules[row] or "?"
+        entry = missing.setdefault((module, debug_id), {"module": module, "debug_id": debug_id or None,
+                                                         "pdb_name": ident["pdb_name"] if ident else None,
+                                                         "reason": reason, "frames": 0})
+        entry["frames"] += count
+    total_resolved = int(resolved.sum())
+    return {
+        "frames": n,
+        "resolved_frames": total_resolved,
+        "resolution_rate": round(total_resolved / n, 6) if n else 0.0,
+        "modules": per_module,
+        "images_without_symbols": sorted(missing.values(), key=lambda e: (e["module"], e["debug_id"] or "")),
+    }

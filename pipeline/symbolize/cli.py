@@ -1,0 +1,30 @@
+"""``bootprof symbolize --run RUN_DIR [--symbol-path PATH] [--cache-dir DIR]``"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--run", dest="run_dir", type=Path, required=True,
+                   help="run directory holding decoded/ (writes symbolized/)")
+    p.add_argument("--symbol-path", dest="symbol_path", default=None,
+                   help="symbol path in _NT_SYMBOL_PATH syntax (DIR; srv*CACHE*URL; cache*DIR), ';'-separated; "
+                        "overrides symbolize.symbol_path and the _NT_SYMBOL_PATH environment variable")
+    p.add_argument("--cache-dir", dest="cache_dir", type=Path, default=None,
+                   help="cache of downloaded symbol files and address tables (overrides symbolize.cache_dir)")
+
+
+def main(args, config) -> int:
+    from pipeline import symbolize
+    from pipeline.cluster import connect
+
+    if args.symbol_path is not None:
+        config.symbolize.symbol_path = args.symbol_path
+    if args.cache_dir is not None:
+        config.symbolize.cache_dir = args.cache_dir
+    with connect(config.cluster) as pool:
+        summary = symbolize.run(args.run_dir, config, pool)
+    print(json.dumps(summary, indent=2, sort_keys=True, default=str))
+    return 0

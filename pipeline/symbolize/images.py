@@ -1,0 +1,132 @@
+"""Which image holds a frame: (pid, address, time) -> row of the ``images`` table.
+
+Images are sorted by (pid, base) and cut into one group per pid. For one query the kernel binary
+searches the pid's group for the last image with ``base <= address`` and walks back over images
+that could still reach the address (``base > address - largest image size of the pid``), so
+overlapping and reused address ranges are all seen:
+
+    pid 42:  [---- a.dll 0x1000..0x5000, loaded 0..100 ----]
+             [-- b.dll 0x1000..0x3000, loaded 200..∞ --]          address 0x2000 at t=250 -> b.dll
+
+Among the images covering the address, one whose lifetime ``[load_ns, unload_ns)`` holds the
+query time wins; if none does (a sample just before its image's load event, a rundown that started
+late), the candidate whose lifetime is nearest in time is used. The kernel also counts distinct
+candidates, so the caller knows which frames need per-sample times and which do not.
+
+Addresses that no image of the process covers are looked up among the images of the kernel
+group (pid 0, or 4 = System when pid 0 has none): kernel frames appear in every process's stacks.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+#: pids whose images are the kernel's (loaded drivers), in order of preference
+KERNEL_PIDS = (0, 4)
+NEVER = np.iinfo(np.int64).max
+
+
+class ImageIndex:
+    """The images table sorted by (pid, base), with per-pid group bounds."""
+
+    def __init__(self, pid: np.ndarray, base: np.ndarray, size: np.ndarray, load_ns: np.ndarray, unload_ns: np.ndarray):
+        order = np.lexsort((base, pid))
+        self.order = order
+        self.pid = np.ascontiguousarray(pid[order], dtype=np.int64)
+        self.base = np.ascontiguousarray(base[order], dtype=np.uint64)
+        self.end = self.base + np.ascontiguousarray(size[order], dtype=np.uint64)
+        self.load = np.ascontiguousarray(load_ns[order], dtype=np.int64)
+        self.unload = np.ascontiguousarray(unload_ns[order], dtype=np.int64)
+        self.group_pids, starts = np.unique(self.pid, return_index=True)
+        self.group_start = starts.astype(np.int64)
+        self.group_stop = np.append(starts[1:], len(self.pid)).astype(np.int64)
+        sizes = (self.end - self.base).astype(np.uint64)
+        self.group_max_size = np.array(
+            [sizes[a:b].max() if b > a else 0 for a, b in zip(self.group_start, self.group_stop)], dtype=np.uint64
+        )
+        self.kernel_group = -1
+        for kp in KERNEL_PIDS:
+            hit = np.flatnonzero(self.group_pids == kp)
+            if len(hit):
+                self.kernel_group = int(hit[0])
+                break
+
+    def group_of(self, pids: np.ndarray) -> np.ndarray:
+        """Group index of each pid, -1 for a pid with no images."""
+        pids = np.asarray(pids, dtype=np.int64)
+        if len(self.group_pids) == 0:
+            return np.full(len(pids), -1, dtype=np.int64)
+        g = np.searchsorted(self.group_pids, pids)
+        g = np.minimum(g, len(self.group_pids) - 1)
+        return np.where(self.group_pids[g] == pids, g, -1).astype(np.int64)
+
+    def find(self, pids: np.ndarray, addresses: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Row (in the caller's original images order) of each query, -1 if none; and candidate counts."""
+        groups = self.group_of(pids)
+        addresses = np.ascontiguousarray(addresses, dtype=np.uint64)
+        times = np.ascontiguousarray(times, dtype=np.int64)
+        hit, count = _find_kernel(
+            groups, addresses, times, self.group_start, self.group_stop, self.group_max_size,
+            self.base, self.end, self.load, self.unload, self.kernel_group,
+        )
+        rows = np.where(hit >= 0, self.order[np.maximum(hit, 0)], -1)
+        return rows.astype(np.int64), count
+
+
+@numba.njit(cache=True, nogil=True)
+def _search_group(g, addr, t, group_start, group_stop, group_max, base, end, load, unload):
+    """Best image of group g covering addr at time t: (index or -1, number of candidates)."""
+    lo = group_start[g]
+    hi = group_stop[g]
+    if lo >= hi or lo < 0 or hi > base.shape[0]:
+        return -1, 0
+    # last index in [lo, hi) with base <= addr
+    a, b = lo, hi
+    while a < b:
+        m = (a + b) // 2
+        if base[m] <= addr:
+            a = m + 1
+        else:
+            b = m
+    i = a - 1
+    limit = np.uint64(0)
+    if addr > group_max[g]:
+        limit = addr - group_max[g]
+    best = -1
+    best_gap = np.int64(0)
+    count = 0
+    while i >= lo and base[i] >= limit:
+        if addr < end[i]:
+            count += 1
+            if load[i] <= t and t < unload[i]:
+                gap = np.int64(0)
+            elif t < load[i]:
+                gap = load[i] - t
+            else:
+                gap = t - unload[i]
+            if best < 0 or gap < best_gap:
+                best = i
+                best_gap = gap
+        if base[i] == 0:
+            break
+        i -= 1
+    return best, count
+
+
+@numba.njit(cache=True, nogil=True)
+def _find_kernel(groups, addresses, times, group_start, group_stop, group_max, base, end, load, unload, kernel_group):
+    n = addresses.shape[0]
+    hit = np.full(n, -1, dtype=np.int64)
+    count = np.zeros(n, dtype=np.int64)
+    if groups.shape[0] != n or times.shape[0] != n:
+        return hit, count
+    for k in range(n):
+        g = groups[k]
+        if g >= 0 and g < group_start.shape[0]:
+            hit[k], count[k] = _search_group(g, addresses[k], times[k], group_start, group_stop, group_max,
+                                             base, end, load, unload)
+        if hit[k] < 0 and kernel_group >= 0 and kernel_group != g:
+            hit[k], count[k] = _search_group(kernel_group, addresses[k], times[k], group_start, group_stop,
+                                             group_max, base, end, load, unload)
+    return hit, count

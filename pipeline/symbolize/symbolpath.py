@@ -1,0 +1,236 @@
+"""Find the symbol file of a debug id along a symbol path in ``_NT_SYMBOL_PATH`` syntax.
+
+Entries are separated by ``;`` and searched in order:
+
+``DIR``
+    a plain directory: ``DIR/name.pdb`` (flat), the symbol-store layout
+    ``DIR/name.pdb/<GUID><AGE>/name.pdb``, and Breakpad stores ``DIR/name.pdb/<GUID><AGE>/name.sym``
+    (also ``DIR/name.sym``).
+``srv*[CACHE*]...*TARGET``
+    a symbol server. TARGET is an ``http(s)://`` URL or a store directory; every CACHE before it
+    is a local store that is searched first and receives a copy of whatever TARGET delivers.
+    ``srv*URL`` (no cache) caches into ``<cache_dir>/downloads``. For a URL we request
+    ``name.pdb/KEY/name.pdb``, then the compressed ``name.pdb/KEY/name.pd_`` (a CAB file), then
+    ``name.pdb/KEY/name.sym``. A 404 for all three is remembered in the cache (``KEY/.missing``)
+    so the next run does not ask again; other HTTP errors and timeouts are reported and retried
+    next time.
+``cache*DIR``
+    symbols found by the entries after it are copied into ``DIR`` (store layout), and ``DIR`` is
+    searched before them.
+
+KEY is the GUID as 32 upper-case hex digits followed by the age in hex (``D1307F3D…2E1``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.errors import ConfigError
+from pipeline.runs import atomic_write_bytes
+
+MISSING_MARK = ".missing"
+
+
+@dataclass(frozen=True)
+class Entry:
+    kind: str                         # "dir" | "server" | "cache"
+    target: str                       # directory or URL
+    caches: tuple[str, ...] = ()      # local stores in front of a server
+
+
+@dataclass
+class Lookup:
+    """What one search found: a file, or why not (``reason``), plus the places it tried."""
+
+    path: Path | None = None
+    source: str | None = None
+    reason: str | None = None
+    tried: list[str] = field(default_factory=list)
+    requests: int = 0
+
+
+def parse_symbol_path(text: str | None, default_cache: Path) -> list[Entry]:
+    """Entries of a symbol path; ConfigError for an entry we cannot read."""
+    entries: list[Entry] = []
+    for raw in (text or "").split(";"):
+        item = raw.strip()
+        if not item:
+            continue
+        parts = item.split("*")
+        head = parts[0].lower()
+        if head in ("srv", "symsrv"):
+            rest = parts[2:] if head == "symsrv" else parts[1:]  # symsrv*symsrv.dll*...
+            rest = [p.strip() for p in rest]
+            if not rest or not rest[-1]:
+                raise ConfigError(f"symbol path entry {item!r}: srv* needs a server URL or store directory")
+            caches = tuple(os.path.expanduser(c) if c else str(default_cache / "downloads") for c in rest[:-1])
+            if not caches and _is_url(rest[-1]):
+                caches = (str(default_cache / "downloads"),)
+            entries.append(Entry("server", rest[-1], caches))
+        elif head == "cache":
+            target = parts[1].strip() if len(parts) > 1 and parts[1].strip() else str(default_cache / "downloads")
+            entries.append(Entry("cache", os.path.expanduser(target)))
+        elif len(parts) == 1:
+            entries.append(Entry("dir", os.path.expanduser(item)))
+        else:
+            raise ConfigError(f"symbol path entry {item!r}: unknown form (expected DIR, srv*CACHE*URL or cache*DIR)")
+    return entries
+
+
+def _is_url(text: str) -> bool:
+    return text.lower().startswith(("http://", "https://"))
+
+
+def store_key(guid: str, age: int) -> str:
+    """``<GUID hex, no dashes, upper><age hex>``: the directory name of a PDB in a symbol store."""
+    return guid.replace("-", "").replace("{", "").replace("}", "").upper() + f"{int(age):X}"
+
+
+def _candidates(root: Path, pdb_name: str, key: str) -> list[Path]:
+    stem = pdb_name[:-4] if pdb_name.lower().endswith(".pdb") else pdb_name
+    keyed = root / pdb_name / key
+    return [keyed / pdb_name, keyed / f"{stem}.sym", root / pdb_name, root / f"{stem}.sym"]
+
+
+def _search_dir(root: Path, pdb_name: str, key: str, out: Lookup) -> Path | None:
+    for cand in _candidates(root, pdb_name, key):
+        out.tried.append(str(cand))
+        if cand.is_file():
+            return cand
+    return None
+
+
+def _store_copy(cache: Path, pdb_name: str, key: str, found: Path) -> Path:
+    dest = cache / pdb_name / key / found.name
+    if not dest.exists():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+        shutil.copyfile(found, tmp)
+        os.replace(tmp, dest)
+    return dest
+
+
+def expand_cab(data: bytes, where: str) -> bytes:
+    """The one file inside a CAB archive (a compressed ``.pd_``): MSZIP/stored via cabarchive,
+    LZX via ``cabextract`` when it is installed."""
+    import cabarchive
+
+    try:
+        arc = cabarchive.CabArchive(data)
+        files = list(arc.values())
+        if len(files) != 1:
+            raise ValueError(f"{len(files)} files in the archive, expected 1")
+        return files[0].buf
+    except cabarchive.NotSupportedError as exc:
+        tool = shutil.which("cabextract")
+        if tool is None:
+            raise ValueError(f"{exc} (install cabextract to expand LZX-compressed .pd_ files)") from None
+        import subprocess
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            src = Path(tmp) / "in.cab"
+            src.write_bytes(data)
+            subprocess.run([tool, "-q", "-d", str(Path(tmp) / "out"), str(src)], check=True, capture_output=True)
+            outs = [p for p in (Path(tmp) / "out").rglob("*") if p.is_file()]
+            if len(outs) != 1:
+                raise ValueError(f"cabextract produced {len(outs)} files, expected 1") from None
+            return outs[0].read_bytes()
+    except Exception as exc:  # noqa: BLE001 - any parse failure becomes a reason, named by where
+        raise ValueError(f"{where}: not a readable CAB archive: {exc}") from None
+
+
+def _download(url: str, cache: Path, pdb_name: str, key: str, timeout: float, out: Lookup) -> Path | None:
+    """Fetch one debug file from a symbol server into ``cache`` (store layout)."""
+    stem = pdb_name[:-4] if pdb_name.lower().endswith(".pdb") else pdb_name
+    keyed = cache / pdb_name / key
+    if (keyed / MISSING_MARK).exists() and url in (keyed / MISSING_MARK).read_text().splitlines():
+        out.tried.append(f"{url} (known missing, {keyed / MISSING_MARK})")
+        return None
+    base = url.rstrip("/") + f"/{pdb_name}/{key}/"
+    names = [pdb_name, pdb_name[:-1] + "_", f"{stem}.sym"]
+    errors = []
+    for name in names:
+        full = base + name
+        out.tried.append(full)
+        out.requests += 1
+        try:
+            with urllib.request.urlopen(full, timeout=timeout) as resp:
+                data = resp.read()
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                continue
+            errors.append(f"{full}: HTTP {exc.code} {exc.reason}")
+            break
+        except (urllib.error.URLError, OSError) as exc:
+            errors.append(f"{full}: {getattr(exc, 'reason', exc)}")
+            break
+        target = name
+        if name.endswith("_"):
+            try:
+                data = expand_cab(data, full)
+            except ValueError as exc:
+                errors.append(str(exc))
+                break
+            target = pdb_name
+        dest = keyed / target
+        atomic_write_bytes(dest, data)
+        return dest
+    if errors:
+        out.reason = "download failed: " + "; ".join(errors)
+    else:
+        keyed.mkdir(parents=True, exist_ok=True)
+        with open(keyed / MISSING_MARK, "a") as f:
+            f.write(url + "\n")
+    return None
+
+
+def locate(entries: list[Entry], pdb_name: str, guid: str, age: int, timeout: float) -> Lookup:
+    """Search ``entries`` in order for the debug file of (pdb_name, guid, age)."""
+    out = Lookup()
+    key = store_key(guid, age)
+    active_cache: Path | None = None
+    for entry in entries:
+        if entry.kind == "cache":
+            active_cache = Path(entry.target)
+            found = _search_dir(active_cache, pdb_name, key, out)
+            if found:
+                out.path, out.source = found, f"cache {active_cache}"
+                return out
+            continue
+        found = None
+        source = ""
+        if entry.kind == "dir":
+            found = _search_dir(Path(entry.target), pdb_name, key, out)
+            source = f"dir {entry.target}"
+        else:
+            for cache in entry.caches:
+                found = _search_dir(Path(cache), pdb_name, key, out)
+                if found:
+                    source = f"cache {cache}"
+                    break
+            if not found:
+                first_cache = Path(entry.caches[0]) if entry.caches else None
+                if _is_url(entry.target):
+                    found = _download(entry.target, first_cache, pdb_name, key, timeout, out)
+                    source = f"server {entry.target}"
+                else:
+                    found = _search_dir(Path(entry.target), pdb_name, key, out)
+                    source = f"store {entry.target}"
+                if found:
+                    for cache in entry.caches:
+                        found = _store_copy(Path(cache), pdb_name, key, found)
+        if found:
+            if active_cache is not None and entry.kind != "cache":
+                found = _store_copy(active_cache, pdb_name, key, found)
+            out.path, out.source = found, source
+            out.reason = None
+            return out
+    if out.reason is None:
+        out.reason = f"not found ({len(out.tried)} places searched)"
+    return out
