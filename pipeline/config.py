@@ -76,6 +76,10 @@ class AggregateConfig(Section):
 class ReportConfig(Section):
     title: str = Field("bootprof report", description="Title of the HTML report.")
     top_n: int = Field(50, ge=1, description="Rows shown per table in the HTML report.")
+    trace_max_events: int = Field(
+        500_000, ge=1000, description="profile_queries.html: at most this many events per process; when a "
+        "process has more, the shortest are left out (their time stays in their parent's self time).",
+    )
 
 
 class WarehouseConfig(Section):

@@ -1,0 +1,101 @@
+"""Report stage: ``RUN_DIR/report/index.html`` plus one set of files per section.
+
+Entry point: :func:`run`. Like the aggregate stage, the report is a list of sections
+(``SECTIONS``); each is a function ``section(ctx) -> Section | None`` in a sibling module that
+returns ``None`` when the run has nothing for it, and otherwise writes its own files into
+``ctx.out.path`` and returns the HTML fragment that ``index.html`` shows for it. Adding CPU,
+memory or process sections means adding a module and appending it to ``SECTIONS``.
+"""
+
+from __future__ import annotations
+
+import html
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from pipeline import __version__
+from pipeline.report import queries
+from pipeline.runs import atomic_write_text, has_table, read_manifest, read_table, stage_dir, stage_output
+
+STAGE = "report"
+STATIC = Path(__file__).with_name("static")
+
+
+@dataclass
+class Section:
+    """One part of index.html: an anchor id, a title, an HTML fragment and the files it wrote."""
+
+    id: str
+    title: str
+    html: str
+    files: list[str] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+SECTIONS: list[Callable[["Context"], Section | None]] = [queries.section]
+
+
+@dataclass
+class Context:
+    run_dir: Path
+    config: Any
+    pool: Any
+    out: Any          # StageOutput of report/
+
+    def has(self, stage: str, table: str) -> bool:
+        return has_table(self.run_dir, stage, table)
+
+    def read(self, stage: str, table: str, columns: list[str] | None = None):
+        return read_table(self.run_dir, stage, table, columns)
+
+    def copy_static(self, name: str) -> str:
+        """Copy ``static/<name>`` into the report; returns its relative path."""
+        (self.out.path / "static").mkdir(exist_ok=True)
+        shutil.copyfile(STATIC / name, self.out.path / "static" / name)
+        return f"static/{name}"
+
+
+def page(title: str, body: str, head: str = "") -> str:
+    """A complete HTML page with the report's stylesheet."""
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="stylesheet" href="static/report.css">{head}</head>
+<body>
+{body}
+</body></html>
+"""
+
+
+def render_index(title: str, run_dir: Path, sections: list[Section]) -> str:
+    nav = "".join(f'<li><a href="#{s.id}">{html.escape(s.title)}</a></li>' for s in sections)
+    parts = [f'<section id="{s.id}" class="report-section"><h2>{html.escape(s.title)}</h2>\n{s.html}\n</section>'
+             for s in sections]
+    if not sections:
+        parts = ['<p class="empty">This run has no aggregated data the report knows how to show.</p>']
+    body = f"""<header><h1>{html.escape(title)}</h1>
+<p class="meta">run <code>{html.escape(str(run_dir))}</code> &middot; bootprof {__version__} &middot;
+generated {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}</p>
+<nav><ul>{nav}</ul></nav></header>
+<main>
+{chr(10).join(parts)}
+</main>"""
+    return page(title, body)
+
+
+def run(run_dir: Path, config, pool, inputs=None) -> dict[str, Any]:
+    """Write ``RUN_DIR/report/``: every applicable section's files and ``index.html``."""
+    run_dir = Path(run_dir)
+    aggregated = read_manifest(run_dir, "aggregated")
+    source = [{"stage": "aggregated", "path": str(stage_dir(run_dir, "aggregated")),
+               "created_utc": aggregated.get("created_utc")}]
+    with stage_output(run_dir, STAGE, inputs=source, config=config.resolved()) as out:
+        ctx = Context(run_dir, config, pool, out)
+        ctx.copy_static("report.css")
+        sections = [s for s in (fn(ctx) for fn in SECTIONS) if s is not None]
+        atomic_write_text(out.path / "index.html", render_index(config.report.title, run_dir, sections))
+        out.manifest["sections"] = {s.id: {"files": s.files, **s.summary} for s in sections}
+    return {s.id: s.summary for s in sections}

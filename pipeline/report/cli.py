@@ -1,0 +1,21 @@
+"""``bootprof report --run RUN_DIR``"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--run", dest="run_dir", type=Path, required=True, help="run directory with an aggregated/ output")
+
+
+def main(args, config) -> int:
+    from pipeline import report
+    from pipeline.cluster import connect
+
+    with connect(config.cluster) as pool:
+        summary = report.run(args.run_dir, config, pool)
+    print(f"report: {args.run_dir / 'report' / 'index.html'}")
+    for section, counts in summary.items():
+        print(f"  {section}: {counts}")
+    return 0

@@ -1,0 +1,363 @@
+"""Query section of the report: rustc self-profile views.
+
+Applies when ``aggregated/`` holds ``query_summary``. Writes into ``RUN_DIR/report/``:
+
+* ``profile_queries.counts.txt``: ``label,count,duration_seconds`` of every query label of the
+  build (count = executions, duration = inclusive time), sorted by duration: the old
+  ``-Z profile-queries`` counts file;
+* ``query_summary.txt`` / ``query_summary.html``: measureme ``summarize``-style tables for the whole
+  build and for each crate, then the artifact sizes;
+* ``profile_queries.html`` (+ ``profile_queries/trace-<file_id>.js``): the nested trace view, one
+  process at a time, loaded on demand and rendered lazily;
+* ``chrome_trace.json``: interval events of every process in Chrome trace format, like
+  ``crox --dir``;
+* ``query_stacks.folded``: folded stacks (``crate;label;label self_ns``) for flamegraph tools.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from pipeline.runs import atomic_write_text
+
+EVENTS_STAGE, AGG_STAGE = "decoded", "aggregated"
+TRACE_DIR = "profile_queries"
+
+#: summarize's optional columns: shown only when some row has a non-zero value.
+OPTIONAL = [("cache_hits", "Cache hits", False), ("blocked_ns", "Blocked time", True),
+            ("incr_load_ns", "Incremental load time", True),
+            ("incr_hashing_ns", "Incremental result hashing time", True)]
+
+
+# ----------------------------------------------------------------------------------------------
+# Number formats (Rust's Debug for Duration, which summarize prints)
+
+
+def _decimal(ns: int, unit: int, precision: int | None) -> str:
+    whole, frac = divmod(ns, unit)
+    if precision is None:  # {:?}: every digit, trailing zeros dropped
+        digits = len(str(unit)) - 1
+        text = str(frac).rjust(digits, "0").rstrip("0") if digits else ""
+        return f"{whole}.{text}" if text else str(whole)
+    scale = 10 ** precision
+    q, r = divmod(frac * scale, unit)
+    if 2 * r >= unit:  # round half up on the next digit
+        q += 1
+        if q == scale:
+            whole, q = whole + 1, 0
+    return f"{whole}.{str(q).rjust(precision, '0')}" if precision else str(whole)
+
+
+def fmt_duration(ns: int, precision: int | None = 2) -> str:
+    """Rust ``{:.2?}`` (default) or ``{:?}`` (precision None) of a Duration of ``ns`` nanoseconds."""
+    ns = int(ns)
+    sign = "-" if ns < 0 else ""
+    ns = abs(ns)
+    for unit, suffix in ((1_000_000_000, "s"), (1_000_000, "ms"), (1_000, "µs")):
+        if ns >= unit:
+            return sign + _decimal(ns, unit, precision) + suffix
+    return sign + (f"{ns}.{'0' * precision}ns" if precision else f"{ns}ns")
+
+
+# ----------------------------------------------------------------------------------------------
+# Text and HTML tables
+
+
+def summary_columns(rows: list[dict]) -> list[tuple[str, str, bool]]:
+    """(key, title, is_duration) of the columns summarize would print for these rows."""
+    cols = [("label", "Item", False), ("self_ns", "Self time", True), ("pct_total", "% of total time", False),
+            ("time_ns", "Time", True), ("invocations", "Item count", False)]
+    return cols + [c for c in OPTIONAL if any(r[c[0]] for r in rows)]
+
+
+def cell(row: dict, key: str, is_duration: bool) -> str:
+    value = row[key]
+    if is_duration:
+        return fmt_duration(value)
+    if key == "pct_total":
+        return f"{value or 0:.3f}"
+    return str(value)
+
+
+def text_table(header: list[str], rows: list[list[str]]) -> str:
+    """A prettytable-like box (title row, no separators between rows)."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+
+    def fmt(cells):
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+
+    return "\n".join([line, fmt(header), line, *(fmt(r) for r in rows), line]) + "\n"
+
+
+def summarize_text(rows: list[dict], total_ns: int, artifacts: list[dict]) -> str:
+    cols = summary_columns(rows)
+    longest = max((len(r["label"]) for r in rows), default=0)
+    body = []
+    for r in rows:
+        cells = [cell(r, k, d) for k, _, d in cols]
+        cells[0] = r["label"] + " " + "." * (longest - len(r["label"]))
+        body.append(cells)
+    out = text_table([t for _, t, _ in cols], body)
+    out += f"\nTotal cpu time: {fmt_duration(total_ns, None)}\n\n"
+    out += text_table(["Item", "Artifact Size"], [[a["label"], f"{a['bytes']} bytes"] for a in artifacts])
+    return out
+
+
+def html_table(rows: list[dict], cols: list[tuple[str, str, bool]], cls: str = "") -> str:
+    head = "".join(f"<th>{html.escape(t)}</th>" for _, t, _ in cols)
+    body = "".join(
+        "<tr>" + "".join(
+            f'<td class="{"num" if k != "label" and k != "crate" else "txt"}">{html.escape(cell(r, k, d))}</td>'
+            for k, _, d in cols) + "</tr>"
+        for r in rows)
+    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def by_scope(rows: list[dict]) -> tuple[list[dict], dict[str, list[dict]]]:
+    build = [r for r in rows if r["scope"] == "build"]
+    crates: dict[str, list[dict]] = {}
+    for r in rows:
+        if r["scope"] == "crate":
+            crates.setdefault(r["crate"], []).append(r)
+    return build, crates
+
+
+# ----------------------------------------------------------------------------------------------
+# Chrome trace and nested trace data, one dask task per decoded part
+
+
+def _files_meta(ctx) -> dict[int, dict]:
+    rows = ctx.read(AGG_STAGE, "self_profile_processes").to_pylist()
+    return {r["file_id"]: r for r in rows}
+
+
+def chrome_events_of_part(part: str, files: dict[int, dict]) -> list[str]:
+    """Dask task: Chrome trace lines (``ph: X``) of the interval events of one part."""
+    import numpy as np
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(part, columns=["file_id", "thread", "kind", "label", "args", "payload", "start_ns", "end_ns"])
+    t = t.filter(pc.equal(t["payload"], "interval"))
+    if t.num_rows == 0:
+        return []
+    t = t.unify_dictionaries().combine_chunks()
+    label, kind = t["label"].chunk(0), t["kind"].chunk(0)
+    names = [json.dumps(s) for s in label.dictionary.to_pylist()]
+    kinds = [json.dumps(s) for s in kind.dictionary.to_pylist()]
+    file_id = t["file_id"].to_numpy()
+    base = np.array([files.get(int(f), {}).get("start_time_ns") or 0 for f in range(int(file_id.max()) + 1)],
+                    dtype=np.int64)
+    pids = np.array([files.get(int(f), {}).get("pid") or 0 for f in range(int(file_id.max()) + 1)], dtype=np.int64)
+    start = t["start_ns"].to_numpy()
+    ts = ((base[file_id] + start) // 1000).tolist()
+    dur = ((t["end_ns"].to_numpy() - start) // 1000).tolist()
+    pid = pids[file_id].tolist()
+    args = [None if a is None else json.dumps({f"arg{i}": v for i, v in enumerate(a)})
+            for a in t["args"].to_pylist()]
+    return [
+        f'{{"name":{names[li]},"cat":{kinds[ki]},"ph":"X","ts":{s},"dur":{d},"pid":{p},"tid":{th},"args":{a or "null"}}}'
+        for li, ki, s, d, p, th, a in zip(label.indices.to_pylist(), kind.indices.to_pylist(), ts, dur, pid,
+                                           t["thread"].to_pylist(), args)
+    ]
+
+
+def write_chrome_trace(ctx, parts: list[str], files: dict[int, dict]) -> Path:
+    path = ctx.out.path / "chrome_trace.json"
+    with open(path, "w") as f:
+        f.write("[\n")
+        first = True
+        for fid, meta in sorted(files.items()):
+            for obj in ({"name": "process_name", "ph": "M", "ts": 0, "tid": 0, "cat": "", "pid": meta["pid"],
+                         "args": {"name": meta["crate"]}},
+                        {"name": "process_sort_index", "ph": "M", "ts": 0, "tid": 0, "cat": "", "pid": meta["pid"],
+                         "args": {"sort_index": (meta["start_time_ns"] or 0) // 1000}}):
+                f.write(("" if first else ",\n") + json.dumps(obj))
+                first = False
+        for lines in ctx.pool.map(chrome_events_of_part, parts, files=files):
+            if lines:
+                f.write(("" if first else ",\n") + ",\n".join(lines))
+                first = False
+        f.write("\n]\n")
+    return path
+
+
+def trace_js_of_part(part: str, out_dir: str, files: dict[int, dict], max_events: int) -> list[dict]:
+    """Dask task: ``trace-<file_id>.js`` for each file of one part (intervals and instants).
+
+    When a file has more than ``max_events`` such events, the shortest intervals and all instants
+    are left out: an event longer than the cut keeps its parents (they are longer still), so the
+    tree stays whole and the time of left-out events shows as their parent's self time.
+    """
+    import numpy as np
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(part, columns=["file_id", "thread", "kind", "label", "payload", "start_ns", "end_ns",
+                                     "parent", "event_index"])
+    written = []
+    for fid in pc.unique(t["file_id"]).to_pylist():
+        ft = t.filter(pc.equal(t["file_id"], fid)).unify_dictionaries().combine_chunks()
+        ft = ft.sort_by("event_index")
+        payload = ft["payload"].chunk(0)
+        pay = np.array(payload.dictionary.to_pylist(), dtype=object)[payload.indices.to_numpy()]
+        interval, instant = pay == "interval", pay == "instant"
+        start = ft["start_ns"].to_numpy(zero_copy_only=False)
+        start = np.where(interval | instant, start, 0).astype(np.int64)
+        end = np.where(interval, ft["end_ns"].fill_null(0).to_numpy(), start)
+        dur = end - start
+        keep = interval | instant
+        cut = 0
+        if keep.sum() > max_events:
+            keep = interval.copy()
+            if keep.sum() > max_events:
+                cut = int(np.sort(dur[interval])[::-1][max_events - 1])
+                keep = interval & (dur >= cut)
+                while keep.sum() > max_events:  # many events of exactly the cut length
+                    cut += 1
+                    keep = interval & (dur >= cut)
+        idx = np.nonzero(keep)[0]
+        new_index = np.full(ft.num_rows, -1, np.int64)
+        new_index[idx] = np.arange(len(idx))
+        parent = ft["parent"].to_numpy()[idx]
+        parent = np.where(parent >= 0, new_index[np.maximum(parent, 0)], -1)
+        label, kind = ft["label"].chunk(0), ft["kind"].chunk(0)
+        meta = files.get(fid, {})
+        data = {
+            "file_id": fid, "crate": meta.get("crate"), "pid": meta.get("pid"), "total_ns": meta.get("total_ns"),
+            "events": int(ft.num_rows), "shown": int(len(idx)), "cut_ns": cut,
+            "labels": label.dictionary.to_pylist(), "kinds": kind.dictionary.to_pylist(),
+            "start": start[idx].tolist(), "dur": dur[idx].tolist(),
+            "label": label.indices.to_numpy()[idx].tolist(), "kind": kind.indices.to_numpy()[idx].tolist(),
+            "instant": instant[idx].astype(np.int8).tolist(), "parent": parent.tolist(),
+            "thread": ft["thread"].to_numpy()[idx].tolist(),
+        }
+        name = f"trace-{fid}.js"
+        text = "bootprofTrace(" + json.dumps(data, separators=(",", ":")) + ");\n"
+        Path(out_dir, name).write_text(text)
+        written.append({"file_id": fid, "path": f"{TRACE_DIR}/{name}", "shown": len(idx), "cut_ns": cut})
+    return written
+
+
+def profile_queries_page(ctx, files: dict[int, dict], traces: list[dict]) -> str:
+    from pipeline.report import page
+
+    info = {t["file_id"]: t for t in traces}
+    rows = []
+    for fid, meta in sorted(files.items(), key=lambda kv: -(kv[1]["total_ns"] or 0)):
+        tr = info.get(fid)
+        if tr is None:
+            continue
+        cut = f" (events &lt; {fmt_duration(tr['cut_ns'])} left out)" if tr["cut_ns"] else ""
+        rows.append(f'<tr><td class="txt"><a href="#file={fid}">{html.escape(meta["crate"] or "?")}</a></td>'
+                    f'<td class="num">{meta["pid"]}</td><td class="num">{fmt_duration(meta["total_ns"] or 0)}</td>'
+                    f'<td class="num">{meta["events"]}</td><td class="num">{tr["shown"]}{cut}</td></tr>')
+    body = f"""<header><h1>profile_queries: nested query trace</h1>
+<p class="meta"><a href="index.html">report</a> &middot; boxes are query executions (cache misses) that contain
+their children, <span class="legend pass">green boxes</span> are timed passes (generic activities),
+dots are cache hits; the percentage is the share of the process's total time. Click a box to open or close
+it, <em>zoom</em> to show only its subtree.</p></header>
+<main>
+<table class="processes"><thead><tr><th>crate</th><th>pid</th><th>total time</th><th>events</th>
+<th>shown</th></tr></thead><tbody>{''.join(rows)}</tbody></table>
+<div id="controls"><button id="expand-important">open important</button> <button id="collapse-all">close all</button>
+<span id="crumbs"></span></div>
+<div id="trace" class="trace"><p class="empty">choose a process above</p></div>
+</main>
+<script src="static/profile_queries.js"></script>"""
+    return page("profile_queries", body, head='\n<link rel="stylesheet" href="static/profile_queries.css">')
+
+
+# ----------------------------------------------------------------------------------------------
+# The section
+
+
+def section(ctx):
+    if not ctx.has(AGG_STAGE, "query_summary"):
+        return None
+    from pipeline.report import Section
+
+    top_n = ctx.config.report.top_n
+    rows = ctx.read(AGG_STAGE, "query_summary").to_pylist()
+    totals = ctx.read(AGG_STAGE, "query_totals").to_pylist()
+    artifacts = ctx.read(AGG_STAGE, "artifact_sizes").to_pylist()
+    build, crates = by_scope(rows)
+    total_of = {(t["scope"], t["crate"]): t["total_ns"] for t in totals if t["scope"] != "file"}
+    art_build = [a for a in artifacts if a["scope"] == "build"]
+    written = []
+
+    def write(name: str, text: str) -> None:
+        atomic_write_text(ctx.out.path / name, text)
+        written.append(name)
+
+    counts = sorted((r for r in build if r["category"] == "query"), key=lambda r: (-r["time_ns"], r["label"]))
+    write("profile_queries.counts.txt", "label,count,duration_seconds\n" + "".join(
+        f"{r['label']},{r['invocations']},{r['time_ns'] / 1e9:.9f}\n" for r in counts))
+
+    text = [f"# whole build ({len(crates)} crates)\n", summarize_text(build, total_of.get(("build", None), 0), art_build)]
+    for crate, crows in sorted(crates.items()):
+        arts = [a for a in artifacts if a["scope"] == "crate" and a["crate"] == crate]
+        text += [f"\n# crate {crate}\n", summarize_text(crows, total_of.get(("crate", crate), 0), arts)]
+    write("query_summary.txt", "".join(text))
+
+    cols = summary_columns(build)
+    full = [f"<h2>whole build</h2>{html_table(build, cols, 'summary')}"]
+    for crate, crows in sorted(crates.items()):
+        full.append(f"<h2>crate {html.escape(crate)}</h2>{html_table(crows, summary_columns(crows), 'summary')}")
+    from pipeline.report import page
+
+    write("query_summary.html", page("query summary", "<main>" + "".join(full) + "</main>"))
+
+    stacks = ctx.read(AGG_STAGE, "query_stacks").to_pylist()
+    write("query_stacks.folded", "".join(f"{s['stack']} {s['self_ns']}\n" for s in stacks))
+
+    files = _files_meta(ctx)
+    parts = sorted(str(p) for p in (ctx.run_dir / EVENTS_STAGE / "query_events.parquet").rglob("*.parquet"))
+    write_chrome_trace(ctx, parts, files)
+    written.append("chrome_trace.json")
+
+    trace_dir = ctx.out.path / TRACE_DIR
+    trace_dir.mkdir(exist_ok=True)
+    traces = [t for r in ctx.pool.map(trace_js_of_part, parts, out_dir=str(trace_dir), files=files,
+                                      max_events=ctx.config.report.trace_max_events) for t in r]
+    ctx.copy_static("profile_queries.js")
+    ctx.copy_static("profile_queries.css")
+    write("profile_queries.html", profile_queries_page(ctx, files, traces))
+
+    crate_rows = []
+    for crate in sorted(crates):
+        procs = [f for f in files.values() if f["crate"] == crate]
+        top = max(crates[crate], key=lambda r: r["self_ns"])
+        crate_rows.append({"crate": crate, "processes": str(len(procs)),
+                           "total": fmt_duration(total_of.get(("crate", crate), 0)),
+                           "events": str(sum(p["events"] or 0 for p in procs)),
+                           "top": f"{top['label']} ({fmt_duration(top['self_ns'])})"})
+    crate_cols = [("crate", "crate", False), ("processes", "processes", False), ("total", "total time", False),
+                  ("events", "events", False), ("top", "largest self time", False)]
+    joined = [f for f in files.values() if f.get("etl_match")]
+    join_html = ""
+    if joined:
+        jrows = [{"crate": f["crate"], "pid": str(f["pid"]), "etl_image": f["etl_image"] or "",
+                  "etl_pid": str(f["etl_pid"]), "etl_match": f["etl_match"]} for f in joined]
+        join_html = ("<h3>Matched ETL processes</h3>" + html_table(jrows, [
+            ("crate", "crate", False), ("pid", "pid", False), ("etl_image", "ETL image", False),
+            ("etl_pid", "ETL pid", False), ("etl_match", "matched by", False)], "join"))
+    links = " &middot; ".join(f'<a href="{n}">{n}</a>' for n in
+                              ["profile_queries.html", "query_summary.html", "query_summary.txt",
+                               "profile_queries.counts.txt", "chrome_trace.json", "query_stacks.folded"])
+    total_build = total_of.get(("build", None), 0)
+    body = f"""<p>{len(files)} rustc processes, {len(crates)} crates, total cpu time
+<b>{fmt_duration(total_build)}</b> (summed over threads, as measureme's <code>summarize</code>).</p>
+<p class="links">{links}</p>
+<h3>Crates</h3>{html_table(crate_rows, crate_cols, 'crates')}
+<h3>Top {min(top_n, len(build))} of {len(build)} labels by self time (whole build)</h3>
+{html_table(build[:top_n], cols, 'summary')}
+<h3>Artifact sizes</h3>{html_table([{"label": a["label"], "bytes": a["bytes"]} for a in art_build],
+                                   [("label", "Item", False), ("bytes", "bytes", False)], 'artifacts')}
+{join_html}"""
+    return Section("queries", "rustc queries (self-profile)", body, written,
+                   {"labels": len(build), "crates": len(crates), "processes": len(files), "traces": len(traces)})
