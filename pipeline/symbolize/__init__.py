@@ -185,10 +185,20 @@ def map_images(frames: dict, images) -> dict[str, np.ndarray]:
     return out
 
 
+def _sorted(mapped: dict, images) -> dict:
+    """Frames in output order: pid, address, then the image's load time."""
+    loads = _column(images, "load_ns", "decoded/images.parquet", INT64_MIN).astype(np.int64)
+    load = np.where(mapped["image"] >= 0, loads[np.maximum(mapped["image"], 0)] if len(loads) else 0, INT64_MIN)
+    order = np.lexsort((load, mapped["address"], mapped["pid"]))
+    return {k: (v[order] if isinstance(v, np.ndarray) else v) for k, v in mapped.items()}
+
+
 def image_debug_ids(images, image_ids) -> list[dict[str, Any] | None]:
     """Debug identity (guid, age, pdb_name, debug_id) of each images row, None when the trace has none.
 
-    Matched on (pid, base); an image without its own DbgID record borrows the one of another load
+    A DbgID record belongs to the image with the same (pid, base); when a range was reused and
+    several loads share that key, the record's ``timestamp_ns`` (if the table has it) picks the
+    latest load at or before it. An image without its own record borrows the one of another load
     of the same file name (the same file has the same PDB).
     """
     from pipeline.symbolize.build import debug_id_of
@@ -198,26 +208,31 @@ def image_debug_ids(images, image_ids) -> list[dict[str, Any] | None]:
     if image_ids is None or image_ids.num_rows == 0:
         return ids
     where = "decoded/image_ids.parquet"
-    by_key: dict[tuple[int, int], dict[str, Any]] = {}
-    for pid, base, guid, age, name in zip(
+    img_pid = _column(images, "pid", "decoded/images.parquet", 0).tolist()
+    img_base = _column(images, "base", "decoded/images.parquet", 0).tolist()
+    img_load = _column(images, "load_ns", "decoded/images.parquet", INT64_MIN).tolist()
+    loads_of: dict[tuple[int, int], list[int]] = {}
+    for i, key in enumerate(zip(img_pid, img_base)):
+        loads_of.setdefault(key, []).append(i)
+    times = (_column(image_ids, "timestamp_ns", where, 0).tolist() if "timestamp_ns" in image_ids.column_names
+             else [None] * image_ids.num_rows)
+    for pid, base, guid, age, name, ts in zip(
         _column(image_ids, "pid", where, 0).tolist(), _column(image_ids, "base", where, 0).tolist(),
         image_ids.column("pdb_guid").to_pylist(), image_ids.column("pdb_age").to_pylist(),
-        image_ids.column("pdb_name").to_pylist(),
+        image_ids.column("pdb_name").to_pylist(), times,
     ):
-        if not guid or age is None or not name:
+        rows = loads_of.get((int(pid), int(base)))
+        if not guid or age is None or not name or not rows:
             continue
-        pdb_name = ntpath.basename(name.replace("/", "\\"))
-        by_key[(int(pid), int(base))] = {"guid": str(guid), "age": int(age), "pdb_name": pdb_name,
-                                         "debug_id": debug_id_of(str(guid), int(age))}
+        if len(rows) > 1 and ts is not None:
+            before = [r for r in rows if img_load[r] <= ts]
+            rows = [max(before, key=lambda r: img_load[r])] if before else [min(rows, key=lambda r: img_load[r])]
+        ident = {"guid": str(guid), "age": int(age), "pdb_name": ntpath.basename(name.replace("/", "\\")),
+                 "debug_id": debug_id_of(str(guid), int(age))}
+        for r in rows:
+            ids[r] = ident
     names = images.column("file_name").to_pylist()
-    by_name: dict[str, dict[str, Any]] = {}
-    keys = list(zip(_column(images, "pid", "images", 0).tolist(), _column(images, "base", "images", 0).tolist()))
-    for i, key in enumerate(keys):
-        ident = by_key.get((int(key[0]), int(key[1])))
-        if ident is not None:
-            ids[i] = ident
-            if names[i]:
-                by_name[names[i].lower()] = ident
+    by_name = {names[i].lower(): ident for i, ident in enumerate(ids) if ident is not None and names[i]}
     for i in range(n):
         if ids[i] is None and names[i] and names[i].lower() in by_name:
             ids[i] = by_name[names[i].lower()]
@@ -249,7 +264,7 @@ def run(run_dir: Path, config, pool, inputs: list[Path] | None = None) -> dict[s
     frames = collect_frames(run_dir)
     images = read_table(run_dir, DECODED, "images")
     image_ids = read_table(run_dir, DECODED, "image_ids") if has_table(run_dir, DECODED, "image_ids") else None
-    mapped = map_images(frames, images)
+    mapped = _sorted(map_images(frames, images), images)
     t_frames = time.perf_counter()
 
     ids = image_debug_ids(images, image_ids)

@@ -31,6 +31,23 @@ def _guid_part(debug_id: str) -> str:
     return debug_id.lower().replace("-", "")[:32]
 
 
+def identity_check(debug_id: str):
+    """``check`` for :func:`locate`: None when a symbol file holds ``debug_id``'s GUID, else the reason."""
+
+    def check(path: Path) -> str | None:
+        from symbolic import Archive
+
+        try:
+            found = [o.debug_id for o in Archive.open(str(path)).iter_objects()]
+        except Exception as exc:  # noqa: BLE001 - an unreadable candidate is skipped with its reason
+            return f"unreadable symbol file {path}: {type(exc).__name__}: {exc}"
+        if any(_guid_part(d) == _guid_part(debug_id) for d in found):
+            return None
+        return f"GUID mismatch: {path} has debug id {', '.join(found) or '(none)'}, the trace wants {debug_id}"
+
+    return check
+
+
 def build_table(symbol_file: Path, debug_id: str, cache_dir: Path) -> tuple[AddressTable | None, str | None]:
     """Make the address table of ``debug_id`` from a PDB or Breakpad file (None + reason on failure)."""
     from symbolic import Archive
@@ -89,7 +106,7 @@ def resolve_debug_id(desc: dict[str, Any], entries: list[Entry], cache_dir: str,
     if table is not None:
         result.update(status="ok", cached=True, kind=table.meta.get("kind"), source=table.meta.get("source_file"))
     else:
-        found = locate(entries, desc["pdb_name"], desc["guid"], desc["age"], timeout)
+        found = locate(entries, desc["pdb_name"], desc["guid"], desc["age"], timeout, identity_check(debug_id))
         result["requests"] = found.requests
         if found.path is None:
             result.update(status="missing", reason=found.reason, tried=found.tried[:20])

@@ -48,7 +48,8 @@ def strip_arguments(name: str) -> str:
     return name
 
 
-def _is_mangled(name: str) -> bool:
+def is_mangled(name: str) -> bool:
+    """True for a name multi-demangle recognizes as Rust, C++ (MSVC or Itanium) mangling."""
     return bool(name) and name.startswith(("?", "_Z", "ZN", "_R", "R", "__Z")) and (
         multi_demangle.detect_language(name) is not None
     )
@@ -62,7 +63,7 @@ def clean_name(raw: str) -> str:
 def clean_names(raws: list[str]) -> list[str]:
     """Display names: argument lists stripped, then mangled names demangled in one batch call."""
     out = [strip_arguments(r) if r else r for r in raws]
-    idx = [i for i, name in enumerate(out) if _is_mangled(name)]
+    idx = [i for i, name in enumerate(out) if is_mangled(name)]
     if idx:
         for i, name in zip(idx, multi_demangle.demangle_symbols([out[i] for i in idx], _OPTIONS)):
             out[i] = name

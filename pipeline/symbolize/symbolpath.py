@@ -52,6 +52,7 @@ class Lookup:
     reason: str | None = None
     tried: list[str] = field(default_factory=list)
     requests: int = 0
+    mismatch: str | None = None
 
 
 def parse_symbol_path(text: str | None, default_cache: Path) -> list[Entry]:
@@ -97,11 +98,15 @@ def _candidates(root: Path, pdb_name: str, key: str) -> list[Path]:
     return [keyed / pdb_name, keyed / f"{stem}.sym", root / pdb_name, root / f"{stem}.sym"]
 
 
-def _search_dir(root: Path, pdb_name: str, key: str, out: Lookup) -> Path | None:
+def _search_dir(root: Path, pdb_name: str, key: str, out: Lookup, check=None) -> Path | None:
+    """First candidate file under ``root`` that exists and passes ``check`` (path -> reason or None)."""
     for cand in _candidates(root, pdb_name, key):
         out.tried.append(str(cand))
         if cand.is_file():
-            return cand
+            wrong = check(cand) if check else None
+            if wrong is None:
+                return cand
+            out.mismatch = out.mismatch or wrong
     return None
 
 
@@ -190,15 +195,19 @@ def _download(url: str, cache: Path, pdb_name: str, key: str, timeout: float, ou
     return None
 
 
-def locate(entries: list[Entry], pdb_name: str, guid: str, age: int, timeout: float) -> Lookup:
-    """Search ``entries`` in order for the debug file of (pdb_name, guid, age)."""
+def locate(entries: list[Entry], pdb_name: str, guid: str, age: int, timeout: float, check=None) -> Lookup:
+    """Search ``entries`` in order for the debug file of (pdb_name, guid, age).
+
+    ``check(path)`` returns None for a file of the right identity, else the reason (a GUID
+    mismatch); such files are skipped and, if nothing else is found, their reason is reported.
+    """
     out = Lookup()
     key = store_key(guid, age)
     active_cache: Path | None = None
     for entry in entries:
         if entry.kind == "cache":
             active_cache = Path(entry.target)
-            found = _search_dir(active_cache, pdb_name, key, out)
+            found = _search_dir(active_cache, pdb_name, key, out, check)
             if found:
                 out.path, out.source = found, f"cache {active_cache}"
                 return out
@@ -206,11 +215,11 @@ def locate(entries: list[Entry], pdb_name: str, guid: str, age: int, timeout: fl
         found = None
         source = ""
         if entry.kind == "dir":
-            found = _search_dir(Path(entry.target), pdb_name, key, out)
+            found = _search_dir(Path(entry.target), pdb_name, key, out, check)
             source = f"dir {entry.target}"
         else:
             for cache in entry.caches:
-                found = _search_dir(Path(cache), pdb_name, key, out)
+                found = _search_dir(Path(cache), pdb_name, key, out, check)
                 if found:
                     source = f"cache {cache}"
                     break
@@ -220,7 +229,7 @@ def locate(entries: list[Entry], pdb_name: str, guid: str, age: int, timeout: fl
                     found = _download(entry.target, first_cache, pdb_name, key, timeout, out)
                     source = f"server {entry.target}"
                 else:
-                    found = _search_dir(Path(entry.target), pdb_name, key, out)
+                    found = _search_dir(Path(entry.target), pdb_name, key, out, check)
                     source = f"store {entry.target}"
                 if found:
                     for cache in entry.caches:
@@ -232,5 +241,5 @@ def locate(entries: list[Entry], pdb_name: str, guid: str, age: int, timeout: fl
             out.reason = None
             return out
     if out.reason is None:
-        out.reason = f"not found ({len(out.tried)} places searched)"
+        out.reason = out.mismatch or f"not found ({len(out.tried)} places searched)"
     return out

@@ -106,9 +106,15 @@ class AddressTable:
 
     @classmethod
     def from_symc(cls, symc, meta: dict, publics: dict[int, str] | None = None) -> "AddressTable":
-        """Table of a parsed ``.symc``; ``publics`` (RVA -> exact public name) undoes symbolic's
-        x86 ``__cdecl`` undecoration, which also strips the leading ``_`` of 64-bit names."""
-        from pipeline.symbolize.names import clean_names
+        """Table of a parsed ``.symc``.
+
+        ``publics`` (RVA -> exact S_PUB32 name) improves function names at their entry address:
+        a mangled public (Rust, C++) replaces the private name, because it demangles to the better
+        name (``<Vec<T> as Drop>::drop`` rather than rustc's ``impl$3::drop`` or an asm alias) and
+        keeps the Rust hash in ``raw_name``; and it undoes symbolic's x86 ``__cdecl`` undecoration,
+        which also strips the leading ``_`` of 64-bit names.
+        """
+        from pipeline.symbolize.names import clean_names, is_mangled
 
         nr, nl = len(symc.ranges), len(symc.locations)
         locs = np.empty(nl, dtype=LOCATION)
@@ -121,7 +127,9 @@ class AddressTable:
         if publics:
             for i, pc in enumerate(symc.functions["entry_pc"].tolist()):
                 exact = publics.get(pc)
-                if exact is not None and exact.startswith("_") and exact[1:] == raw[i]:
+                if exact is None or exact == raw[i]:
+                    continue
+                if is_mangled(exact) or (exact.startswith("_") and exact[1:] == raw[i]):
                     raw[i] = exact
         return cls(
             starts=np.ascontiguousarray(symc.ranges, dtype=np.uint32),
