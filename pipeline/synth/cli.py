@@ -1,0 +1,41 @@
+"""``bootprof synth --out demo.etl [--seed N] [--size 1GB] [--cpus 16] [--compress] [--pointer-size 4|8] [--stack-caching]``
+
+Flags override the ``synth`` section of the config.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--out", type=Path, required=True, help="ETL file to write; truth JSON and symbols/ go beside it")
+    p.add_argument("--seed", type=int, help="random seed (same seed and options -> byte-identical files)")
+    p.add_argument("--size", help="approximate uncompressed trace size, e.g. 20MB, 1GB")
+    p.add_argument("--cpus", type=int, help="logical CPUs of the simulated machine")
+    p.add_argument("--compress", action="store_true", default=None, help="XPRESS-compress the data buffers")
+    p.add_argument("--pointer-size", type=int, choices=(4, 8), help="pointer size of the simulated system")
+    p.add_argument("--stack-caching", action="store_true", default=None,
+                   help="stack keys (StackKeyUser/Kernel + KeyDelete/KeyRundown) instead of full StackWalk events")
+
+
+def main(args, config) -> int:
+    from pipeline import synth
+    from pipeline.config import SynthConfig
+    from pipeline.errors import ConfigError
+
+    overrides = {k: v for k, v in (("seed", args.seed), ("size", args.size), ("cpus", args.cpus),
+                                   ("compress", args.compress), ("pointer_size", args.pointer_size),
+                                   ("stack_caching", args.stack_caching)) if v is not None}
+    from pydantic import ValidationError
+
+    try:
+        cfg = SynthConfig.model_validate(config.synth.model_dump() | overrides)
+    except ValidationError as exc:
+        msgs = "; ".join(f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']} (got {e['input']!r})"
+                         for e in exc.errors())
+        raise ConfigError(f"synth: {msgs}") from None
+    summary = synth.run(args.out, cfg)
+    print(json.dumps(summary, indent=2, sort_keys=True))
+    return 0
