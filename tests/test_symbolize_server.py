@@ -1,0 +1,153 @@
+"""A real HTTP symbol server on 127.0.0.1: download once into the cache, .pd_ (CAB), errors reported.
+
+The server is Python's ``http.server`` in a thread, serving a symbol store laid out on disk from the
+PDBs built by ``test_symbolize_images``; it counts every request. Requests go only to loopback.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import threading
+from pathlib import Path
+
+import cabarchive
+import pytest
+
+from pipeline.runs import read_manifest, read_table
+from pipeline.symbolize import run
+from pipeline.symbolize.symbolpath import expand_cab, locate, parse_symbol_path, store_key
+from tests.test_symbolize_images import built_images, pe_identity
+from tests.test_symbolize_stage import DLL_BASE, EXE_BASE, config_for, publics, write_decoded
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # keep pytest output clean
+        pass
+
+    def do_GET(self):  # noqa: N802 - http.server's naming
+        self.server.requests.append(self.path)
+        if any(part in self.path for part in self.server.fail_paths):
+            self.send_error(500, "symbol server is broken today")
+            return
+        super().do_GET()
+
+
+@pytest.fixture()
+def server(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Handler, directory=str(store)))
+    httpd.requests = []
+    httpd.fail_paths = []
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield httpd, store, f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join(timeout=5)
+
+
+def _publish(store: Path, pdb: Path, ident: dict, compressed: bool) -> None:
+    keyed = store / ident["pdb_name"] / store_key(ident["guid"], ident["age"])
+    keyed.mkdir(parents=True)
+    if compressed:
+        arc = cabarchive.CabArchive()
+        arc[pdb.name] = cabarchive.CabFile(pdb.read_bytes())
+        (keyed / (pdb.name[:-1] + "_")).write_bytes(arc.save(compress=True))
+    else:
+        (keyed / pdb.name).write_bytes(pdb.read_bytes())
+
+
+def test_symbol_path_syntax(tmp_path):
+    entries = parse_symbol_path(r"C:\sym;srv*/tmp/c1*https://msdl.example/download/symbols;cache*/tmp/c2;"
+                                "SRV*https://other.example;srv*/tmp/c3*/mnt/store;symsrv*symsrv.dll*/tmp/c4*http://x",
+                                tmp_path)
+    assert [(e.kind, e.target, e.caches) for e in entries] == [
+        ("dir", r"C:\sym", ()),
+        ("server", "https://msdl.example/download/symbols", ("/tmp/c1",)),
+        ("cache", "/tmp/c2", ()),
+        ("server", "https://other.example", (str(tmp_path / "downloads"),)),
+        ("server", "/mnt/store", ("/tmp/c3",)),
+        ("server", "http://x", ("/tmp/c4",)),
+    ]
+    assert store_key("d1307f3d-ffee-c84a-4c4c-44205044422e", 1) == "D1307F3DFFEEC84A4C4C44205044422E1"
+    assert store_key("{51E29341-44BA-1562-8BA5-A31BE2DAE7DC}", 0x1A) == "51E2934144BA15628BA5A31BE2DAE7DC1A"
+
+
+def test_cab_round_trip():
+    arc = cabarchive.CabArchive()
+    arc["x.pdb"] = cabarchive.CabFile(b"Microsoft C/C++ MSF 7.00\r\n" + bytes(range(256)) * 64)
+    assert expand_cab(arc.save(compress=True), "x.pd_") == b"Microsoft C/C++ MSF 7.00\r\n" + bytes(range(256)) * 64
+    with pytest.raises(ValueError, match="not a readable CAB"):
+        expand_cab(b"MSCF but not really", "broken.pd_")
+
+
+def test_download_once_then_cache_only_and_server_errors_reported(server, tmp_path, dask_pool):
+    httpd, store, url = server
+    root = built_images() / "full"
+    exe, dll = pe_identity(root / "fakerustc.exe"), pe_identity(root / "rustlib.dll")
+    _publish(store, root / "fakerustc.pdb", exe, compressed=True)       # only the .pd_ form
+    _publish(store, root / "rustlib.pdb", dll, compressed=False)
+    full, lib = publics("full", "fakerustc.pdb"), publics("full", "rustlib.pdb")
+    main = full["_RNvCs1234_7mycrate4main"]
+    reallo = lib["_ZN7rustlib5alloc6reallo17habcdefabcdef0123E"]
+    images = [dict(pid=7, base=EXE_BASE, size=exe["size"], file_name=r"C:\b\fakerustc.exe", load_ns=0),
+              dict(pid=7, base=DLL_BASE, size=dll["size"], file_name=r"C:\b\rustlib.dll", load_ns=0),
+              dict(pid=7, base=0x1000000, size=0x10000, file_name=r"C:\b\absent.dll", load_ns=0)]
+    ids = [dict(pid=7, base=EXE_BASE, **{k: exe[k] for k in ("guid", "age", "pdb_name")}),
+           dict(pid=7, base=DLL_BASE, **{k: dll[k] for k in ("guid", "age", "pdb_name")}),
+           dict(pid=7, base=0x1000000, guid="12345678-0000-0000-0000-000000000000", age=1, pdb_name="absent.pdb")]
+    run_dir = tmp_path / "run"
+    write_decoded(run_dir, [(1, 7, EXE_BASE + main, 1)],
+                  {1: [EXE_BASE + main, DLL_BASE + reallo + 2, 0x1000000 + 0x40]}, images, ids)
+    cache = tmp_path / "symcache"
+    cfg = config_for(tmp_path, f"srv*{cache}*{url}")
+
+    # 1) rustlib's PDB is unreachable (HTTP 500): reported, the run goes on and resolves the rest
+    httpd.fail_paths = ["rustlib.pdb"]
+    run(run_dir, cfg, dask_pool)
+    m = read_manifest(run_dir, "symbolized")
+    missing = {e["module"]: e["reason"] for e in m["images_without_symbols"]}
+    assert missing["rustlib.dll"].startswith("download failed:") and "HTTP 500" in missing["rustlib.dll"]
+    assert missing["absent.dll"].startswith("not found")
+    frames = {r["address"]: r for r in read_table(run_dir, "symbolized", "frames").to_pylist()}
+    assert frames[EXE_BASE + main]["function"] == "mycrate::main"      # from the downloaded .pd_
+    assert frames[DLL_BASE + reallo + 2]["function"] == f"rustlib.dll+0x{reallo + 2:x}"
+    first = list(httpd.requests)
+    exe_dir = f"/fakerustc.pdb/{store_key(exe['guid'], exe['age'])}/"
+    assert first.count(exe_dir + "fakerustc.pdb") == 1 and first.count(exe_dir + "fakerustc.pd_") == 1
+    assert (cache / "fakerustc.pdb" / store_key(exe["guid"], exe["age"]) / "fakerustc.pdb").is_file()
+    # absent.pdb: .pdb, .pd_ and .sym asked once each, all 404
+    assert sum("absent" in p for p in first) == 3
+
+    # 2) the server is healthy again: only rustlib is fetched; the cached .pd_ and the known-missing
+    #    absent.pdb cost no request
+    httpd.fail_paths = []
+    httpd.requests.clear()
+    run(run_dir, cfg, dask_pool)
+    assert httpd.requests == [f"/rustlib.pdb/{store_key(dll['guid'], dll['age'])}/rustlib.pdb"]
+    frames = {r["address"]: r for r in read_table(run_dir, "symbolized", "frames").to_pylist()}
+    assert frames[DLL_BASE + reallo + 2]["function"] == "rustlib::alloc::reallo"
+
+    # 3) a third run, even with the derived tables deleted, makes no request at all
+    httpd.requests.clear()
+    import shutil
+
+    shutil.rmtree(Path(cfg.symbolize.cache_dir) / "tables")
+    run(run_dir, cfg, dask_pool)
+    assert httpd.requests == []
+    assert read_manifest(run_dir, "symbolized")["http_requests"] == 0
+
+
+def test_cache_star_copies_from_later_entries(tmp_path):
+    root = built_images() / "full"
+    ident = pe_identity(root / "rustlib.dll")
+    store = tmp_path / "store"
+    _publish(store, root / "rustlib.pdb", ident, compressed=False)
+    entries = parse_symbol_path(f"cache*{tmp_path / 'local'};{store}", tmp_path)
+    found = locate(entries, "rustlib.pdb", ident["guid"], ident["age"], 5.0)
+    key = store_key(ident["guid"], ident["age"])
+    assert found.path == tmp_path / "local" / "rustlib.pdb" / key / "rustlib.pdb"
+    again = locate(entries, "rustlib.pdb", ident["guid"], ident["age"], 5.0)
+    assert again.source == f"cache {tmp_path / 'local'}"
