@@ -26,18 +26,23 @@ PROFILE_DIR = "selfprofile"
 DEFAULT_EVENTS = "default"
 
 
-def rustc_path(env: dict[str, str]) -> str:
-    return env.get("RUSTC") or "rustc"
+def rustc_command(env: dict[str, str], build: list[str] | None = None) -> list[str]:
+    """The rustc the build will run: ``$RUSTC``, else ``rustc`` with the build's ``+toolchain``."""
+    if env.get("RUSTC"):
+        return [env["RUSTC"]]
+    if build and len(build) > 1 and Path(build[0]).name in ("cargo", "rustc") and build[1].startswith("+"):
+        return ["rustc", build[1]]
+    return ["rustc"]
 
 
-def toolchain(env: dict[str, str]) -> dict[str, str]:
+def toolchain(rustc: list[str], env: dict[str, str]) -> dict[str, str]:
     """``rustc -vV`` as a dict (release, commit-hash, host, LLVM version, ...) plus the raw text."""
     try:
-        proc = subprocess.run([rustc_path(env), "-vV"], env=env, capture_output=True, text=True, timeout=60)
+        proc = subprocess.run([*rustc, "-vV"], env=env, capture_output=True, text=True, timeout=60)
     except OSError as exc:
-        raise InputError(f"cannot run {rustc_path(env)} -vV: {exc.strerror or exc} (is a Rust toolchain on PATH?)") from exc
+        raise InputError(f"cannot run {' '.join(rustc)} -vV: {exc.strerror or exc} (is a Rust toolchain on PATH?)") from exc
     if proc.returncode != 0:
-        raise InputError(f"{rustc_path(env)} -vV failed ({proc.returncode}): {proc.stderr.strip()}")
+        raise InputError(f"{' '.join(rustc)} -vV failed ({proc.returncode}): {proc.stderr.strip()}")
     info = {"text": proc.stdout.strip()}
     for line in proc.stdout.splitlines()[1:]:
         key, _, value = line.partition(":")
@@ -46,17 +51,17 @@ def toolchain(env: dict[str, str]) -> dict[str, str]:
     return info
 
 
-def check_self_profile(env: dict[str, str], events: str) -> list[str]:
+def check_self_profile(rustc: list[str], env: dict[str, str], events: str) -> list[str]:
     """Run rustc once with the -Z flags; BootprofError if it refuses them, else its warnings."""
     with tempfile.TemporaryDirectory(prefix="bootprof-probe-") as tmp:
-        cmd = [rustc_path(env), f"-Zself-profile={tmp}", f"-Zself-profile-events={events}", "--print", "sysroot"]
+        cmd = [*rustc, f"-Zself-profile={tmp}", f"-Zself-profile-events={events}", "--print", "sysroot"]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=tmp)
     if proc.returncode != 0:
         if "only accepted on the nightly compiler" in proc.stderr:
             raise BootprofError(
                 "rustc refuses -Z self-profile: this is a stable or beta toolchain. Use a nightly toolchain "
                 "(e.g. `cargo +nightly ...`) or set RUSTC_BOOTSTRAP=1 to allow -Z options on stable.")
-        raise BootprofError(f"rustc refuses the self-profile options ({' '.join(cmd[1:3])}): "
+        raise BootprofError(f"rustc refuses the self-profile options ({' '.join(cmd[-5:-3])}): "
                             f"{proc.stderr.strip().splitlines()[0] if proc.stderr.strip() else proc.returncode}")
     return [line for line in proc.stderr.splitlines() if "WARN" in line or "warning" in line]
 
@@ -81,8 +86,9 @@ def run(run_dir: Path, config, pool=None, inputs: list[str] | None = None, event
     run_dir = Path(run_dir).resolve()
     events = events or DEFAULT_EVENTS
     base_env = dict(os.environ)
-    tool = toolchain(base_env)
-    warnings = check_self_profile(base_env, events)
+    rustc = rustc_command(base_env, list(inputs))
+    tool = toolchain(rustc, base_env)
+    warnings = check_self_profile(rustc, base_env, events)
     profile_dir = run_dir / PROFILE_DIR
     profile_dir.mkdir(parents=True, exist_ok=True)
     before = {p.name for p in profile_dir.glob("*.mm_profdata")}

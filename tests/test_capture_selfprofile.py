@@ -1,0 +1,115 @@
+"""`bootprof capture --self-profile` on a real cargo build with this machine's rustc, then decode it.
+
+The workspace source is copied to tmp_path so that cargo's target/ is never written into shared/.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, fixture_path
+from tests.test_selfprofile_reference import read_events, summarize
+
+
+def is_nightly() -> bool:
+    out = subprocess.run(["rustc", "-vV"], capture_output=True, text=True, check=True).stdout
+    return "nightly" in out or "-dev" in out
+
+
+def workspace_copy(tmp_path: Path) -> Path:
+    dst = tmp_path / "ws"
+    shutil.copytree(fixture_path("selfprofile/workspace-src"), dst, copy_function=shutil.copyfile)
+    for p in [dst, *dst.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory):
+    """One real build: -Zthreads=2 already in RUSTFLAGS, events default + per-hit instants."""
+    from pipeline import capture
+    from pipeline.config import Config
+
+    tmp = tmp_path_factory.mktemp("capture")
+    ws = workspace_copy(tmp)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("RUSTC_BOOTSTRAP", "1")
+    mp.setenv("RUSTFLAGS", "-Zthreads=2")
+    mp.delenv("CARGO_TARGET_DIR", raising=False)
+    mp.delenv("CARGO_ENCODED_RUSTFLAGS", raising=False)
+    mp.delenv("RUSTC", raising=False)
+    try:
+        summary = capture.run(tmp / "run", Config(), None, inputs=["cargo", "build", "--offline", "--quiet"],
+                              events="default,query-cache-hit", cwd=ws)
+    finally:
+        mp.undo()
+    return tmp / "run", summary
+
+
+def test_capture_manifest_and_files(captured):
+    from pipeline.runs import read_manifest
+
+    run, summary = captured
+    assert summary["exit_code"] == 0
+    manifest = read_manifest(run, "capture")
+    assert manifest["command"] == ["cargo", "build", "--offline", "--quiet"]
+    assert manifest["toolchain"]["release"] and manifest["toolchain"]["host"]
+    assert manifest["toolchain"]["version"].startswith("rustc ")
+    assert manifest["rustflags_added"].startswith("-Zthreads=2 -Zself-profile=")
+    assert manifest["elapsed_s"] > 0 and manifest["exit_code"] == 0
+    names = sorted(f["name"].rsplit("-", 1)[0] for f in manifest["files"])
+    assert names == ["___", "app", "mathx", "util"]  # one per rustc process, cargo's probe included
+    assert {Path(i["path"]).parent for i in manifest["inputs"]} == {run / "selfprofile"}
+
+
+def test_capture_decodes_one_file_per_crate(captured, dask_pool):
+    from pipeline import aggregate, decode
+    from pipeline.config import Config
+    from pipeline.runs import read_table
+
+    run, _ = captured
+    decode.run(run, Config(), dask_pool, inputs=[run / "selfprofile"])
+    files = read_table(run, "decoded", "self_profiles").to_pylist()
+    ok = sorted(f["crate"] for f in files if f["status"] == "ok")
+    assert ok == ["app", "mathx", "util"]
+    assert [f["status"] for f in files if Path(f["path"]).name.startswith("___-")] == ["skipped"]
+    for f in files:
+        if f["status"] == "ok":
+            assert f"--crate-name {f['crate']}" in f["cmd"] and f["pid"] > 0 and f["format_version"] == 9
+    # With query-cache-hit, per-hit instants and per-invocation counts are both recorded: the summary
+    # must count each hit once, exactly as the reference summarize does.
+    aggregate.run(run, Config(), dask_pool)
+    summary = read_table(run, "aggregated", "query_summary").to_pylist()
+    cols = ["self_ns", "time_ns", "invocations", "cache_misses", "cache_hits", "blocked_ns", "incr_load_ns",
+            "incr_hashing_ns"]
+    instants = 0
+    for f in files:
+        if f["status"] != "ok":
+            continue
+        _, events = read_events(Path(f["path"]))
+        instants += sum(e["payload"] == "instant" for e in events)
+        rows, _, _ = summarize(events)
+        mine = {r["label"]: [r[c] for c in cols] for r in summary if r["scope"] == "file" and r["file_id"] == f["file_id"]}
+        assert mine == rows
+    assert instants > 1000
+
+
+def test_stable_rustc_without_bootstrap_is_refused_clearly(tmp_path):
+    """Without RUSTC_BOOTSTRAP a stable rustc refuses -Z: one clear line, exit 2, no build run."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RUSTC_BOOTSTRAP", "RUSTC")}
+    marker = tmp_path / "build-ran"
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "capture", "--self-profile", "--run", str(tmp_path / "run"),
+                           "--", "touch", str(marker)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    if is_nightly():
+        assert proc.returncode == 0 and marker.exists(), proc.stderr
+        return
+    assert proc.returncode == 2
+    assert "rustc refuses -Z self-profile" in proc.stderr and "RUSTC_BOOTSTRAP=1" in proc.stderr
+    assert "Traceback" not in proc.stderr and not marker.exists()
