@@ -505,7 +505,7 @@ def build_workload(seed: int, cpus: int, p: int, target_bytes: int) -> Workload:
     mean_frames = int(np.mean([len(f) for f in st.frames]))
     per_sample = 32 + L.aligned(16 + 16 + p * mean_frames)
     per_cpu_second = 1000 * per_sample + (HEAP_RATE + VA_RATE) * (40 + L.aligned(16 + 16 + p * (mean_frames + 6)))
-    duration_s = max(0.5, target_bytes / (cpus * per_cpu_second * 0.85))
+    duration_s = max(0.5, target_bytes / (cpus * per_cpu_second * 1.1))
     t0 = 40_000_000 + int(rng.integers(0, 1_000_000)) * 4
     start = t0 + 20_000
     # nominal schedule (arbitrary units), then scaled to the duration

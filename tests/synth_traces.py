@@ -1,0 +1,47 @@
+"""Synthesized traces shared by the synth tests: one per variant, made once per test session.
+
+Variants cover each option both ways: compression, pointer size 4/8, full stacks / stack caching.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import SynthConfig
+
+VARIANTS = {
+    "plain64": SynthConfig(seed=3, size="3MB", cpus=4),
+    "xpress32_cached": SynthConfig(seed=4, size="3MB", cpus=3, compress=True, pointer_size=4, stack_caching=True),
+    "xpress64": SynthConfig(seed=5, size="3MB", cpus=5, compress=True),
+    "plain32_cached": SynthConfig(seed=6, size="2MB", cpus=2, pointer_size=4, stack_caching=True),
+}
+
+
+@dataclass
+class Synth:
+    name: str
+    cfg: SynthConfig
+    path: Path
+    truth: dict
+    summary: dict
+
+
+@pytest.fixture(scope="session")
+def synth_traces(tmp_path_factory) -> dict[str, Synth]:
+    from pipeline import synth
+
+    out = {}
+    for name, cfg in VARIANTS.items():
+        path = tmp_path_factory.mktemp(f"synth-{name}") / "trace.etl"
+        summary = synth.run(path, cfg)
+        out[name] = Synth(name, cfg, path, json.loads(path.with_name("trace.truth.json").read_text()), summary)
+    return out
+
+
+@pytest.fixture(scope="session", params=list(VARIANTS))
+def synth_trace(request, synth_traces) -> Synth:
+    return synth_traces[request.param]
