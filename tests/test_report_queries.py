@@ -1,0 +1,302 @@
+"""Report stage, query section: files, formats, and profile_queries.html in a real headless Chromium."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import fixture_path
+from tests.test_selfprofile_reference import read_events, summarize
+
+CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--hide-scrollbars", "--window-size=1300,1000"]
+
+
+def chromium() -> str:
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        pytest.fail("chromium is not installed (Debian package 'chromium'; make system-deps installs it)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def report_run(tmp_path_factory, dask_pool):
+    """A cargo build's profiles plus a fresh rustc run with per-hit instants, through decode/aggregate/report."""
+    from pipeline import aggregate, decode, report
+    from pipeline.config import Config
+
+    tmp = tmp_path_factory.mktemp("report")
+    hits = tmp / "hits"
+    hello = fixture_path("selfprofile/hello-default/hello.rs")
+    env = dict(os.environ, RUSTC_BOOTSTRAP="1")
+    subprocess.run(["rustc", "--crate-name", "hello", f"-Zself-profile={hits}",
+                    "-Zself-profile-events=default,query-cache-hit", str(hello), "-o", str(tmp / "hello_bin")],
+                   env=env, check=True, capture_output=True, timeout=300, cwd=tmp)
+    run = tmp / "run"
+    config = Config()
+    decode.run(run, config, dask_pool, inputs=[fixture_path("selfprofile/workspace-clean"), hits])
+    aggregate.run(run, config, dask_pool)
+    report.run(run, config, dask_pool)
+    return run
+
+
+def file_ids(run: Path) -> dict[str, int]:
+    from pipeline.runs import read_table
+
+    return {f["crate"]: f["file_id"] for f in read_table(run, "decoded", "self_profiles").to_pylist()
+            if f["status"] == "ok"}
+
+
+def test_fmt_duration_matches_rust_debug():
+    from pipeline.report.queries import fmt_duration
+
+    assert fmt_duration(4_510_000_000) == "4.51s"
+    assert fmt_duration(712_940_000) == "712.94ms"
+    assert fmt_duration(1_500) == "1.50µs"
+    assert fmt_duration(0) == "0.00ns"
+    assert fmt_duration(999) == "999.00ns"
+    assert fmt_duration(1_999_999) == "2.00ms"          # rounds half up on the next digit
+    assert fmt_duration(10_896_488_447, None) == "10.896488447s"
+    assert fmt_duration(10_000_000_000, None) == "10s"
+    assert fmt_duration(1_500_000, None) == "1.5ms"
+
+
+def test_index_has_query_section_and_files(report_run):
+    from pipeline.runs import read_manifest
+
+    out = report_run / "report"
+    index = (out / "index.html").read_text()
+    assert '<section id="queries"' in index and "rustc queries" in index
+    for name in ["profile_queries.html", "query_summary.html", "query_summary.txt", "profile_queries.counts.txt",
+                 "chrome_trace.json", "query_stacks.folded"]:
+        assert (out / name).stat().st_size > 0 and f'href="{name}"' in index
+    manifest = read_manifest(report_run, "report")
+    assert "profile_queries.counts.txt" in manifest["sections"]["queries"]["files"]
+
+
+def test_counts_txt_is_sorted_and_matches_reference(report_run):
+    lines = (report_run / "report" / "profile_queries.counts.txt").read_text().splitlines()
+    assert lines[0] == "label,count,duration_seconds"
+    rows = [line.rsplit(",", 2) for line in lines[1:]]
+    durations = [float(d) for _, _, d in rows]
+    assert durations == sorted(durations, reverse=True) and len(rows) > 100
+    # Inclusive time and executions per query label, summed over the build's files by the reference.
+    ref: dict[str, list[int]] = {}
+    for path in sorted(fixture_path("selfprofile/workspace-clean").glob("[!_]*.mm_profdata")) + \
+            sorted((report_run.parent / "hits").glob("*.mm_profdata")):
+        for label, r in summarize(read_events(path)[1])[0].items():
+            acc = ref.setdefault(label, [0, 0])
+            acc[0] += r[2]
+            acc[1] += r[1]
+    for label, count, dur in rows:
+        assert [int(count), round(float(dur) * 1e9)] == ref[label], label
+
+
+def test_summary_text_layout(report_run):
+    from pipeline.report.queries import fmt_duration
+    from pipeline.runs import read_table
+
+    text = (report_run / "report" / "query_summary.txt").read_text()
+    header = text.splitlines()[2]
+    assert [c.strip() for c in header.strip("|").split("|")][:5] == [
+        "Item", "Self time", "% of total time", "Time", "Item count"]
+    assert "Cache hits" in header and "Blocked time" not in header  # optional columns only when non-zero
+    total = [t for t in read_table(report_run, "aggregated", "query_totals").to_pylist() if t["scope"] == "build"][0]
+    assert f"Total cpu time: {fmt_duration(total['total_ns'], None)}\n" in text
+    assert "| Item " in text and "Artifact Size" in text and re.search(r"\| \d+ bytes", text)
+    assert text.count("# crate ") == 4
+
+
+def test_chrome_trace_like_crox(report_run):
+    from pipeline.runs import read_table
+
+    events = json.loads((report_run / "report" / "chrome_trace.json").read_text())
+    meta = [e for e in events if e["ph"] == "M"]
+    spans = [e for e in events if e["ph"] == "X"]
+    files = read_table(report_run, "decoded", "self_profiles").to_pylist()
+    ok = [f for f in files if f["status"] == "ok"]
+    assert sorted(e["args"]["name"] for e in meta if e["name"] == "process_name") == sorted(f["crate"] for f in ok)
+    intervals = 0
+    for f in ok:
+        intervals += sum(e["payload"] == "interval" for e in read_events(Path(f["path"]))[1])
+    assert len(spans) == intervals
+    app = next(f for f in ok if f["crate"] == "app")
+    first = read_events(Path(app["path"]))[1][0]
+    mine = next(e for e in spans if e["pid"] == app["pid"] and e["name"] == first["label"])
+    assert mine["ts"] == (app["start_time_ns"] + first["start"]) // 1000
+    assert mine["dur"] == (first["end"] - first["start"]) // 1000 and mine["cat"] == first["kind"]
+
+
+def test_folded_stacks_add_up_to_total_time(report_run):
+    from pipeline.runs import read_table
+
+    per_crate: dict[str, int] = {}
+    for line in (report_run / "report" / "query_stacks.folded").read_text().splitlines():
+        stack, value = line.rsplit(" ", 1)
+        per_crate[stack.split(";")[0]] = per_crate.get(stack.split(";")[0], 0) + int(value)
+    totals = {t["crate"]: t["total_ns"] for t in read_table(report_run, "aggregated", "query_totals").to_pylist()
+              if t["scope"] == "crate"}
+    assert per_crate == totals
+
+
+def test_trace_data_cut_keeps_the_tree_whole(report_run, tmp_path):
+    from pipeline.report.queries import trace_js_of_part
+
+    part = sorted((report_run / "decoded" / "query_events.parquet").glob("*.parquet"))[0]
+    written = trace_js_of_part(str(part), str(tmp_path), {}, 1000)
+    for w in written:
+        text = (tmp_path / Path(w["path"]).name).read_text()
+        data = json.loads(text[len("bootprofTrace("): -len(");\n")])
+        n = len(data["start"])
+        assert n == data["shown"] <= 1000 and data["cut_ns"] > 0
+        for i, p in enumerate(data["parent"]):
+            assert p == -1 or (i < p < n and data["start"][p] <= data["start"][i]
+                               and data["start"][i] + data["dur"][i] <= data["start"][p] + data["dur"][p])
+
+
+# ------------------------------------------------------------------------------------------------
+# A real browser
+
+
+def dump_dom(url: str, profile: Path) -> str:
+    proc = subprocess.run([chromium(), *CHROME_FLAGS, f"--user-data-dir={profile}", "--virtual-time-budget=10000",
+                           "--dump-dom", url], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def body_data(dom: str) -> dict[str, str]:
+    body = re.search(r"<body([^>]*)>", dom).group(1)
+    return dict(re.findall(r'data-([a-z-]+)="([^"]*)"', body))
+
+
+def test_profile_queries_renders_a_large_process_lazily(report_run, tmp_path):
+    """app has 104k events: the page shows a bounded number of boxes, classes as in the seed."""
+    fid = file_ids(report_run)["app"]
+    page = (report_run / "report" / "profile_queries.html").as_uri()
+    dom = dump_dom(f"{page}#file={fid}", tmp_path / "chrome")
+    data = body_data(dom)
+    assert data["rendered-file"] == str(fid) and data["rendered-zoom"] == ""
+    nodes = len(re.findall(r'class="node ', dom))
+    assert nodes == int(data["nodes"]) and 50 < nodes < 5000
+    assert re.search(r'class="node pass frac-\d+ important', dom)    # timed passes, important
+    assert 'class="node miss ' in dom                                  # query executions
+    assert "frac-50" in dom or "frac-40" in dom or "frac-30" in dom    # large nodes styled by share
+    assert "thread 3" in dom
+
+
+def test_profile_queries_zoom_and_hits(report_run, tmp_path):
+    """Zoom to a subtree by its link target; cache hits show as dots inside their query."""
+    from pipeline.runs import read_table
+
+    fid = file_ids(report_run)["hello"]
+    page = (report_run / "report" / "profile_queries.html").as_uri()
+    events = read_table(report_run, "decoded", "query_events").to_pylist()
+    mine = [e for e in events if e["file_id"] == fid and e["payload"] != "integer"]
+    # Index in the page's data = position among intervals and instants of the file (nothing is cut here).
+    analysis = next(i for i, e in enumerate(mine) if e["label"] == "analysis" and e["payload"] == "interval")
+    dom = dump_dom(f"{page}#file={fid}&zoom={analysis}", tmp_path / "chrome")
+    data = body_data(dom)
+    assert data["rendered-zoom"] == str(analysis)
+    trace = dom[dom.index('id="trace"'):]
+    first = re.search(r'<span class="label">([^<]*)</span>', trace).group(1)
+    assert first.strip() == "analysis"
+    assert 'id="crumbs"><a href="#file=' in dom and "whole process" in dom
+    assert 'class="hit"' in dom and 'class="hits"' in dom
+
+
+class CDP:
+    """A minimal Chrome DevTools Protocol client over tornado's websocket (tornado comes with dask)."""
+
+    def __init__(self, ws):
+        self.ws, self.next_id = ws, 0
+
+    async def call(self, method: str, **params):
+        self.next_id += 1
+        await self.ws.write_message(json.dumps({"id": self.next_id, "method": method, "params": params}))
+        while True:
+            msg = json.loads(await asyncio.wait_for(self.ws.read_message(), 60))
+            if msg.get("id") == self.next_id:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return msg.get("result", {})
+
+    async def js(self, expression: str):
+        result = await self.call("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    async def wait_for(self, expression: str, timeout: float = 30.0):
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        while loop.time() < end:
+            if await self.js(expression):
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {expression}")
+
+    async def click(self, selector: str):
+        """A real mouse click (press and release) at the centre of the element."""
+        box = await self.js(f"(() => {{ const e = document.querySelector({json.dumps(selector)});"
+                            f" e.scrollIntoView({{block: 'center'}}); const r = e.getBoundingClientRect();"
+                            f" return [r.x + Math.min(r.width / 2, 40), r.y + r.height / 2]; }})()")
+        for kind in ("mousePressed", "mouseReleased"):
+            await self.call("Input.dispatchMouseEvent", type=kind, x=box[0], y=box[1], button="left", clickCount=1)
+
+
+def test_profile_queries_interaction_in_chromium(report_run, tmp_path):
+    """Open a box, zoom into it, go back to the whole process, close everything: real clicks."""
+    from tornado.websocket import websocket_connect
+
+    fid = file_ids(report_run)["app"]
+    page = (report_run / "report" / "profile_queries.html").as_uri()
+    proc = subprocess.Popen([chromium(), *CHROME_FLAGS, f"--user-data-dir={tmp_path / 'chrome'}",
+                             "--remote-debugging-port=0", "--remote-debugging-address=127.0.0.1", "about:blank"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        port = None
+        for line in proc.stderr:
+            m = re.search(r"DevTools listening on ws://127\.0\.0\.1:(\d+)/", line)
+            if m:
+                port = m.group(1)
+                break
+        assert port, "chromium did not start its DevTools endpoint"
+        targets = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=30).read())
+        ws_url = next(t["webSocketDebuggerUrl"] for t in targets if t["type"] == "page")
+
+        async def scenario():
+            cdp = CDP(await websocket_connect(ws_url, max_message_size=1 << 28))
+            await cdp.call("Page.enable")
+            await cdp.call("Page.navigate", url=f"{page}#file={fid}")
+            await cdp.wait_for(f"document.body.dataset.renderedFile === '{fid}'")
+            closed = "#trace .node.important:not(.open):not(.leaf)"
+            index = await cdp.js(f"document.querySelector('{closed}').dataset.i")
+            await cdp.click(f"{closed.replace(':not(.open)', '')}[data-i='{index}'] > .head .label")
+            assert await cdp.js(f"document.querySelector('.node[data-i=\"{index}\"]').classList.contains('open')")
+            assert await cdp.js(f"document.querySelector('.node[data-i=\"{index}\"] > .kids').children.length") > 0
+            await cdp.click(f".node[data-i='{index}'] > .head .zoom")
+            await cdp.wait_for(f"document.body.dataset.renderedZoom === '{index}'")
+            assert await cdp.js("document.querySelectorAll('#trace > .node').length") == 1
+            assert await cdp.js("location.hash") == f"#file={fid}&zoom={index}"
+            await cdp.click("#crumbs a")
+            await cdp.wait_for("document.body.dataset.renderedZoom === ''")
+            assert await cdp.js("document.querySelectorAll('#trace .node.open').length") > 0
+            await cdp.click("#collapse-all")
+            assert await cdp.js("document.querySelectorAll('#trace .node.open').length") == 0
+            await cdp.click("#expand-important")
+            assert await cdp.js("document.querySelectorAll('#trace .node.open').length") > 0
+            cdp.ws.close()
+
+        asyncio.run(scenario())
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
