@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import html
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -135,8 +136,10 @@ def _files_meta(ctx) -> dict[int, dict]:
     return {r["file_id"]: r for r in rows}
 
 
-def chrome_events_of_part(part: str, files: dict[int, dict]) -> list[str]:
-    """Dask task: Chrome trace lines (``ph: X``) of the interval events of one part."""
+def chrome_events_of_part(part: str, out: str, files: dict[int, dict]) -> str | None:
+    """Dask task: write the Chrome trace elements (``ph: X``) of one part's interval events to ``out``.
+
+    Returns ``out``, or None when the part has no interval events."""
     import numpy as np
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -144,7 +147,7 @@ def chrome_events_of_part(part: str, files: dict[int, dict]) -> list[str]:
     t = pq.read_table(part, columns=["file_id", "thread", "kind", "label", "args", "payload", "start_ns", "end_ns"])
     t = t.filter(pc.equal(t["payload"], "interval"))
     if t.num_rows == 0:
-        return []
+        return None
     t = t.unify_dictionaries().combine_chunks()
     label, kind = t["label"].chunk(0), t["kind"].chunk(0)
     names = [json.dumps(s) for s in label.dictionary.to_pylist()]
@@ -159,11 +162,13 @@ def chrome_events_of_part(part: str, files: dict[int, dict]) -> list[str]:
     pid = pids[file_id].tolist()
     args = [None if a is None else json.dumps({f"arg{i}": v for i, v in enumerate(a)})
             for a in t["args"].to_pylist()]
-    return [
+    lines = [
         f'{{"name":{names[li]},"cat":{kinds[ki]},"ph":"X","ts":{s},"dur":{d},"pid":{p},"tid":{th},"args":{a or "null"}}}'
         for li, ki, s, d, p, th, a in zip(label.indices.to_pylist(), kind.indices.to_pylist(), ts, dur, pid,
                                            t["thread"].to_pylist(), args)
     ]
+    Path(out).write_text(",\n".join(lines))
+    return out
 
 
 def write_chrome_trace(ctx, parts: list[str], files: dict[int, dict]) -> Path:
@@ -178,12 +183,22 @@ def write_chrome_trace(ctx, parts: list[str], files: dict[int, dict]) -> Path:
                          "args": {"sort_index": (meta["start_time_ns"] or 0) // 1000}}):
                 f.write(("" if first else ",\n") + json.dumps(obj))
                 first = False
-        for lines in ctx.pool.map(chrome_events_of_part, parts, files=files):
-            if lines:
-                f.write(("" if first else ",\n") + ",\n".join(lines))
+        tmp = ctx.out.path / ".chrome_parts"
+        tmp.mkdir()
+        outs = [str(tmp / f"{i:05d}.json") for i in range(len(parts))]
+        for fragment in ctx.pool.map(_chrome_task, list(zip(parts, outs)), files=files):
+            if fragment:
+                f.write("" if first else ",\n")
+                with open(fragment) as src:
+                    shutil.copyfileobj(src, f)
                 first = False
         f.write("\n]\n")
+    shutil.rmtree(tmp)
     return path
+
+
+def _chrome_task(item: tuple[str, str], files: dict[int, dict]) -> str | None:
+    return chrome_events_of_part(item[0], item[1], files)
 
 
 def trace_js_of_part(part: str, out_dir: str, files: dict[int, dict], max_events: int) -> list[dict]:
