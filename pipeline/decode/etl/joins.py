@@ -1,4 +1,233 @@
-"""Cross-buffer joins, run once all partitions are on disk (placeholder, filled next)."""
+"""Cross-buffer joins on the global event order, run after all partitions are on disk.
 
-def finish(out, scratch, header):
-    return {}
+Partitions write raw ``_``-prefixed scratch tables (parquet parts). Everything here is SQL in DuckDB
+over those parts, so nothing holds the trace in Python objects and DuckDB may spill to disk for big
+traces. The global order of events is (raw timestamp, cpu, stream_pos): §1.5/§5.3 of the format notes.
+
+Stacks (§3.5, §3.6)::
+
+    event @ts, thread T ──► StackWalk   {event_ts=ts, T, frames}     full stacks, possibly two records
+                            StackKeyKernel/User {event_ts=ts, T, key} (kernel half, later user half,
+                                                                      maybe on another CPU's buffer)
+    key ──► first KeyDelete/KeyRundown/Create definition of that key at or after the reference
+            (keys are reused, so "any definition" is wrong; an ASOF join picks the right one)
+
+All pieces of one (event_ts, thread) are concatenated in stream order, kernel frames first, and the
+resulting frame lists are deduplicated into ``stacks``. Samples and heap events find their stack by
+(timestamp, thread); VirtualAlloc events have no thread and match by (timestamp, cpu).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+SCRATCH_TABLES = ("_process_events", "_thread_events", "_image_events", "_image_id_info", "_image_id_dbg",
+                  "_samples", "_stack_refs", "_stack_defs", "_virtual_allocs", "_heap_events")
+
+#: Empty shapes of scratch tables, so the SQL below runs on traces that lack some event kinds.
+EMPTY = {
+    "_process_events": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, kind VARCHAR, "
+                       "pid UINTEGER, parent_pid UINTEGER, session UINTEGER, exit_status INTEGER, "
+                       "unique_process_key UBIGINT, flags UINTEGER, image_name VARCHAR, command_line VARCHAR, "
+                       "version USMALLINT",
+    "_thread_events": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, kind VARCHAR, "
+                      "pid UINTEGER, tid UINTEGER, win32_start_addr UBIGINT, thread_name VARCHAR",
+    "_image_events": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, kind VARCHAR, "
+                     "pid UINTEGER, base UBIGINT, size UBIGINT, checksum UINTEGER, time_date_stamp UINTEGER, "
+                     "file_name VARCHAR",
+    "_image_id_info": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, base UBIGINT, "
+                      "size UBIGINT, pid UINTEGER, time_date_stamp UINTEGER, original_file_name VARCHAR",
+    "_image_id_dbg": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, base UBIGINT, "
+                     "pid UINTEGER, pdb_guid VARCHAR, pdb_age UINTEGER, pdb_name VARCHAR, il BOOLEAN",
+    "_samples": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, tid UINTEGER, ip UBIGINT",
+    "_stack_refs": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, event_ts BIGINT, "
+                   "pid UINTEGER, tid UINTEGER, kind UTINYINT, key UBIGINT, frames UBIGINT[]",
+    "_stack_defs": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, key UBIGINT, "
+                   "opcode UTINYINT, frames UBIGINT[]",
+    "_virtual_allocs": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, pid UINTEGER, "
+                       "base UBIGINT, size UBIGINT, flags UINTEGER, is_free BOOLEAN",
+    "_heap_events": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, pid UINTEGER, "
+                    "tid UINTEGER, kind VARCHAR, heap UBIGINT, address UBIGINT, size UBIGINT, old_address UBIGINT, "
+                    "old_size UBIGINT, flags UINTEGER, source UINTEGER",
+}
+
+# Lifetime tables: one row per instance. An instance starts at a start/load event; rundown events
+# (DCStart/DCEnd) belong to the instance current at their time. NULL start = existed before the trace,
+# NULL end = still alive when it stopped.
+LIFETIMES = {
+    "processes": ("_process_events", "pid, unique_process_key", "'start'", "'end', 'defunct'", """
+        pid, any_value(parent_pid ORDER BY (kind = 'start') DESC, timestamp) AS parent_pid,
+        any_value(image_name ORDER BY (image_name = '') , (kind = 'start') DESC, timestamp) AS image_name,
+        any_value(command_line ORDER BY (command_line = ''), (kind = 'start') DESC, timestamp) AS command_line,
+        min(timestamp_ns) FILTER (kind = 'start') AS start_ns,
+        min(timestamp_ns) FILTER (kind IN ('end', 'defunct')) AS end_ns,
+        any_value(session ORDER BY timestamp) AS session,
+        any_value(exit_status ORDER BY timestamp DESC) FILTER (kind IN ('end', 'dcend', 'defunct')) AS exit_status,
+        unique_process_key, any_value(flags ORDER BY timestamp) AS flags,
+        min(timestamp) FILTER (kind = 'start') AS start_timestamp,
+        min(timestamp) FILTER (kind IN ('end', 'defunct')) AS end_timestamp,
+        min(timestamp_ns) AS first_seen_ns, max(timestamp_ns) AS last_seen_ns"""),
+    "threads": ("_thread_events", "pid, tid", "'start'", "'end'", """
+        pid, tid,
+        min(timestamp_ns) FILTER (kind = 'start') AS start_ns,
+        min(timestamp_ns) FILTER (kind = 'end') AS end_ns,
+        any_value(win32_start_addr ORDER BY timestamp) AS win32_start_addr,
+        any_value(thread_name ORDER BY (thread_name = ''), timestamp) AS thread_name,
+        min(timestamp) FILTER (kind = 'start') AS start_timestamp,
+        min(timestamp) FILTER (kind = 'end') AS end_timestamp,
+        min(timestamp_ns) AS first_seen_ns, max(timestamp_ns) AS last_seen_ns"""),
+    "images": ("_image_events", "pid, base", "'load'", "'unload'", """
+        pid, base, any_value(size ORDER BY timestamp) AS size,
+        any_value(file_name ORDER BY (file_name = ''), timestamp) AS file_name,
+        min(timestamp_ns) FILTER (kind = 'load') AS load_ns,
+        min(timestamp_ns) FILTER (kind = 'unload') AS unload_ns,
+        any_value(checksum ORDER BY (checksum = 0), timestamp) AS checksum,
+        any_value(time_date_stamp ORDER BY (time_date_stamp = 0), timestamp) AS time_date_stamp,
+        min(timestamp) FILTER (kind = 'load') AS load_timestamp,
+        min(timestamp) FILTER (kind = 'unload') AS unload_timestamp,
+        min(timestamp_ns) AS first_seen_ns, max(timestamp_ns) AS last_seen_ns"""),
+}
+
+
+def finish(out, scratch: Path, header, memory_limit: str = "2GB") -> dict[str, Any]:
+    """Build the joined tables from the scratch parts; returns counts for the manifest."""
+    import duckdb
+
+    con = duckdb.connect(config={"memory_limit": memory_limit, "temp_directory": str(scratch / "duckdb.tmp"),
+                                 "preserve_insertion_order": False})
+    try:
+        for name in SCRATCH_TABLES:
+            parts = scratch / f"{name}.parquet"
+            if parts.exists():
+                con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{parts}/*.parquet')")
+            else:
+                con.execute(f"CREATE TABLE {name} ({EMPTY[name]})")
+        for table, spec in LIFETIMES.items():
+            _lifetime(con, table, *spec)
+        _image_ids(con)
+        stats = _stacks(con)
+        _samples(con)
+        _virtual_allocs(con)
+        _heap_events(con)
+        for table in ("processes", "threads", "images", "image_ids", "stacks", "samples",
+                      "virtual_allocs", "heap_events"):
+            _copy(con, table, out.table_path(table))
+        stats.update(_summary(con))
+        return stats
+    finally:
+        con.close()
+
+
+def _copy(con, table: str, path: Path) -> None:
+    con.execute(f"COPY (SELECT * FROM {table}) TO '{path}' (FORMAT parquet, COMPRESSION zstd)")
+
+
+def _lifetime(con, table: str, source: str, key: str, starts: str, ends: str, select: str) -> None:
+    con.execute(f"""
+        CREATE TABLE {table} AS
+        WITH numbered AS (
+            SELECT *, sum(CASE WHEN kind IN ({starts}) THEN 1 ELSE 0 END)
+                       OVER (PARTITION BY {key} ORDER BY timestamp, cpu, stream_pos
+                             ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS instance
+            FROM {source})
+        SELECT {select}
+        FROM numbered GROUP BY {key}, instance
+        ORDER BY {key}, instance""")
+
+
+def _image_ids(con) -> None:
+    """One row per distinct (image, debug id): DbgID_RSDS/ILRSDS joined with the ImageID record of the same
+    image event (same raw timestamp and base); ImageID records without a DbgID still give a row."""
+    con.execute("""
+        CREATE TABLE image_ids AS
+        WITH ev AS (SELECT timestamp, base, any_value(pid) AS pid FROM _image_events GROUP BY timestamp, base),
+        j AS (
+            SELECT coalesce(d.timestamp, i.timestamp) AS timestamp, coalesce(d.timestamp_ns, i.timestamp_ns) AS timestamp_ns,
+                   coalesce(d.base, i.base) AS base,
+                   coalesce(nullif(i.pid, 0), nullif(d.pid, 0), ev.pid, i.pid, d.pid) AS pid,
+                   i.size, i.time_date_stamp, i.original_file_name,
+                   d.pdb_guid, d.pdb_age, d.pdb_name,
+                   CASE WHEN d.il THEN 'ILRSDS' WHEN d.il IS NOT NULL THEN 'RSDS' END AS debug_kind
+            FROM _image_id_dbg d
+            FULL OUTER JOIN _image_id_info i ON d.timestamp = i.timestamp AND d.base = i.base
+            LEFT JOIN ev ON ev.timestamp = coalesce(d.timestamp, i.timestamp) AND ev.base = coalesce(d.base, i.base))
+        SELECT pid, base, any_value(size) AS size, any_value(time_date_stamp) AS time_date_stamp,
+               any_value(original_file_name) AS original_file_name, pdb_guid, pdb_age, pdb_name, debug_kind,
+               min(timestamp) AS timestamp, min(timestamp_ns) AS timestamp_ns
+        FROM j GROUP BY pid, base, pdb_guid, pdb_age, pdb_name, debug_kind
+        ORDER BY pid, base, timestamp""")
+
+
+def _stacks(con) -> dict[str, Any]:
+    con.execute("""
+        CREATE TABLE stack_pieces AS
+        WITH keyed AS (
+            SELECT r.timestamp, r.cpu, r.stream_pos, r.event_ts, r.pid, r.tid, r.kind, r.key, d.frames
+            FROM (SELECT * FROM _stack_refs WHERE kind > 0) r
+            ASOF LEFT JOIN _stack_defs d ON r.key = d.key AND d.timestamp >= r.timestamp)
+        SELECT timestamp, cpu, stream_pos, event_ts, pid, tid, kind, frames FROM _stack_refs WHERE kind = 0
+        UNION ALL SELECT timestamp, cpu, stream_pos, event_ts, pid, tid, kind, frames FROM keyed""")
+    con.execute("""
+        CREATE TABLE stack_groups AS
+        SELECT event_ts, tid, any_value(pid) AS pid, arg_min(cpu, timestamp) AS cpu,
+               flatten(list(coalesce(frames, []) ORDER BY timestamp, kind, cpu, stream_pos)) AS frames,
+               count(*) AS pieces, count(*) FILTER (kind > 0 AND frames IS NULL) AS unresolved
+        FROM stack_pieces GROUP BY event_ts, tid""")
+    con.execute("""
+        CREATE TABLE stacks AS
+        SELECT (row_number() OVER (ORDER BY first_ts, first_tid) - 1)::BIGINT AS stack_id, frames,
+               len(frames)::INTEGER AS depth
+        FROM (SELECT frames, min(event_ts) AS first_ts, arg_min(tid, event_ts) AS first_tid
+              FROM stack_groups WHERE len(frames) > 0 GROUP BY frames)""")
+    con.execute("""
+        CREATE TABLE stack_index AS
+        SELECT g.event_ts, g.tid, g.pid, g.cpu, s.stack_id
+        FROM stack_groups g JOIN stacks s ON g.frames = s.frames""")
+    unresolved, refs = con.execute(
+        "SELECT count(*) FILTER (frames IS NULL AND kind > 0), count(*) FILTER (kind > 0) FROM stack_pieces").fetchone()
+    return {"stack_keys": int(refs), "stack_keys_unresolved": int(unresolved)}
+
+
+def _thread_pid(alias: str) -> str:
+    """SQL expression: the process owning thread ``alias.tid`` at ``alias.timestamp`` (threads table)."""
+    return f"""(SELECT t.pid FROM threads t WHERE t.tid = {alias}.tid
+                AND coalesce(t.start_timestamp, -9223372036854775807) <= {alias}.timestamp
+                AND {alias}.timestamp <= coalesce(t.end_timestamp, 9223372036854775807)
+                ORDER BY t.start_timestamp DESC NULLS LAST LIMIT 1)"""
+
+
+def _samples(con) -> None:
+    con.execute(f"""
+        CREATE TABLE samples AS
+        SELECT s.timestamp, s.timestamp_ns, s.cpu, s.tid,
+               coalesce({_thread_pid('s')}, k.pid)::UINTEGER AS pid, s.ip, k.stack_id, s.stream_pos
+        FROM _samples s LEFT JOIN stack_index k ON k.event_ts = s.timestamp AND k.tid = s.tid
+        ORDER BY s.timestamp, s.cpu, s.stream_pos""")
+
+
+def _virtual_allocs(con) -> None:
+    con.execute("""
+        CREATE TABLE virtual_allocs AS
+        SELECT v.timestamp, v.timestamp_ns, v.cpu, v.pid, k.tid, v.base, v.size, v.flags,
+               CASE WHEN v.is_free THEN 'free' ELSE 'alloc' END AS kind, k.stack_id
+        FROM _virtual_allocs v LEFT JOIN stack_index k ON k.event_ts = v.timestamp AND k.cpu = v.cpu
+        ORDER BY v.timestamp, v.cpu, v.stream_pos""")
+
+
+def _heap_events(con) -> None:
+    con.execute("""
+        CREATE TABLE heap_events AS
+        SELECT h.timestamp, h.timestamp_ns, h.cpu, h.pid, h.tid, h.kind, h.heap, h.address, h.size,
+               h.old_address, h.old_size, h.flags, h.source, k.stack_id
+        FROM _heap_events h LEFT JOIN stack_index k ON k.event_ts = h.timestamp AND k.tid = h.tid
+        ORDER BY h.timestamp, h.cpu, h.stream_pos""")
+
+
+def _summary(con) -> dict[str, Any]:
+    samples, with_stack = con.execute("SELECT count(*), count(stack_id) FROM samples").fetchone()
+    with_records = con.execute("""SELECT count(*) FROM _samples s SEMI JOIN stack_groups g
+                                  ON g.event_ts = s.timestamp AND g.tid = s.tid""").fetchone()[0]
+    stacks = con.execute("SELECT count(*) FROM stacks").fetchone()[0]
+    return {"samples": int(samples), "samples_with_stack": int(with_stack),
+            "samples_with_stack_records": int(with_records), "stacks": int(stacks)}
