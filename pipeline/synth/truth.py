@@ -4,7 +4,9 @@ Everything is derived from the same arrays the writer serialized, never from the
 Times: ``*_raw`` are QPC ticks as in the trace, ``*_ns`` nanoseconds since the logfile header
 event (the trace start). Addresses are hex strings (JSON numbers cannot carry 64-bit values
 everywhere). Stacks are referred to by template id; ``stacks`` maps an id to its frames (leaf
-first) and the function of each frame.
+first), the function of each frame (``module!symbol``) and its image (index into ``images``).
+Function keys merge images that share a file name (stage0 and stage1 ``rustc.exe``, the build
+scripts), as a report by module and function name would.
 """
 
 from __future__ import annotations
@@ -122,7 +124,8 @@ def build_truth(w: Workload, counter: SampleCounter, heaps: list[HeapBlocks], vi
         "heap": {"events": heap_counts,
                  "snapshots": [{k: v for k, v in s.items() if not k.startswith("_")} for s in snapshots]},
         "stacks": {str(t): {"frames": [hex(int(x)) for x in w.stacks.frames[t]],
-                            "functions": [_func_key(w, int(x)) for x in w.stacks.funcs[t]]}
+                            "functions": [_func_key(w, int(x)) for x in w.stacks.funcs[t]],
+                            "images": [f.image[int(x)] for x in w.stacks.funcs[t]]}
                    for t in sorted(stacks_used)},
     }
 

@@ -536,10 +536,12 @@ def build_workload(seed: int, cpus: int, p: int, target_bytes: int) -> Workload:
     exited: list[tuple[int, int]] = []          # (pid, exit time) for PID reuse
 
     def new_pid(at: int) -> int:
-        for i, (pid, when) in enumerate(exited):
-            if when + 100_000 < at and rng.random() < 0.2:
-                exited.pop(i)
-                return pid
+        # Windows hands out freed process ids again: now and then, reuse the oldest one
+        if rng.random() < 0.12:
+            for i, (pid, when) in enumerate(exited):
+                if when + 100_000 < at:
+                    exited.pop(i)
+                    return pid
         return int(next(pid_pool))
 
     t = start
