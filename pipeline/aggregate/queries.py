@@ -29,6 +29,9 @@ from typing import Any
 EVENTS = "query_events"
 FILES = "self_profiles"
 ETL_PROCESSES = "processes"
+ETL_TRACE = "trace"
+#: FILETIME (100 ns ticks since 1601-01-01) of the Unix epoch.
+FILETIME_UNIX_EPOCH = 116_444_736_000_000_000
 
 SUMMARY = "query_summary"
 TOTALS = "query_totals"
@@ -270,9 +273,6 @@ def join_etl(profiles: list[dict], etl: list[dict], tolerance_ns: int) -> list[d
     Among candidates, one that satisfies more of (pid, crate, time) wins, then the closest start.
     ``etl_match`` says which criteria held, e.g. ``"pid+cmd+time"``; None when nothing matched.
     """
-    by_pid: dict[int, list[dict]] = {}
-    for p in etl:
-        by_pid.setdefault(p["pid"], []).append(p)
     out = []
     for sp in profiles:
         best, best_key, best_how = None, None, None
@@ -294,7 +294,7 @@ def join_etl(profiles: list[dict], etl: list[dict], tolerance_ns: int) -> list[d
             "etl_pid": best["pid"] if best else None,
             "etl_parent_pid": best.get("parent_pid") if best else None,
             "etl_image": best.get("image_name") if best else None,
-            "etl_start_ns": best.get("start_ns") if best else None,
+            "etl_start_ns": best.get("start_ns") if best else None,   # ns since the Unix epoch
             "etl_end_ns": best.get("end_ns") if best else None,
             "etl_match": best_how,
         })
@@ -312,7 +312,13 @@ def _processes(ctx, con):
     """).to_arrow_table().to_pylist()
     etl: list[dict] = []
     if ctx.has(ETL_PROCESSES):
-        etl = con.sql(f"select pid, parent_pid, image_name, command_line, start_ns, end_ns "
+        # ETL times are ns since the trace start; the trace table's start FILETIME makes them absolute.
+        base = 0
+        if ctx.has(ETL_TRACE):
+            ft = con.sql(f"select start_filetime from read_parquet('{_parquet_glob(ctx.source(ETL_TRACE))}')").fetchall()
+            base = (int(ft[0][0]) - FILETIME_UNIX_EPOCH) * 100 if ft and ft[0][0] else 0
+        etl = con.sql(f"select pid, parent_pid, image_name, command_line, start_ns + {base} as start_ns, "
+                      f"end_ns + {base} as end_ns "
                       f"from read_parquet('{_parquet_glob(ctx.source(ETL_PROCESSES))}')").to_arrow_table().to_pylist()
     tolerance = int(ctx.config.aggregate.etl_join_tolerance_ms * 1_000_000)
     for row, match in zip(rows, join_etl(rows, etl, tolerance)):
