@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from pipeline.aggregate import queries
+from pipeline.aggregate import cpu, memory, processes, queries
 from pipeline.runs import has_table, read_manifest, stage_dir, stage_output, table_path
 
 STAGE = "aggregated"
 SOURCE = "decoded"
 
-SECTIONS: list[Callable[["Context"], dict[str, Any] | None]] = [queries.aggregate]
+SECTIONS: list[Callable[["Context"], dict[str, Any] | None]] = [queries.aggregate, cpu.aggregate, memory.aggregate, processes.aggregate]
 
 
 @dataclass

@@ -1,0 +1,76 @@
+"""CPU section: sampled profile of an ETL trace -> where the CPU time went.
+
+Applies when ``decoded/`` has ``samples``. Each sample counts once. Per process instance (pid and
+start, see :mod:`.resolve`), per compiled crate (``--crate-name`` of the process's command line), per
+module, per function and per function crate (first segment of the Rust path); functions, modules
+and function crates have *self* samples (the leaf, innermost inlined frame) and *inclusive*
+samples (every sample whose stack holds it, counted once per stack even when recursive).
+``cpu_folded`` holds the folded stacks (``process;module!function;...``, root first) a flamegraph
+is drawn from; the process frame is ``image_name`` or ``image_name crate`` so that instances of
+the same program merge.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.aggregate import resolve
+
+SAMPLES = "samples"
+UNITS = "cs"   # name of the resolved sample units in the connection
+
+BY_PROCESS = "cpu_by_process"
+BY_CRATE = "cpu_by_crate"
+BY_MODULE = "cpu_by_module"
+BY_FUNCTION = "cpu_by_function"
+BY_CODE_CRATE = "cpu_by_code_crate"
+FOLDED = "cpu_folded"
+
+#: Frame at the root of each folded stack: the program, plus the compiled crate for rustc.
+PROCESS_FRAME_SQL = "coalesce(nullif(p.image_name, ''), 'pid ' || p.pid) || coalesce(' ' || p.crate, '')"
+
+
+def aggregate(ctx) -> dict[str, Any] | None:
+    if not ctx.has(SAMPLES):
+        return None
+    con = resolve.connect(ctx, "samples", "stacks", "processes", "images")
+    resolve.assign_units(con, ctx, "(SELECT pid, stack_id, ip, timestamp_ns FROM samples)", UNITS)
+    weights = f"SELECT unit_id, count(*)::BIGINT AS samples FROM {UNITS} GROUP BY unit_id"
+    total = con.execute(f"SELECT count(*) FROM {UNITS}").fetchone()[0]
+
+    write = _writer(ctx, con, total)
+    write(BY_PROCESS, f"""
+        SELECT s.process_key, s.pid, p.parent_pid, p.image_name, p.crate, p.command_line, p.start_ns, p.end_ns,
+               count(*)::BIGINT AS samples
+        FROM {UNITS} s LEFT JOIN procs p USING (process_key)
+        GROUP BY ALL""", "samples DESC, process_key")
+    write(BY_CRATE, f"""
+        SELECT p.crate, count(DISTINCT s.process_key)::BIGINT AS processes, count(*)::BIGINT AS samples
+        FROM {UNITS} s JOIN procs p USING (process_key) WHERE p.crate IS NOT NULL GROUP BY ALL""",
+          "samples DESC, crate")
+    write(BY_MODULE, resolve.by_frames(UNITS, weights, ["module"], ["samples"]), "self_samples DESC, module")
+    write(BY_FUNCTION, resolve.by_frames(UNITS, weights, ["module", "function", "raw_name"], ["samples"], "crate"),
+          "self_samples DESC, inclusive_samples DESC, module, function, raw_name")
+    write(BY_CODE_CRATE, resolve.by_frames(UNITS, weights, ["crate"], ["samples"]), "self_samples DESC, crate")
+    write(FOLDED, f"""
+        SELECT {PROCESS_FRAME_SQL} || coalesce(';' || st.folded, '') AS stack, count(*)::BIGINT AS samples
+        FROM {UNITS} s LEFT JOIN procs p USING (process_key) LEFT JOIN {UNITS}_stacks st USING (unit_id)
+        GROUP BY 1""", "stack")
+    with_stack, resolved = con.execute(f"""
+        SELECT count(*) FILTER (stack_id IS NOT NULL),
+               count(*) FILTER (unit_id IN (SELECT unit_id FROM {UNITS}_funcs WHERE module IS NOT NULL AND pos = 0))
+        FROM {UNITS}""").fetchone()
+    return {"samples": int(total), "samples_with_stack": int(with_stack), "samples_leaf_in_image": int(resolved),
+            "processes": int(con.execute(f"SELECT count(DISTINCT process_key) FROM {UNITS}").fetchone()[0]),
+            "units": int(con.execute(f"SELECT count(*) FROM {UNITS}_units").fetchone()[0]),
+            "symbolized": resolve.has_frames(ctx)}
+
+
+def _writer(ctx, con, total: int):
+    """write(table, sql, order): the query's rows in ``order`` plus ``pct`` of all samples, as parquet."""
+    def write(table: str, sql: str, order: str) -> None:
+        columns = [d[0] for d in con.execute(f"SELECT * FROM ({sql}) LIMIT 0").description]
+        measure = "self_samples" if "self_samples" in columns else "samples"
+        con.execute(f"""COPY (SELECT *, round(100.0 * {measure} / {max(total, 1)}, 3) AS pct FROM ({sql})
+                        ORDER BY {order}) TO '{ctx.out.table_path(table)}' (FORMAT parquet, COMPRESSION zstd)""")
+    return write

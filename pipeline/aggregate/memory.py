@@ -1,0 +1,142 @@
+"""Memory section: VirtualAlloc commit per stack, function and process; heap snapshots per stack.
+
+**Commit.** Applies when ``decoded/`` has ``virtual_allocs``. An alloc event whose flags hold
+MEM_COMMIT commits ``size`` bytes at ``base``. A free event (MEM_DECOMMIT or MEM_RELEASE) at
+(pid, base) matches the latest commit at the same (pid, base) at or before it (an ASOF join: bases
+are reused once freed); it returns ``size`` bytes (the whole commit when the event's size is 0 or
+larger), and the bytes returned by all frees of one commit never exceed it. Frees that match no
+commit (the region was committed before the trace began) are counted, not attributed.
+``outstanding_bytes`` = committed minus returned by the end of the trace. A process's commit over
+time is the running sum of +commit / -returned in event order; ``peak_commit_bytes`` is its maximum.
+
+**Heap snapshots.** Applies when ``decoded/`` has ``heap_snapshot_blocks`` (pid, instance,
+timestamp_ns, heap, address, size, stack_id): every busy block at each snapshot; bytes and
+blocks per (snapshot, stack), blocks without a stack kept as ``stack_id`` NULL.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.aggregate import resolve
+from pipeline.aggregate.cpu import PROCESS_FRAME_SQL
+
+VIRTUAL = "virtual_allocs"
+SNAPSHOT_BLOCKS = "heap_snapshot_blocks"
+
+MEM_COMMIT = 0x1000
+MEM_DECOMMIT = 0x4000
+MEM_RELEASE = 0x8000
+
+COMMIT_BY_STACK = "commit_by_stack"
+COMMIT_BY_FUNCTION = "commit_by_function"
+COMMIT_BY_PROCESS = "commit_by_process"
+COMMIT_FOLDED = "commit_folded"
+HEAP_BY_STACK = "heap_snapshot_by_stack"
+HEAP_SNAPSHOTS = "heap_snapshots_summary"
+
+MEASURES = ["allocs", "commit_bytes", "outstanding_bytes"]
+
+
+def aggregate(ctx) -> dict[str, Any] | None:
+    summary: dict[str, Any] = {}
+    if ctx.has(VIRTUAL):
+        summary.update(_commit(ctx))
+    if ctx.has(SNAPSHOT_BLOCKS):
+        summary.update(_snapshots(ctx))
+    return summary or None
+
+
+def _copy(ctx, con, table: str, sql: str, order: str) -> None:
+    con.execute(f"COPY (SELECT * FROM ({sql}) ORDER BY {order}) TO '{ctx.out.table_path(table)}' "
+                f"(FORMAT parquet, COMPRESSION zstd)")
+
+
+def _commit(ctx) -> dict[str, Any]:
+    con = resolve.connect(ctx, VIRTUAL, "stacks", "processes", "images")
+    con.execute(f"""
+        CREATE TABLE va AS
+        SELECT row_number() OVER (ORDER BY timestamp, cpu) - 1 AS event, timestamp_ns, pid::BIGINT AS pid,
+               base, size::BIGINT AS size, flags, kind, stack_id, NULL::UBIGINT AS ip
+        FROM {VIRTUAL}""")
+    con.execute(f"""
+        CREATE TABLE commits AS SELECT * FROM va WHERE kind = 'alloc' AND (flags & {MEM_COMMIT}) <> 0""")
+    con.execute(f"""
+        CREATE TABLE frees AS
+        SELECT f.event, f.timestamp_ns, f.pid, f.base, f.size, c.event AS commit_event
+        FROM (SELECT * FROM va WHERE kind = 'free' AND (flags & {MEM_DECOMMIT | MEM_RELEASE}) <> 0) f
+        ASOF LEFT JOIN commits c ON f.pid = c.pid AND f.base = c.base AND f.timestamp_ns >= c.timestamp_ns""")
+    # Bytes each free returns: its size, capped by what is left of its commit (frees in event order).
+    con.execute("""
+        CREATE TABLE returned AS
+        SELECT f.event, f.timestamp_ns, f.pid, f.commit_event,
+               greatest(0, least(c.size, sum(CASE WHEN f.size = 0 THEN c.size ELSE f.size END) OVER w)
+                           - least(c.size, coalesce(sum(CASE WHEN f.size = 0 THEN c.size ELSE f.size END)
+                                   OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)))::BIGINT AS bytes
+        FROM frees f JOIN commits c ON c.event = f.commit_event
+        WINDOW w AS (PARTITION BY f.commit_event ORDER BY f.event)""")
+    resolve.assign_units(con, ctx, f"""(SELECT c.*, coalesce(r.bytes, 0) AS returned_bytes FROM commits c
+        LEFT JOIN (SELECT commit_event, sum(bytes) AS bytes FROM returned GROUP BY 1) r ON r.commit_event = c.event)""",
+                         "cm")
+    weights = """SELECT unit_id, count(*)::BIGINT AS allocs, sum(size)::BIGINT AS commit_bytes,
+                        sum(size - returned_bytes)::BIGINT AS outstanding_bytes FROM cm GROUP BY unit_id"""
+    _copy(ctx, con, COMMIT_BY_STACK, f"""
+        SELECT c.stack_id, st.folded, count(*)::BIGINT AS allocs, sum(c.size)::BIGINT AS commit_bytes,
+               sum(c.returned_bytes)::BIGINT AS returned_bytes, sum(c.size - c.returned_bytes)::BIGINT AS outstanding_bytes
+        FROM cm c LEFT JOIN cm_stacks st USING (unit_id) GROUP BY ALL""", "commit_bytes DESC, stack_id, folded")
+    _copy(ctx, con, COMMIT_BY_FUNCTION, resolve.by_frames("cm", weights, ["module", "function", "raw_name"], MEASURES,
+                                                          "crate"),
+          "inclusive_commit_bytes DESC, module, function, raw_name")
+    _copy(ctx, con, COMMIT_FOLDED, f"""
+        SELECT {PROCESS_FRAME_SQL} || coalesce(';' || st.folded, '') AS stack, count(*)::BIGINT AS allocs,
+               sum(c.size)::BIGINT AS commit_bytes, sum(c.size - c.returned_bytes)::BIGINT AS outstanding_bytes
+        FROM cm c LEFT JOIN procs p USING (process_key) LEFT JOIN cm_stacks st USING (unit_id) GROUP BY 1""", "stack")
+    con.execute("""
+        CREATE TABLE va_proc AS
+        SELECT v.*, p.process_key FROM va v ASOF LEFT JOIN procs p ON v.pid = p.pid AND v.timestamp_ns >= p.start_key""")
+    _copy(ctx, con, COMMIT_BY_PROCESS, """
+        WITH deltas AS (
+            SELECT v.process_key, v.event, v.timestamp_ns, v.size AS delta FROM va_proc v
+            WHERE v.event IN (SELECT event FROM commits)
+            UNION ALL
+            SELECT v.process_key, r.event, r.timestamp_ns, -r.bytes FROM returned r JOIN va_proc v USING (event)),
+        running AS (SELECT process_key, timestamp_ns, sum(delta) OVER (PARTITION BY process_key ORDER BY event) AS level
+                    FROM deltas),
+        peaks AS (SELECT process_key, max(level)::BIGINT AS peak_commit_bytes, arg_max(timestamp_ns, level) AS peak_ns
+                  FROM running GROUP BY 1),
+        per AS (SELECT process_key, count(*) FILTER (event IN (SELECT event FROM commits))::BIGINT AS allocs,
+                       count(*) FILTER (kind = 'free')::BIGINT AS frees,
+                       coalesce(sum(size) FILTER (event IN (SELECT event FROM commits)), 0)::BIGINT AS commit_bytes
+                FROM va_proc GROUP BY 1),
+        ret AS (SELECT v.process_key, sum(r.bytes)::BIGINT AS returned_bytes FROM returned r JOIN va_proc v USING (event)
+                GROUP BY 1)
+        SELECT per.process_key, p.pid, p.image_name, p.crate, per.allocs, per.frees, per.commit_bytes,
+               coalesce(ret.returned_bytes, 0)::BIGINT AS returned_bytes,
+               (per.commit_bytes - coalesce(ret.returned_bytes, 0))::BIGINT AS outstanding_bytes,
+               coalesce(peaks.peak_commit_bytes, 0)::BIGINT AS peak_commit_bytes, peaks.peak_ns
+        FROM per LEFT JOIN procs p USING (process_key) LEFT JOIN ret USING (process_key)
+             LEFT JOIN peaks USING (process_key)""", "peak_commit_bytes DESC, process_key")
+    commits, frees, unmatched, total, returned = con.execute("""
+        SELECT (SELECT count(*) FROM commits), (SELECT count(*) FROM frees),
+               (SELECT count(*) FROM frees WHERE commit_event IS NULL),
+               (SELECT coalesce(sum(size), 0) FROM commits), (SELECT coalesce(sum(bytes), 0) FROM returned)""").fetchone()
+    return {"commits": int(commits), "frees": int(frees), "frees_unmatched": int(unmatched),
+            "commit_bytes": int(total), "returned_bytes": int(returned)}
+
+
+def _snapshots(ctx) -> dict[str, Any]:
+    con = resolve.connect(ctx, SNAPSHOT_BLOCKS, "stacks", "processes", "images")
+    resolve.assign_units(con, ctx, f"(SELECT *, NULL::UBIGINT AS ip FROM {SNAPSHOT_BLOCKS})", "hb")
+    _copy(ctx, con, HEAP_BY_STACK, """
+        SELECT b.pid, b.process_key, b.instance, min(b.timestamp_ns) AS timestamp_ns, b.stack_id, st.folded,
+               count(*)::BIGINT AS blocks, sum(b.size)::BIGINT AS bytes
+        FROM hb b LEFT JOIN hb_stacks st USING (unit_id) GROUP BY b.pid, b.process_key, b.instance, b.stack_id, st.folded""",
+          "pid, instance, bytes DESC, stack_id")
+    _copy(ctx, con, HEAP_SNAPSHOTS, """
+        SELECT b.pid, b.process_key, p.image_name, p.crate, b.instance, min(b.timestamp_ns) AS timestamp_ns,
+               count(*)::BIGINT AS blocks, sum(b.size)::BIGINT AS bytes,
+               count(*) FILTER (b.stack_id IS NULL)::BIGINT AS untracked_blocks,
+               coalesce(sum(b.size) FILTER (b.stack_id IS NULL), 0)::BIGINT AS untracked_bytes
+        FROM hb b LEFT JOIN procs p USING (process_key) GROUP BY ALL""", "pid, instance")
+    n = con.execute("SELECT count(DISTINCT (pid, instance)) FROM hb").fetchone()[0]
+    return {"heap_snapshots": int(n)}

@@ -1,0 +1,172 @@
+"""Shared SQL for the ETL sections (cpu, memory, processes): process instances and resolved stacks.
+
+Everything is DuckDB over the parquet of ``decoded/`` and ``symbolized/``; no per-row Python.
+
+**Process instances.** Windows reuses pids, so a process is (pid, start): ``procs`` numbers every
+row of ``decoded/processes`` as ``process_key``; an event at time t in pid p belongs to the
+instance of p with the latest start at or before t (rundown processes, start NULL, come first).
+
+**Units.** Events that share (pid, stack, ip) and see the same loaded images resolve to the same
+frames, so resolution runs once per *unit*, not per event. "The same loaded images" is the
+*image epoch*: the number of image loads/unloads of that pid at or before the event. Within one
+epoch the set of images of a process cannot change, so any time of the unit picks the same image
+for each address (symbolize keeps one frames row per (pid, address, image instance)).
+
+**Frames of a unit.** The stack's frames (leaf first), or the ip alone when the event has no
+stack. Each frame picks the frames-table instance whose image was loaded at the unit's time
+(latest load wins); an inlined frame expands into its inline chain. Order, root first::
+
+    frame pos n-1 (root) ... frame pos 0 (leaf); inside one frame inline_depth 0 (the real
+    function) ... deepest inlined call
+
+so the *leaf function* of a unit is (pos 0, largest inline_depth).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SYMBOLIZED = "symbolized"
+FRAMES = "frames"
+
+#: Smallest/largest BIGINT: open lifetime ends (NULL start = before the trace, NULL end = after it).
+MIN_NS = -9223372036854775807
+MAX_NS = 9223372036854775807
+
+#: Crate of a function, from its demangled name: the first path segment of a Rust path
+#: (``rustc_middle::ty::...``, ``<rustc_ast::Expr as core::Clone>::clone`` -> rustc_middle, rustc_ast,
+#: a v0 ``crate[1a2b]::`` disambiguator dropped). MSVC-mangled (``?``) names and llvm:: are C++, not crates.
+CRATE_SQL = """CASE WHEN coalesce(raw_name, '') LIKE '?%' THEN NULL
+     ELSE nullif(nullif(regexp_extract(function, '^<*([a-z_][a-z0-9_]*)(\\[[0-9a-f]+\\])?::', 1), ''), 'llvm') END"""
+
+#: ``--crate-name X`` (or ``--crate-name=X``) of a command line; NULL when absent.
+CMD_CRATE_SQL = """nullif(regexp_extract(command_line, '--crate-name[ =]"?([^ "]+)', 1), '')"""
+
+
+def parquet_glob(path: Path) -> str:
+    """A table is a file or a dataset directory of parts."""
+    return f"{path}/**/*.parquet" if Path(path).is_dir() else str(path)
+
+
+def connect(ctx, *tables: str):
+    """A DuckDB connection with views of the named ``decoded/`` tables and the ``procs`` table."""
+    import duckdb
+
+    con = duckdb.connect(config={"preserve_insertion_order": False})
+    for table in tables:
+        con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet('{parquet_glob(ctx.source(table))}')")
+    if "processes" in tables:
+        con.execute(f"""
+            CREATE TABLE procs AS
+            SELECT (row_number() OVER (ORDER BY pid, start_ns NULLS FIRST, first_seen_ns) - 1)::BIGINT AS process_key,
+                   pid::BIGINT AS pid, parent_pid::BIGINT AS parent_pid, image_name, command_line,
+                   {CMD_CRATE_SQL} AS crate, start_ns, end_ns, exit_status,
+                   coalesce(start_ns, {MIN_NS}) AS start_key
+            FROM processes""")
+    return con
+
+
+def has_frames(ctx) -> bool:
+    from pipeline.runs import has_table, stage_dir
+
+    return has_table(ctx.run_dir, SYMBOLIZED, FRAMES) and (stage_dir(ctx.run_dir, SYMBOLIZED) / "_manifest.json").exists()
+
+
+def assign_units(con, ctx, source: str, name: str) -> None:
+    """``{name}``: rows of ``source`` (pid, stack_id, ip, timestamp_ns, ...) plus process_key and unit_id;
+    ``{name}_units``: one row per unit (unit_id, pid, stack_id, ip, t)."""
+    con.execute("""CREATE TABLE IF NOT EXISTS img_epochs AS
+        SELECT pid::BIGINT AS pid, t, row_number() OVER (PARTITION BY pid ORDER BY t)::BIGINT AS epoch
+        FROM (SELECT pid, load_ns AS t FROM images WHERE load_ns IS NOT NULL
+              UNION SELECT pid, unload_ns FROM images WHERE unload_ns IS NOT NULL)""")
+    con.execute(f"""
+        CREATE TABLE {name}_raw AS
+        SELECT s.*, p.process_key, coalesce(e.epoch, 0) AS epoch
+        FROM (SELECT * EXCLUDE (pid), coalesce(pid::BIGINT, -1) AS pid FROM {source}) s
+        ASOF LEFT JOIN procs p ON s.pid = p.pid AND s.timestamp_ns >= p.start_key
+        ASOF LEFT JOIN img_epochs e ON s.pid = e.pid AND s.timestamp_ns >= e.t""")
+    con.execute(f"""
+        CREATE TABLE {name}_units AS
+        SELECT (row_number() OVER (ORDER BY pid, stack_id NULLS FIRST, ip NULLS FIRST, epoch) - 1)::BIGINT AS unit_id,
+               pid, stack_id, ip, epoch, t
+        FROM (SELECT pid, stack_id, ip, epoch, min(timestamp_ns) AS t
+              FROM {name}_raw GROUP BY pid, stack_id, ip, epoch)""")
+    con.execute(f"""
+        CREATE TABLE {name} AS
+        SELECT r.* EXCLUDE (epoch), u.unit_id FROM {name}_raw r JOIN {name}_units u
+          ON r.pid = u.pid AND r.stack_id IS NOT DISTINCT FROM u.stack_id AND r.ip IS NOT DISTINCT FROM u.ip
+         AND r.epoch = u.epoch""")
+    con.execute(f"DROP TABLE {name}_raw")
+    resolve_units(con, ctx, name)
+
+
+def resolve_units(con, ctx, name: str) -> None:
+    """``{name}_funcs``: (unit_id, pos, inline_depth, module, function, raw_name, crate, label), one row per
+    frame and inline level; ``{name}_stacks``: (unit_id, folded root-first 'module!function;...', leaf_*)."""
+    if has_frames(ctx):
+        from pipeline.runs import table_path
+
+        con.execute(f"CREATE OR REPLACE VIEW frames AS SELECT * FROM "
+                    f"read_parquet('{parquet_glob(table_path(ctx.run_dir, SYMBOLIZED, FRAMES))}')")
+    else:  # not symbolized: every frame stays an address
+        con.execute("""CREATE OR REPLACE VIEW frames AS SELECT NULL::UBIGINT AS address, NULL::UINTEGER AS pid,
+            NULL::VARCHAR AS module, NULL::VARCHAR AS function, NULL::VARCHAR AS raw_name,
+            NULL::USMALLINT AS inline_depth, NULL::BIGINT AS image_load_ns, NULL::BIGINT AS image_unload_ns
+            WHERE false""")
+    con.execute(f"""
+        CREATE TEMP TABLE {name}_pos AS
+        WITH f AS (
+            SELECT u.unit_id, u.pid, u.t,
+                   coalesce(s.frames, CASE WHEN coalesce(u.ip, 0) = 0 THEN []::UBIGINT[] ELSE [u.ip::UBIGINT] END) AS frames
+            FROM {name}_units u LEFT JOIN stacks s ON s.stack_id = u.stack_id)
+        SELECT unit_id, pid, t, unnest(frames) AS address, unnest(range(len(frames)))::INTEGER AS pos FROM f""")
+    con.execute(f"""
+        CREATE TEMP TABLE {name}_pick AS
+        SELECT p.unit_id, p.pos, p.address, i.pid AS fpid, i.image_load_ns
+        FROM {name}_pos p LEFT JOIN (SELECT DISTINCT pid::BIGINT AS pid, address, image_load_ns, image_unload_ns
+                                     FROM frames) i ON i.pid = p.pid AND i.address = p.address
+        QUALIFY row_number() OVER (PARTITION BY p.unit_id, p.pos ORDER BY
+            (coalesce(i.image_load_ns, {MIN_NS}) <= p.t AND p.t <= coalesce(i.image_unload_ns, {MAX_NS})) DESC,
+            i.image_load_ns DESC NULLS LAST) = 1""")
+    con.execute(f"""
+        CREATE TABLE {name}_funcs AS
+        SELECT unit_id, pos, inline_depth, module, function, raw_name, {CRATE_SQL} AS crate,
+               CASE WHEN module IS NULL THEN function ELSE module || '!' || function END AS label
+        FROM (SELECT k.unit_id, k.pos, coalesce(f.inline_depth, 0) AS inline_depth, f.module,
+                     coalesce(f.function, printf('0x%x', k.address)) AS function, f.raw_name
+              FROM {name}_pick k LEFT JOIN frames f
+                ON f.pid = k.fpid AND f.address = k.address AND f.image_load_ns IS NOT DISTINCT FROM k.image_load_ns)""")
+    # The leaf as a struct, because arg_max skips NULL arguments (unresolved leaves have no module).
+    con.execute(f"""
+        CREATE TABLE {name}_stacks AS
+        SELECT unit_id, folded, leaf.m AS leaf_module, leaf.f AS leaf_function, leaf.r AS leaf_raw_name,
+               leaf.c AS leaf_crate
+        FROM (SELECT unit_id, string_agg(replace(label, ';', ':'), ';' ORDER BY pos DESC, inline_depth) AS folded,
+                     arg_max({{'m': module, 'f': function, 'r': raw_name, 'c': crate}}, pos * -65536 + inline_depth) AS leaf
+              FROM {name}_funcs GROUP BY unit_id)""")
+    con.execute(f"DROP TABLE {name}_pos")
+    con.execute(f"DROP TABLE {name}_pick")
+
+
+def by_frames(name: str, weights: str, keys: list[str], measures: list[str], carry: str | None = None) -> str:
+    """SQL: per distinct ``keys`` of the frames (e.g. module, function, raw_name) the ``measures`` of the
+    leaf frame ("self_<m>") and of every unit that holds the key at least once ("inclusive_<m>": a
+    recursive function counts once per stack). ``weights`` is SQL with unit_id and the measures;
+    ``carry`` is one more frames column kept with its any_value (e.g. the function's crate)."""
+    k = ", ".join(keys)
+    self_cols = ", ".join(f"sum(w.{m})::BIGINT AS self_{m}" for m in measures)
+    incl_cols = ", ".join(f"sum(w.{m})::BIGINT AS inclusive_{m}" for m in measures)
+    leaf_keys = ", ".join(f"s.leaf_{c} AS {c}" for c in keys)
+    extra = f", any_value(f.{carry}) AS {carry}" if carry else ""
+    not_null = " AND ".join(f"{c} IS NOT NULL" for c in keys if c != "raw_name" and c != "module")
+    on = " AND ".join(f"l.{c} IS NOT DISTINCT FROM i.{c}" for c in keys)
+    return f"""
+        WITH w AS ({weights}),
+        leaf AS (SELECT {leaf_keys}, {self_cols} FROM w JOIN {name}_stacks s USING (unit_id) GROUP BY ALL),
+        incl AS (SELECT {", ".join("f." + c for c in keys)}{extra}, {incl_cols}
+                 FROM w JOIN (SELECT DISTINCT unit_id, {k}{", " + carry if carry else ""} FROM {name}_funcs
+                              WHERE {not_null or "true"}) f
+                 USING (unit_id) GROUP BY {", ".join("f." + c for c in keys)})
+        SELECT {", ".join("i." + c for c in keys)}{", i." + carry if carry else ""},
+               {", ".join(f"coalesce(l.self_{m}, 0)::BIGINT AS self_{m}, i.inclusive_{m}" for m in measures)}
+        FROM incl i LEFT JOIN leaf l ON {on}"""

@@ -1,0 +1,139 @@
+"""Aggregate stage, ETL sections (cpu, memory, processes) against the synthesizer's ground truth.
+
+Synthesized traces go through the real decode and symbolize stages; every number the truth file
+holds (samples per function/module/crate/process, commit per stack and process) must come out
+exactly. Edge cases the synthesizer does not produce are in ``test_aggregate_etl_cases.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+import pytest
+
+from pipeline.config import Config
+from pipeline.runs import read_manifest, read_table
+from tests.synth_traces import VARIANTS
+
+PIPELINE_VARIANTS = ["plain64", "xpress32_cached"]
+
+
+def etl_config(trace, tmp) -> Config:
+    config = Config()
+    config.symbolize.symbol_path = str(trace.parent / "symbols")
+    config.symbolize.cache_dir = tmp / "symcache"
+    return config
+
+
+@pytest.fixture(scope="module", params=PIPELINE_VARIANTS)
+def aggregated_run(request, tmp_path_factory, dask_pool):
+    """(run dir, truth) of a synthesized trace after decode, symbolize and aggregate."""
+    from pipeline import aggregate, decode, symbolize, synth
+
+    tmp = tmp_path_factory.mktemp(f"agg-{request.param}")
+    trace = tmp / "input" / "trace.etl"
+    synth.run(trace, VARIANTS[request.param])
+    truth = json.loads(trace.with_name("trace.truth.json").read_text())
+    run = tmp / "run"
+    config = etl_config(trace, tmp)
+    decode.run(run, config, dask_pool, inputs=[trace])
+    symbolize.run(run, config, dask_pool)
+    aggregate.run(run, config, dask_pool)
+    return run, truth
+
+
+def rows(run, table: str) -> list[dict]:
+    return read_table(run, "aggregated", table).to_pylist()
+
+
+def self_inclusive(table: list[dict], key) -> dict:
+    out = {}
+    for r in table:
+        k = key(r)
+        assert k not in out, f"duplicate key {k}"
+        out[k] = {"self": r["self_samples"], "inclusive": r["inclusive_samples"]}
+    return out
+
+
+def test_samples_per_function_module_crate_equal_truth(aggregated_run):
+    run, truth = aggregated_run
+    s = truth["samples"]
+    functions = self_inclusive(rows(run, "cpu_by_function"), lambda r: f"{r['module']}!{r['raw_name'] or r['function']}")
+    assert functions == s["per_function"]
+    assert self_inclusive(rows(run, "cpu_by_module"), lambda r: r["module"]) == s["per_module"]
+    assert self_inclusive(rows(run, "cpu_by_code_crate"), lambda r: r["crate"]) == s["per_crate"]
+    assert sum(r["self_samples"] for r in rows(run, "cpu_by_function")) == s["total"]
+
+
+def test_samples_per_process_instance_equal_truth(aggregated_run):
+    run, truth = aggregated_run
+    got = {(r["pid"], r["start_ns"]): r["samples"] for r in rows(run, "cpu_by_process")}
+    want = {(p["pid"], p["start_ns"]): p["samples"] for p in truth["processes"] if p["samples"]}
+    assert {k: got.get(k) for k in want} == want
+    assert sum(got.values()) == truth["samples"]["total"]
+    assert got[(0, None)] == truth["samples"]["idle"]
+    # per compiled crate: the rustc processes' samples, by --crate-name
+    crates = defaultdict(int)
+    for p in truth["processes"]:
+        if p["kind"] == "rustc" and p["samples"]:
+            crates[p["crate"]] += p["samples"]
+    assert {r["crate"]: r["samples"] for r in rows(run, "cpu_by_crate")} == dict(crates)
+
+
+def test_folded_stacks_sum_to_samples_and_start_with_the_process(aggregated_run):
+    run, truth = aggregated_run
+    folded = rows(run, "cpu_folded")
+    assert sum(r["samples"] for r in folded) == truth["samples"]["total"]
+    by_root = defaultdict(int)
+    for r in folded:
+        by_root[r["stack"].split(";", 1)[0]] += r["samples"]
+    assert by_root["Idle"] == truth["samples"]["idle"]
+    core = sum(p["samples"] for p in truth["processes"] if p["kind"] == "rustc" and p["crate"] == "core")
+    assert by_root["rustc.exe core"] == core
+    # root first: the outermost frame of a user thread comes right after the process frame
+    assert any(r["stack"].startswith("rustc.exe core;ntdll.dll!RtlUserThreadStart;") for r in folded)
+
+
+def test_commit_per_stack_and_process_equal_truth(aggregated_run):
+    run, truth = aggregated_run
+    stacks = {r["stack_id"]: tuple(r["frames"]) for r in read_table(run, "decoded", "stacks").to_pylist()}
+    got = defaultdict(lambda: {"commit_bytes": 0, "allocs": 0})
+    for r in rows(run, "commit_by_stack"):
+        key = stacks[r["stack_id"]]
+        got[key]["commit_bytes"] += r["commit_bytes"]
+        got[key]["allocs"] += r["allocs"]
+    want = {tuple(int(x, 16) for x in truth["stacks"][t]["frames"]): v for t, v in truth["commit"]["per_stack"].items()}
+    assert dict(got) == want
+    per_pid = defaultdict(int)
+    for r in rows(run, "commit_by_process"):
+        per_pid[str(r["pid"])] += r["commit_bytes"]
+    assert {k: v for k, v in per_pid.items() if v} == truth["commit"]["per_pid"]
+    memory = read_manifest(run, "aggregated")["sections"]["memory"]
+    assert memory["commit_bytes"] == truth["commit"]["total_bytes"]
+    assert memory["returned_bytes"] == truth["commit"]["released_bytes"]
+    assert memory["frees_unmatched"] == 0
+    outstanding = sum(r["outstanding_bytes"] for r in rows(run, "commit_by_stack"))
+    assert outstanding == truth["commit"]["total_bytes"] - truth["commit"]["released_bytes"]
+    by_fn = rows(run, "commit_by_function")
+    assert max(r["inclusive_commit_bytes"] for r in by_fn) <= truth["commit"]["total_bytes"]
+    assert sum(r["self_commit_bytes"] for r in by_fn) == truth["commit"]["total_bytes"]
+
+
+def test_process_tree_matches_truth(aggregated_run):
+    run, truth = aggregated_run
+    tree = rows(run, "process_tree")
+    by_key = {r["process_key"]: r for r in tree}
+    for p in truth["processes"]:
+        match = [r for r in tree if r["pid"] == p["pid"] and r["start_ns"] == p["start_ns"]]
+        assert len(match) == 1, p
+        r = match[0]
+        assert (r["image_name"], r["command_line"], r["end_ns"], r["samples"]) == (
+            p["image_name"], p["command_line"], p["end_ns"], p["samples"])
+        assert r["crate"] == (p["crate"] if p["kind"] == "rustc" else None)
+        parent = by_key.get(r["parent_key"])
+        if parent is not None:
+            assert parent["pid"] == p["parent_pid"]
+            assert parent["start_ns"] is None or parent["start_ns"] <= r["start_ns"]
+    roots = [r for r in tree if r["image_name"] == "python.exe"]
+    assert roots[0]["tree_samples"] == sum(p["samples"] for p in truth["processes"])
