@@ -324,15 +324,23 @@ def assemble(mapped: dict, images, ids: list, status: dict[str, dict]):
     safe = np.maximum(image, 0)
     rva = np.where(has_image, mapped["address"] - bases[safe], 0).astype(np.uint64)
     lookup_rva = rva - np.where(mapped["leaf"] | (rva == 0), 0, 1).astype(np.uint64)
-    debug_of_image = np.array([i["debug_id"] if i else "" for i in ids] or [""], dtype=object)
-    frame_debug = np.where(has_image, debug_of_image[safe] if len(ids) else "", "")
+    # debug ids as small integer codes: code 0 = none, k = debug_names[k]
+    debug_names = [None] + sorted({i["debug_id"] for i in ids if i})
+    code_of = {name: k for k, name in enumerate(debug_names)}
+    image_code = np.array([code_of[i["debug_id"]] if i else 0 for i in ids] + [0], dtype=np.int64)
+    frame_code = image_code[np.where(has_image, image, len(ids))]
+    by_code = np.argsort(frame_code, kind="stable")
+    bounds = np.searchsorted(frame_code[by_code], np.arange(len(debug_names) + 1))
 
     parts: list[dict[str, Any]] = []
     resolved = np.zeros(n, dtype=bool)
     for debug_id, res in sorted(status.items()):
         if res.get("status") != "ok":
             continue
-        sel = np.flatnonzero(frame_debug == debug_id)
+        code = code_of.get(debug_id)
+        if code is None:
+            continue
+        sel = by_code[bounds[code] : bounds[code + 1]]
         if len(sel) == 0:
             continue
         table = AddressTable.load(Path(res["table_dir"]))
@@ -400,7 +408,7 @@ def assemble(mapped: dict, images, ids: list, status: dict[str, dict]):
         "file": cat("file").take(take) if parts else pa.array([], pa.string()),
         "line": pa.chunked_array([p["line"] for p in parts], pa.uint32()).take(take) if parts else pa.array([], pa.uint32()),
         "resolved": pa.array(resolved[frame]),
-        "debug_id": pa.array(np.where(frame_debug[frame] == "", None, frame_debug[frame]), pa.string()),
+        "debug_id": pa.array(debug_names, pa.string()).take(pa.array(frame_code[frame])),
         "image_load_ns": per_image(loads),
         "image_unload_ns": per_image(unloads),
     })
