@@ -79,6 +79,7 @@ def build_truth(w: Workload, counter: SampleCounter, heaps: list[HeapBlocks], vi
             "start_ns": None if q.rundown else ns(w, q.start), "end_ns": None if q.rundown else ns(w, q.end),
             "rundown": q.rundown, "threads": q.tids,
             "images": [cat.images[i].name for i in q.images],
+            "image_paths": [cat.images[i].path for i in q.images],
             "samples": int(counter.counts[q.index].sum()),
         })
     commit: dict[int, dict[str, int]] = defaultdict(lambda: {"commit_bytes": 0, "allocs": 0})

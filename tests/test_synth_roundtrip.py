@@ -1,0 +1,162 @@
+"""Synthesized traces decoded by OUR decoder (``pipeline.decode``), compared with the ground truth exactly:
+samples per process / stack / function / crate, commit per stack, heap events, outstanding heap bytes per
+snapshot, the process tree, images and per-kind counts. Every variant: compressed and not, 4- and 8-byte
+pointers, full StackWalk stacks and stack caching.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+import pytest
+
+from pipeline.synth.records import KINDS
+from tests.synth_traces import synth_trace, synth_traces  # noqa: F401  (fixtures)
+
+MEM_COMMIT = 0x1000
+
+
+@pytest.fixture(scope="session")
+def decoded(synth_traces, dask_pool, tmp_path_factory):  # noqa: F811
+    """Decode every variant once (real dask cluster); returns name -> {table: list of row dicts}."""
+    from pipeline import decode
+    from pipeline.config import Config
+    from pipeline.runs import read_table, table_path
+
+    out = {}
+    for name, s in synth_traces.items():
+        run = tmp_path_factory.mktemp(f"decoded-{name}")
+        decode.run(run, Config(), dask_pool, inputs=[s.path])
+        tables = {}
+        for t in ("processes", "images", "samples", "stacks", "virtual_allocs", "heap_events", "heap_snapshots",
+                  "heap_snapshot_blocks", "event_counts"):
+            if table_path(run, "decoded", t).exists():
+                tables[t] = read_table(run, "decoded", t).to_pylist()
+        out[name] = tables
+    return out
+
+
+def _table(decoded, s, name):  # noqa: F811
+    tables = decoded[s.name]
+    assert name in tables, f"the decoder wrote no '{name}' table for {s.path}"
+    return tables[name]
+
+
+def _template_of(decoded, s):  # noqa: F811
+    """decoded stack_id -> truth stack template id (by frames, leaf first)."""
+    by_frames = {tuple(int(x, 16) for x in st["frames"]): k for k, st in s.truth["stacks"].items()}
+    return {row["stack_id"]: by_frames.get(tuple(row["frames"]), f"unknown:{row['stack_id']}")
+            for row in _table(decoded, s, "stacks")}
+
+
+def test_process_tree(synth_trace, decoded):  # noqa: F811
+    rows = _table(decoded, synth_trace, "processes")
+    got = {(r["pid"], r["parent_pid"], r["image_name"], r["command_line"], r["start_ns"], r["end_ns"])
+           for r in rows if r["start_ns"] is not None}
+    want = {(q["pid"], q["parent_pid"], q["image_name"], q["command_line"], q["start_ns"], q["end_ns"])
+            for q in synth_trace.truth["processes"] if not q["rundown"]}
+    assert got == want
+    rundown = {q["pid"] for q in synth_trace.truth["processes"] if q["rundown"]} | {0, 4}
+    assert rundown <= {r["pid"] for r in rows if r["start_ns"] is None}
+
+
+def test_images(synth_trace, decoded):  # noqa: F811
+    rows = _table(decoded, synth_trace, "images")
+    t = synth_trace.truth
+    by_path = {im["path"]: im for im in t["images"]}
+    got = Counter((r["pid"], r["base"], r["size"], r["file_name"]) for r in rows)
+    want = Counter((q["pid"], int(by_path[path]["base"], 16), by_path[path]["size"], path)
+                   for q in t["processes"] for path in q["image_paths"])
+    kernel = next(im for im in t["images"] if im["kernel"])
+    want[(0, int(kernel["base"], 16), kernel["size"], kernel["path"])] += 1
+    assert got == want
+
+
+def test_samples_per_process_and_stack(synth_trace, decoded):  # noqa: F811
+    t = synth_trace.truth
+    rows = _table(decoded, synth_trace, "samples")
+    assert len(rows) == t["samples"]["total"]
+    per_pid = Counter(r["pid"] for r in rows)
+    want = Counter()
+    for q in t["samples"]["per_process"]:
+        want[q["pid"]] += q["samples"]
+    want[0] += t["samples"]["idle"]
+    assert per_pid == want
+    tmpl = _template_of(decoded, synth_trace)
+    per_stack = Counter(tmpl.get(r["stack_id"], "no stack") for r in rows)
+    assert dict(per_stack) == t["samples"]["per_stack"]
+    assert all(r["ip"] == int(t["stacks"][tmpl[r["stack_id"]]]["frames"][0], 16) for r in rows)
+
+
+def test_samples_per_function_and_crate(synth_trace, decoded):  # noqa: F811
+    t = synth_trace.truth
+    tmpl = _template_of(decoded, synth_trace)
+    fself, fincl, cself, cincl = Counter(), Counter(), Counter(), Counter()
+    for r in _table(decoded, synth_trace, "samples"):
+        funcs = t["stacks"][tmpl[r["stack_id"]]]["functions"]
+        fself[funcs[0]] += 1
+        fincl.update(set(funcs))
+    assert {k: v["self"] for k, v in t["samples"]["per_function"].items() if v["self"]} == dict(fself)
+    assert {k: v["inclusive"] for k, v in t["samples"]["per_function"].items()} == dict(fincl)
+
+
+def test_commit_per_stack(synth_trace, decoded):  # noqa: F811
+    t = synth_trace.truth
+    tmpl = _template_of(decoded, synth_trace)
+    rows = _table(decoded, synth_trace, "virtual_allocs")
+    commit = defaultdict(lambda: {"commit_bytes": 0, "allocs": 0})
+    for r in rows:
+        if r["kind"] == "alloc" and r["flags"] & MEM_COMMIT:
+            c = commit[tmpl.get(r["stack_id"], "no stack")]
+            c["commit_bytes"] += r["size"]
+            c["allocs"] += 1
+    assert dict(commit) == t["commit"]["per_stack"]
+    assert sum(r["size"] for r in rows if r["kind"] != "alloc") == t["commit"]["released_bytes"]
+
+
+def test_heap_events(synth_trace, decoded):  # noqa: F811
+    t = synth_trace.truth
+    rows = _table(decoded, synth_trace, "heap_events")
+    assert dict(Counter(r["kind"] for r in rows)) == t["heap"]["events"]
+    tmpl = _template_of(decoded, synth_trace)
+    heap_stacks = {k for k, st in t["stacks"].items() if st["functions"][0].endswith("RtlpLogHeapAllocateEvent")}
+    for r in rows:
+        if r["kind"] in ("alloc", "realloc"):
+            assert tmpl.get(r["stack_id"]) in heap_stacks
+        else:
+            assert r["stack_id"] is None
+
+
+def test_heap_snapshots_outstanding_bytes(synth_trace, decoded):  # noqa: F811
+    t = synth_trace.truth
+    tmpl = _template_of(decoded, synth_trace)
+    blocks = _table(decoded, synth_trace, "heap_snapshot_blocks")
+    snaps = _table(decoded, synth_trace, "heap_snapshots")
+    assert len(snaps) == len(t["heap"]["snapshots"])
+    got = defaultdict(lambda: defaultdict(int))
+    untracked = defaultdict(int)
+    for b in blocks:
+        key = (b["pid"], b["instance"])
+        if b["stack_id"] is None:
+            untracked[key] += b["size"]
+        else:
+            got[key][tmpl.get(b["stack_id"], "unknown")] += b["size"]
+    want = defaultdict(lambda: defaultdict(int))
+    want_untracked = defaultdict(int)
+    for s in t["heap"]["snapshots"]:
+        key = (s["pid"], s["instance"])       # a reused PID sums both processes' snapshots
+        for k, v in s["per_stack"].items():
+            want[key][k] += v["bytes"]
+        want_untracked[key] += s["untracked_bytes"]
+    assert {k: dict(v) for k, v in got.items()} == {k: dict(v) for k, v in want.items()}
+    assert dict(untracked) == dict(want_untracked)
+
+
+def test_event_counts(synth_trace, decoded):  # noqa: F811
+    rows = _table(decoded, synth_trace, "event_counts")
+    kind_of = {(guid, op): name for name, (guid, op, _) in KINDS.items()}
+    got = Counter()
+    for r in rows:
+        op = r["event_id"] if r["provider_guid"] == KINDS["HeapSnapshot.Chunk"][0] else r["opcode"]
+        got[kind_of.get((r["provider_guid"], op), f"{r['provider_guid']}/{op}")] += r["count"]
+    assert dict(got) == {k: v for k, v in synth_trace.truth["event_counts"].items() if v}
