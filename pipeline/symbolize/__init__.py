@@ -214,13 +214,20 @@ def image_debug_ids(images, image_ids) -> list[dict[str, Any] | None]:
     loads_of: dict[tuple[int, int], list[int]] = {}
     for i, key in enumerate(zip(img_pid, img_base)):
         loads_of.setdefault(key, []).append(i)
+    n_ids = image_ids.num_rows
     times = (_column(image_ids, "timestamp_ns", where, 0).tolist() if "timestamp_ns" in image_ids.column_names
-             else [None] * image_ids.num_rows)
-    for pid, base, guid, age, name, ts in zip(
-        _column(image_ids, "pid", where, 0).tolist(), _column(image_ids, "base", where, 0).tolist(),
-        image_ids.column("pdb_guid").to_pylist(), image_ids.column("pdb_age").to_pylist(),
-        image_ids.column("pdb_name").to_pylist(), times,
-    ):
+             else [None] * n_ids)
+    kinds = (image_ids.column("debug_kind").to_pylist() if "debug_kind" in image_ids.column_names
+             else [None] * n_ids)
+    records = sorted(
+        zip(_column(image_ids, "pid", where, 0).tolist(), _column(image_ids, "base", where, 0).tolist(),
+            image_ids.column("pdb_guid").to_pylist(), image_ids.column("pdb_age").to_pylist(),
+            image_ids.column("pdb_name").to_pylist(), times, kinds),
+        # a native image's own PDB (RSDS) wins over the IL assembly's (ILRSDS) of the same load:
+        # it is applied last
+        key=lambda r: r[6] == "RSDS",
+    )
+    for pid, base, guid, age, name, ts, _kind in records:
         rows = loads_of.get((int(pid), int(base)))
         if not guid or age is None or not name or not rows:
             continue

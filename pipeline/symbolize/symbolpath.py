@@ -92,10 +92,25 @@ def store_key(guid: str, age: int) -> str:
     return guid.replace("-", "").replace("{", "").replace("}", "").upper() + f"{int(age):X}"
 
 
+def _ci_path(root: Path, *parts: str) -> Path:
+    """``root/parts...``, matching each part case-insensitively as Windows symbol stores do
+    (stores copied to Linux keep whatever case they were written with)."""
+    path = root
+    for part in parts:
+        exact = path / part
+        if exact.exists() or not path.is_dir():
+            path = exact
+            continue
+        low = part.lower()
+        match = next((c for c in sorted(path.iterdir()) if c.name.lower() == low), None)
+        path = match if match is not None else exact
+    return path
+
+
 def _candidates(root: Path, pdb_name: str, key: str) -> list[Path]:
     stem = pdb_name[:-4] if pdb_name.lower().endswith(".pdb") else pdb_name
-    keyed = root / pdb_name / key
-    return [keyed / pdb_name, keyed / f"{stem}.sym", root / pdb_name, root / f"{stem}.sym"]
+    return [_ci_path(root, pdb_name, key, pdb_name), _ci_path(root, pdb_name, key, f"{stem}.sym"),
+            _ci_path(root, pdb_name), _ci_path(root, f"{stem}.sym")]
 
 
 def _search_dir(root: Path, pdb_name: str, key: str, out: Lookup, check=None) -> Path | None:

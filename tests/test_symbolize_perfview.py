@@ -1,0 +1,73 @@
+"""Golden test on a real trace: perfview-net45-x86/PerfViewData.etl with its three real NGEN PDBs.
+
+The trace is decoded by the decode stage, then symbolized with the fixture's ``symbols/`` store
+(lower-case GUID directories, as the zip had them). Those PDBs are publics-only and carry no
+section headers, so this exercises the publics fallback and its section-map layout. Every frame
+inside mscorlib.ni.dll, System.ni.dll and System.Xml.ni.dll must resolve; every other image is
+reported once, as not found.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.config import Config
+from pipeline.runs import read_manifest, read_table
+from pipeline.symbolize import run as symbolize
+from tests.conftest import fixture_path
+
+NGEN = {"mscorlib.ni.dll": 127, "System.ni.dll": 3, "System.Xml.ni.dll": 8}
+
+# (pid, module, rva) -> function. Checked independently with ``llvm-pdbutil-16 dump -publics``: the
+# nearest S_PUB32 at or below ``0003:(rva - 0x2B4000)`` (segment 3 of mscorlib.ni starts at 0x2B4000).
+GOLDEN = {
+    (1876, "mscorlib.ni.dll", 0x2BD7B1): "System.Security.Cryptography.CryptoConfig.OpenCryptoConfig",
+    (1876, "mscorlib.ni.dll", 0x2D054F): "System.Reflection.RuntimeMethodInfo.GetParameters",
+    (3884, "mscorlib.ni.dll", 0xD2D6F7): "[COLD] System.Globalization.CultureData.GetCalendar",
+}
+
+
+@pytest.fixture(scope="module")
+def symbolized(tmp_path_factory, dask_pool):
+    from pipeline import decode
+
+    trace = fixture_path("etl/perfview-net45-x86/PerfViewData.etl")
+    run_dir = tmp_path_factory.mktemp("perfview") / "run"
+    cfg = Config()
+    cfg.symbolize.symbol_path = str(fixture_path("etl/perfview-net45-x86/symbols"))
+    cfg.symbolize.cache_dir = run_dir.parent / "cache"
+    decode.run(run_dir, cfg, dask_pool, inputs=[trace])
+    summary = symbolize(run_dir, cfg, dask_pool)
+    return summary, read_manifest(run_dir, "symbolized"), read_table(run_dir, "symbolized", "frames").to_pylist()
+
+
+def test_ngen_frames_resolve_to_function_names(symbolized):
+    summary, manifest, frames = symbolized
+    for module, count in NGEN.items():
+        assert manifest["modules"][module] == {"frames": count, "resolved": count, "rate": 1.0}, module
+        rows = [r for r in frames if r["module"] == module]
+        assert len(rows) == count
+        assert all(r["resolved"] and r["function"] and "+0x" not in r["function"] and r["line"] is None
+                   for r in rows)
+    found = {(r["pid"], r["module"], r["rva"]): r["function"] for r in frames if r["module"] in NGEN}
+    for key, function in GOLDEN.items():
+        assert found[key] == function
+    ok = {d["pdb_name"]: d for d in manifest["debug_ids"] if d["status"] == "ok"}
+    assert set(ok) == {"mscorlib.ni.pdb", "System.ni.pdb", "System.Xml.ni.pdb"}
+    assert {d["kind"] for d in ok.values()} == {"pdb-publics"}
+    # the native image's RSDS record wins over the IL assembly's ILRSDS record of the same load
+    assert all(e["pdb_name"] != "mscorlib.pdb" for e in manifest["images_without_symbols"])
+
+
+def test_other_images_are_reported_once_with_a_reason(symbolized):
+    summary, manifest, frames = symbolized
+    missing = manifest["images_without_symbols"]
+    keys = [(e["module"], e["debug_id"]) for e in missing]
+    assert len(keys) == len(set(keys)) == summary["images_without_symbols"]
+    assert {e["module"] for e in missing} >= {"ntoskrnl.exe", "clr.dll", "ntdll.dll"}
+    assert all(e["reason"].startswith(("not found", "no debug id")) for e in missing)
+    unresolved = [r for r in frames if not r["resolved"] and r["module"]]
+    assert unresolved and all(r["function"] == f"{r['module']}+0x{r['rva']:x}" for r in unresolved)
+    resolved = sum(r["resolved"] for r in frames if r["inline_depth"] == 0)
+    assert manifest["resolved_frames"] == resolved == sum(NGEN.values())
+    assert manifest["resolution_rate"] == round(resolved / manifest["frames"], 6)
