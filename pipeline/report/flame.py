@@ -1,0 +1,160 @@
+"""Helpers of the ETL report sections: flame graphs from folded stacks, exports, small HTML tables.
+
+A flame graph page is one self-contained HTML file: the node table as JSON plus the inlined
+``static/flamegraph.js``/``.css``. The tree is laid out here (depth first, children sorted by name,
+each node's ``x`` = where it starts in the measure's unit), so the script only scales and draws.
+Nodes narrower than ``MIN_FRACTION`` of the root are merged into their parent's self value: they
+would be under a pixel wide unzoomed, and a real trace has millions of them.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+from pipeline.runs import atomic_write_text
+
+STATIC = Path(__file__).with_name("static")
+
+#: Frames whose inclusive value is below this share of the total are not drawn (their value stays in
+#: their parent's self value). 1e-4 keeps every frame at least 0.1 px wide on a 1000 px wide graph.
+MIN_FRACTION = 1e-4
+
+
+def build_tree(stacks: Iterable[tuple[str, int]]) -> dict[str, list]:
+    """Folded stacks (``a;b;c``, value) -> flat node arrays in depth-first order (see module doc)."""
+    root: dict[str, Any] = {"v": 0, "c": {}}
+    for stack, value in stacks:
+        if value <= 0:
+            continue
+        root["v"] += value
+        node = root
+        for frame in stack.split(";"):
+            node = node["c"].setdefault(frame, {"v": 0, "c": {}})
+            node["v"] += value
+    names: dict[str, int] = {"all": 0}
+    out: dict[str, list] = {"n": [], "x": [], "w": [], "s": [], "d": []}
+    limit = root["v"] * MIN_FRACTION
+    todo = [("all", root, 0, 0)]
+    while todo:
+        name, node, x, depth = todo.pop()
+        kids = sorted((k, c) for k, c in node["c"].items() if c["v"] >= limit)
+        out["n"].append(names.setdefault(name, len(names)))
+        out["x"].append(x)
+        out["w"].append(node["v"])
+        out["s"].append(node["v"] - sum(c["v"] for _, c in kids))
+        out["d"].append(depth)
+        starts, at = [], x
+        for k, c in kids:
+            starts.append((k, c, at, depth + 1))
+            at += c["v"]
+        todo.extend(reversed(starts))
+    out["names"] = list(names)
+    return out
+
+
+def flame_page(title: str, stacks: Iterable[tuple[str, int]], unit: str, note: str = "") -> str:
+    """A self-contained interactive flame graph page (no external files, no network)."""
+    tree = build_tree(stacks)
+    tree["unit"] = unit
+    data = json.dumps(tree, separators=(",", ":")).replace("</", "<\\/")
+    css = (STATIC / "flamegraph.css").read_text()
+    js = (STATIC / "flamegraph.js").read_text()
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1"><style>{css}</style></head>
+<body>
+<div id="flame-head"><h1>{html.escape(title)}</h1>
+<label>search <input id="flame-search" placeholder="regex, e.g. rustc_middle|hashbrown"></label>
+<button id="flame-reset">reset zoom</button><span id="flame-matched"></span></div>
+<p class="flame-note">Click a frame to zoom in, click it again to zoom out. Total {tree['w'][0] if tree['w'] else 0:,} {html.escape(unit)}.
+{html.escape(note)}</p>
+<div id="flame-box"><svg id="flame" xmlns="http://www.w3.org/2000/svg" width="1200" height="20"></svg></div>
+<div id="flame-status"></div>
+<script type="application/json" id="flame-data">{data}</script>
+<script>{js}</script>
+</body></html>
+"""
+
+
+def speedscope(name: str, stacks: list[tuple[str, int]], unit: str) -> dict:
+    """A speedscope 'sampled' profile (https://www.speedscope.app/file-format-schema.json)."""
+    frames: dict[str, int] = {}
+    samples, weights = [], []
+    for stack, value in stacks:
+        samples.append([frames.setdefault(f, len(frames)) for f in stack.split(";")])
+        weights.append(int(value))
+    return {
+        "$schema": "https://www.speedscope.app/file-format-schema.json",
+        "exporter": "bootprof", "name": name, "activeProfileIndex": 0,
+        "shared": {"frames": [{"name": f} for f in frames]},
+        "profiles": [{"type": "sampled", "name": name, "unit": unit, "startValue": 0,
+                      "endValue": sum(weights), "samples": samples, "weights": weights}],
+    }
+
+
+class Writer:
+    """Files of one report section: the names written, text files and CSV exports of parquet tables."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.files: list[str] = []
+
+    def text(self, name: str, text: str) -> str:
+        atomic_write_text(self.ctx.out.path / name, text)
+        self.files.append(name)
+        return name
+
+    def csv(self, stage: str, table: str) -> str:
+        """``<table>.csv`` of a whole parquet table (DuckDB COPY, no rows through Python)."""
+        import duckdb
+
+        from pipeline.runs import table_path
+
+        src = table_path(self.ctx.run_dir, stage, table)
+        glob = f"{src}/**/*.parquet" if src.is_dir() else str(src)
+        name = f"{table}.csv"
+        duckdb.sql(f"COPY (SELECT * FROM read_parquet('{glob}')) TO '{self.ctx.out.path / name}' (HEADER, DELIMITER ',')")
+        self.files.append(name)
+        return name
+
+    def links(self) -> str:
+        return '<p class="links">' + " &middot; ".join(f'<a href="{n}">{n}</a>' for n in self.files) + "</p>"
+
+
+def fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return ""
+    n = int(n)
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def fmt_ms(ns: int | None) -> str:
+    return "" if ns is None else f"{ns / 1e6:,.1f} ms"
+
+
+def table(rows: list[dict], cols: list[tuple[str, str, Any]], cls: str = "") -> str:
+    """An HTML table; ``cols`` = (key, title, format function or None for text)."""
+    head = "".join(f"<th>{html.escape(t)}</th>" for _, t, _ in cols)
+    body = []
+    for r in rows:
+        cells = []
+        for key, _, fmt in cols:
+            value = r.get(key)
+            text = fmt(value) if fmt else ("" if value is None else str(value))
+            cells.append(f'<td class="{"num" if fmt else "txt"}">{html.escape(text)}</td>')
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
+def count(v) -> str:
+    return "" if v is None else f"{int(v):,}"
+
+
+def pct(v) -> str:
+    return "" if v is None else f"{v:.2f}%"

@@ -1,0 +1,92 @@
+"""Processes section of the report: a timeline of every process and the process tree with CPU.
+
+Applies when ``aggregated/`` has ``process_tree``. The timeline is an SVG drawn here (one row per
+process in start order, a bar from start to end, open ends drawn to the trace's edge, hover for the
+command line); ``process_tree.html`` holds the whole indented tree, ``process_tree.csv`` the table.
+"""
+
+from __future__ import annotations
+
+import html
+
+from pipeline.report.flame import Writer, count, fmt_ms, table
+
+AGG = "aggregated"
+ROW = 9
+WIDTH = 1100
+LABEL = 190
+
+#: Bar colours by program kind (by image name); anything else is grey.
+COLORS = {"rustc.exe": "#d9822b", "cargo.exe": "#4a90d9", "build-script-build.exe": "#8e6bbf",
+          "link.exe": "#3aa676", "python.exe": "#c5b33a"}
+
+
+def timeline_svg(rows: list[dict]) -> str:
+    shown = [r for r in rows if r["first_seen_ns"] is not None]
+    if not shown:
+        return '<p class="empty">no process lifetimes</p>'
+    t0 = min(r["start_ns"] if r["start_ns"] is not None else r["first_seen_ns"] for r in shown)
+    t1 = max(r["end_ns"] if r["end_ns"] is not None else r["last_seen_ns"] for r in shown)
+    t0 = min(t0, min(r["first_seen_ns"] for r in shown))
+    t1 = max(t1, max(r["last_seen_ns"] for r in shown))
+    span = max(t1 - t0, 1)
+    scale = (WIDTH - LABEL) / span
+    out = []
+    for i, r in enumerate(shown):
+        start = r["start_ns"] if r["start_ns"] is not None else t0
+        end = r["end_ns"] if r["end_ns"] is not None else t1
+        x = LABEL + (start - t0) * scale
+        w = max((end - start) * scale, 1.0)
+        y = 4 + i * ROW
+        name = f"{r['image_name'] or '?'}{' ' + r['crate'] if r['crate'] else ''}"
+        tip = (f"{name} (pid {r['pid']}): {fmt_ms(start - t0)} to {fmt_ms(end - t0)}"
+               f"{' (running at trace start)' if r['start_ns'] is None else ''}"
+               f"{' (running at trace end)' if r['end_ns'] is None else ''}, {r['samples']:,} samples\n"
+               f"{r['command_line'] or ''}")
+        color = COLORS.get((r["image_name"] or "").lower(), "#9aa5b1")
+        out.append(f'<g class="proc" data-pid="{r["pid"]}"><title>{html.escape(tip)}</title>'
+                   f'<text x="{LABEL - 4}" y="{y + ROW - 2}" text-anchor="end">{html.escape(name[:32])}</text>'
+                   f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{ROW - 2}" fill="{color}"></rect></g>')
+    height = 4 + len(shown) * ROW + 18
+    ticks = []
+    for k in range(6):
+        x = LABEL + k * (WIDTH - LABEL) / 5
+        ticks.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="0" y2="{height - 16}" stroke="#e3e7eb"></line>'
+                     f'<text x="{x:.1f}" y="{height - 4}" text-anchor="middle">{span * k / 5 / 1e9:.2f} s</text>')
+    return (f'<svg class="timeline" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
+            f'style="font: 9px system-ui, sans-serif">{"".join(ticks)}{"".join(out)}</svg>')
+
+
+def section(ctx):
+    if not ctx.has(AGG, "process_tree"):
+        return None
+    from pipeline.report import Section, page
+
+    rows = ctx.read(AGG, "process_tree").to_pylist()
+    w = Writer(ctx)
+    w.csv(AGG, "process_tree")
+    by_key = {r["process_key"]: r for r in rows}
+    kids: dict[int | None, list[dict]] = {}
+    for r in rows:
+        parent = r["parent_key"] if r["parent_key"] in by_key else None
+        kids.setdefault(parent, []).append(r)
+    ordered: list[dict] = []
+    todo = [(r, 0) for r in reversed(kids.get(None, []))]
+    while todo:
+        r, depth = todo.pop()
+        ordered.append({**r, "name": "\u2003" * depth + f"{r['image_name'] or '?'}{' ' + r['crate'] if r['crate'] else ''}"})
+        todo.extend((c, depth + 1) for c in reversed(kids.get(r["process_key"], [])) if depth < 64)
+    cols = [("name", "process", None), ("pid", "pid", None), ("duration_ns", "duration", fmt_ms),
+            ("samples", "samples", count), ("tree_samples", "with children", count), ("threads", "threads", count),
+            ("exit_status", "exit", None), ("command_line", "command line", None)]
+    w.text("process_tree.html", page("process tree", f"<main><h2>Process tree</h2>{table(ordered, cols, 'tree')}</main>"))
+    top = sorted(rows, key=lambda r: -(r["samples"] or 0))[: ctx.config.report.top_n]
+    body = f"""<p>{len(rows)} processes, {sum(1 for r in rows if r['parent_key'] is None)} roots.</p>
+{w.links()}
+<h3>Timeline</h3>
+<div style="overflow-x:auto">{timeline_svg(rows)}</div>
+<h3>Processes with the most CPU samples</h3>
+{table(top, [("pid", "pid", None), ("image_name", "image", None), ("crate", "crate", None),
+             ("duration_ns", "duration", fmt_ms), ("samples", "samples", count), ("tree_samples", "with children", count),
+             ("command_line", "command line", None)], 'proc-top')}"""
+    return Section("processes", "Processes (ETL)", body, w.files, {"processes": len(rows)})

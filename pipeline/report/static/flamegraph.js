@@ -1,0 +1,135 @@
+/* bootprof flame graph: draws the node table that flame.py embeds as JSON (id "flame-data").
+ *
+ * Nodes come in depth-first order with precomputed offsets: x (start, in the unit of the
+ * measure), w (width = inclusive value), s (self value), d (depth), n (index into names).
+ * Root at the top (an icicle). Click a frame to zoom to it (its ancestors stay drawn full width),
+ * click the root or "reset" to zoom out; the search box takes a regular expression and marks
+ * matching frames, reporting the share of the total they cover (a match inside another match
+ * counts once). State lives in the URL hash (#zoom=<node>&search=<regex>) so a page can be linked.
+ */
+(function () {
+  "use strict";
+  const data = JSON.parse(document.getElementById("flame-data").textContent);
+  const svg = document.getElementById("flame");
+  const status = document.getElementById("flame-status");
+  const matched = document.getElementById("flame-matched");
+  const input = document.getElementById("flame-search");
+  const ROW = 17, MIN_PX = 0.4;
+  const N = data.x.length;
+  const total = N ? data.w[0] : 0;
+  let zoom = 0, pattern = null;
+
+  function fmt(v) {
+    return data.unit === "bytes" ? (v >= 1048576 ? (v / 1048576).toFixed(1) + " MiB" : (v / 1024).toFixed(1) + " KiB")
+      : v.toLocaleString("en-US") + " " + data.unit;
+  }
+  function hue(name) {
+    let h = 0;
+    const mod = name.split("!")[0];
+    for (let i = 0; i < mod.length; i++) h = (h * 31 + mod.charCodeAt(i)) >>> 0;
+    return h;
+  }
+  function color(i, name) {
+    if (pattern && pattern.test(name)) return "rgb(190,80,230)";
+    if (i === 0) return "rgb(200,200,200)";
+    const h = hue(name);
+    if (name.indexOf("!") < 0 && data.d[i] === 1) return "rgb(120,170,220)";   // process frames
+    return `rgb(${205 + (h % 50)},${90 + ((h >> 8) % 120)},${40 + ((h >> 16) % 50)})`;
+  }
+  function isAncestor(a, b) {   // a is b or an ancestor of b
+    return data.x[a] <= data.x[b] && data.x[b] + data.w[b] <= data.x[a] + data.w[a] && data.d[a] <= data.d[b];
+  }
+  function esc(s) {
+    return s.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+  }
+
+  function render() {
+    const width = svg.parentNode.clientWidth || 1200;
+    const zx = data.x[zoom], zw = data.w[zoom] || 1, zd = data.d[zoom];
+    const scale = width / zw;
+    let maxd = 0;
+    const parts = [];
+    for (let i = 0; i < N; i++) {
+      let x, w;
+      if (data.d[i] < zd) {
+        if (!isAncestor(i, zoom)) continue;
+        x = 0; w = width;
+      } else {
+        if (data.x[i] < zx || data.x[i] + data.w[i] > zx + zw) continue;
+        if (data.d[i] === zd && i !== zoom) continue;
+        w = data.w[i] * scale;
+        if (w < MIN_PX) continue;
+        x = (data.x[i] - zx) * scale;
+      }
+      const name = data.names[data.n[i]];
+      const y = data.d[i] * ROW;
+      if (data.d[i] > maxd) maxd = data.d[i];
+      const label = w > 30 ? esc(name.slice(0, Math.floor(w / 6.5))) : "";
+      parts.push(`<g class="frame" data-i="${i}"><title>${esc(name)} (${fmt(data.w[i])}, ` +
+        `${(100 * data.w[i] / total).toFixed(2)}%, self ${fmt(data.s[i])})</title>` +
+        `<rect x="${x.toFixed(1)}" y="${y}" width="${Math.max(w - 0.5, 0.1).toFixed(1)}" height="${ROW - 1}" ` +
+        `fill="${color(i, name)}"></rect><text x="${(x + 3).toFixed(1)}" y="${y + 12}">${label}</text></g>`);
+    }
+    svg.setAttribute("width", width);
+    svg.setAttribute("height", (maxd + 1) * ROW + 4);
+    svg.innerHTML = parts.join("");
+    svg.dataset.drawn = parts.length;
+    svg.dataset.zoom = zoom;
+    reportMatches();
+  }
+
+  function reportMatches() {
+    if (!pattern) { matched.textContent = ""; svg.dataset.matched = ""; return; }
+    let sum = 0, end = -1;
+    for (let i = 0; i < N; i++) {          // depth-first order: an outer match precedes its inner ones
+      if (data.x[i] < end) continue;
+      if (pattern.test(data.names[data.n[i]]) && i !== 0) { sum += data.w[i]; end = data.x[i] + data.w[i]; }
+    }
+    const pct = total ? (100 * sum / total).toFixed(2) : "0.00";
+    matched.textContent = `matched ${fmt(sum)} (${pct}%)`;
+    svg.dataset.matched = pct;
+  }
+
+  function setHash() {
+    const parts = [];
+    if (zoom) parts.push("zoom=" + zoom);
+    if (pattern) parts.push("search=" + encodeURIComponent(pattern.source));
+    history.replaceState(null, "", parts.length ? "#" + parts.join("&") : location.pathname);
+  }
+
+  function readHash() {
+    const params = new URLSearchParams(location.hash.slice(1));
+    const z = parseInt(params.get("zoom") || "0", 10);
+    zoom = z >= 0 && z < N ? z : 0;
+    const s = params.get("search");
+    if (s) { input.value = s; try { pattern = new RegExp(s); } catch (e) { pattern = null; } }
+  }
+
+  svg.addEventListener("click", function (ev) {
+    const g = ev.target.closest("g.frame");
+    if (!g) return;
+    const i = parseInt(g.dataset.i, 10);
+    zoom = i === zoom ? 0 : i;
+    setHash();
+    render();
+  });
+  svg.addEventListener("mouseover", function (ev) {
+    const g = ev.target.closest("g.frame");
+    if (!g) return;
+    const i = parseInt(g.dataset.i, 10);
+    status.textContent = `${data.names[data.n[i]]}: ${fmt(data.w[i])} (${(100 * data.w[i] / total).toFixed(2)}%), ` +
+      `self ${fmt(data.s[i])}`;
+  });
+  input.addEventListener("input", function () {
+    try { pattern = input.value ? new RegExp(input.value) : null; input.classList.remove("bad"); }
+    catch (e) { input.classList.add("bad"); return; }
+    setHash();
+    render();
+  });
+  document.getElementById("flame-reset").addEventListener("click", function () {
+    zoom = 0; pattern = null; input.value = ""; setHash(); render();
+  });
+  window.addEventListener("resize", render);
+  readHash();
+  render();
+})();
