@@ -222,3 +222,19 @@ def test_rerun_uses_the_cache_only(scenario, dask_pool):
     assert again == scenario["frames"]
     m = read_manifest(scenario["run_dir"], "symbolized")
     assert all(d["cached"] for d in m["debug_ids"] if d["status"] == "ok")
+
+
+def test_image_index_prefers_the_latest_load_when_an_unload_was_never_recorded():
+    from pipeline.symbolize.images import ImageIndex
+
+    big = np.iinfo(np.int64).max
+    # pid 5 reused: a.exe loaded at 0 and never unloaded (the process died), b.exe at 100;
+    # pid 0 holds a kernel image
+    index = ImageIndex(pid=np.array([5, 5, 0]), base=np.array([0x400000, 0x400000, 0xFFFFF800_00000000], np.uint64),
+                       size=np.array([0x10000, 0x8000, 0x1000], np.uint64), load_ns=np.array([0, 100, 0]),
+                       unload_ns=np.array([big, big, big]))
+    rows, count = index.find(np.array([5, 5, 5, 5, 7]),
+                             np.array([0x401000, 0x401000, 0x409000, 0xFFFFF800_00000010, 0x401000], np.uint64),
+                             np.array([50, 150, 150, 150, 150]))
+    assert rows.tolist() == [0, 1, 0, 2, -1]   # a.exe, b.exe, only a.exe covers +0x9000, kernel, no images
+    assert count.tolist() == [2, 2, 1, 1, 0]

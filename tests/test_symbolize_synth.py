@@ -109,3 +109,44 @@ def test_every_frame_resolves_to_the_ground_truth_name(synthesized, tmp_path, da
     # Rust names came mangled from the .sym files and are shown demangled, hash kept in raw_name
     rust = [r for r in rows if r["raw_name"] and r["raw_name"].startswith("_ZN")]
     assert rust and all("::" in r["function"] and "17h" not in r["function"] for r in rust)
+
+
+def test_decoded_synth_trace_resolves_every_frame(synthesized, tmp_path, dask_pool):
+    """The same check through the real decoder: synth .etl -> decode -> symbolize."""
+    from pipeline import decode
+    from pipeline.config import Config
+
+    trace, truth = synthesized
+    run_dir = tmp_path / "run"
+    cfg = Config()
+    cfg.symbolize.symbol_path = str(trace.parent / "symbols")
+    cfg.symbolize.cache_dir = tmp_path / "cache"
+    decode.run(run_dir, cfg, dask_pool, inputs=[trace])
+    run(run_dir, cfg, dask_pool)
+    m = read_manifest(run_dir, "symbolized")
+    assert m["images_without_symbols"] == []
+    assert m["resolution_rate"] == 1.0, m["modules"]
+
+    rows: dict[tuple[int, int], list[dict]] = {}
+    for r in read_table(run_dir, "symbolized", "frames").to_pylist():
+        if r["inline_depth"] == 0:
+            rows.setdefault((r["pid"], r["address"]), []).append(r)
+
+    def name_at(pid: int, address: int, t: int) -> str:
+        """The row of (pid, address) whose image was loaded at time t (pids are reused)."""
+        live = [r for r in rows[(pid, address)] if (r["image_load_ns"] or -1) <= t]
+        r = max(live, key=lambda r: r["image_load_ns"] or -1)
+        return f"{r['module']}!{r['raw_name']}"
+
+    template = {tuple(int(a, 16) for a in s["frames"]): s["functions"] for s in truth["stacks"].values()}
+    samples = read_table(run_dir, "decoded", "samples", columns=["pid", "stack_id", "timestamp_ns"]).to_pylist()
+    stacks = {r["stack_id"]: r["frames"] for r in read_table(run_dir, "decoded", "stacks").to_pylist()}
+    checked = 0
+    for s in samples:
+        frames = tuple(stacks.get(s["stack_id"]) or ())
+        if frames not in template:
+            continue
+        got = [name_at(s["pid"], a, s["timestamp_ns"]) for a in frames]
+        assert got == template[frames], (s, frames)
+        checked += 1
+    assert checked > 0.9 * len(samples)

@@ -9,8 +9,10 @@ overlapping and reused address ranges are all seen:
              [-- b.dll 0x1000..0x3000, loaded 200..∞ --]          address 0x2000 at t=250 -> b.dll
 
 Among the images covering the address, one whose lifetime ``[load_ns, unload_ns)`` holds the
-query time wins; if none does (a sample just before its image's load event, a rundown that started
-late), the candidate whose lifetime is nearest in time is used. The kernel also counts distinct
+query time wins, the most recently loaded if several do (an image whose unload was never recorded
+stays "loaded" forever, so a later load at the same place must win over it); if none does (a sample
+just before its image's load event, a rundown that started late), the candidate whose lifetime is
+nearest in time is used. The kernel also counts distinct
 candidates, so the caller knows which frames need per-sample times and which do not.
 
 Addresses that no image of the process covers are looked up among the images of the kernel
@@ -105,7 +107,7 @@ def _search_group(g, addr, t, group_start, group_stop, group_max, base, end, loa
                 gap = load[i] - t
             else:
                 gap = t - unload[i]
-            if best < 0 or gap < best_gap:
+            if best < 0 or gap < best_gap or (gap == best_gap and gap == 0 and load[i] > load[best]):
                 best = i
                 best_gap = gap
         if base[i] == 0:
