@@ -1,0 +1,198 @@
+"""ETL decode throughput and memory: ``bootprof decode`` on a synthesized 1 GB trace, beside dissect.etl.
+
+Input: a trace from ``bootprof synth`` (seed 1, 16 simulated CPUs, uncompressed, 8-byte pointers, full
+stacks), written once to ``bench/out/synth-<size>/trace.etl`` and reused while its truth file says it
+was made with the same settings; plus a slice of it (the header buffer and the first data buffers,
+``--slice`` bytes, with BuffersWritten patched) for dissect.etl, whose speed is per byte.
+
+Measured, each run in its own subprocess, with the peak RSS of the whole process tree (psutil, summed
+over the CLI process, the dask scheduler side and every worker, sampled every 50 ms):
+
+* ``bootprof decode`` on the full trace with one dask worker and with one worker per core
+  (end to end: process start, cluster start, decode into parquet, joins, manifest);
+* ``bootprof decode`` (one worker) and dissect.etl (record headers only: its fastest mode) on the slice.
+
+The ratio compares our one-worker MB/s on the full trace with dissect's MB/s on the slice. Targets
+(reported, not asserted): >= 300 MB/s per core, >= 100x dissect.etl per core, peak RSS < 1.5 GB.
+
+Defaults (``make bench``): 1 GB trace, 64 MB slice. ``--big`` (or ``BENCH_DECODE_BIG=1``) adds the same
+measurements on a 4 GB trace to show that memory stays flat. ``--size`` / ``BENCH_DECODE_SIZE`` change the
+main size. Writes ``bench/out/decode.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "out"
+sys.path.insert(0, str(ROOT))
+
+SEED = 1
+SIM_CPUS = 16
+LOGFILE_BUFFERS_WRITTEN = 0x48 + 0x20 + 0x24     # buffer header + SYSTEM header + TRACE_LOGFILE_HEADER field
+
+DISSECT = """
+import sys, time
+from dissect.etl import ETL
+t = time.perf_counter()
+n = 0
+with open(sys.argv[1], "rb") as fh:
+    for rec in ETL(fh):
+        rec.header.size
+        n += 1
+print(n, time.perf_counter() - t)
+"""
+
+
+def synthesize(size: str) -> Path:
+    from pipeline import synth
+    from pipeline.config import SynthConfig
+
+    cfg = SynthConfig(seed=SEED, size=size, cpus=SIM_CPUS)
+    trace = OUT / f"synth-{size}" / "trace.etl"
+    truth = trace.with_name("trace.truth.json")
+    if trace.exists() and truth.exists():
+        t = json.loads(truth.read_text())
+        if t.get("config") == cfg.model_dump(mode="json") and t["trace"]["bytes"] == trace.stat().st_size:
+            print(f"reusing {trace} ({trace.stat().st_size / 1e6:,.0f} MB)")
+            return trace
+    print(f"synthesizing {trace} ({size}) ...", flush=True)
+    summary = synth.run(trace, cfg)
+    print(f"  {summary['bytes'] / 1e6:,.0f} MB in {summary['seconds']} s "
+          f"({summary['bytes'] / 1e6 / summary['seconds']:,.0f} MB/s)")
+    return trace
+
+
+def make_slice(trace: Path, nbytes: int) -> Path:
+    """Header buffer + whole data buffers up to ``nbytes``, as a valid trace of its own."""
+    dst = trace.with_name(f"slice-{nbytes >> 20}MB.etl")
+    if dst.exists():
+        return dst
+    with open(trace, "rb") as f, open(dst, "wb") as g:
+        buffers, off = 0, 0
+        while off < nbytes:
+            f.seek(off)
+            head = f.read(4)
+            if len(head) < 4:
+                break
+            size = struct.unpack("<I", head)[0]
+            f.seek(off)
+            g.write(f.read(size))
+            off += size
+            buffers += 1
+        g.seek(LOGFILE_BUFFERS_WRITTEN)
+        g.write(struct.pack("<I", buffers))
+    return dst
+
+
+def measure(cmd: list[str], env=None) -> tuple[float, int, str]:
+    """Wall seconds, peak RSS (bytes) of the process tree, stdout."""
+    import psutil
+
+    t0 = time.perf_counter()
+    proc = psutil.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    peak = 0
+    while proc.poll() is None:
+        total = 0
+        try:
+            procs = [proc] + proc.children(recursive=True)
+        except psutil.NoSuchProcess:
+            procs = []
+        for p in procs:
+            try:
+                total += p.memory_info().rss
+            except psutil.NoSuchProcess:
+                pass
+        peak = max(peak, total)
+        time.sleep(0.05)
+    out, err = proc.communicate()
+    secs = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err[-3000:]}")
+    return secs, peak, out
+
+
+def decode(trace: Path, workers: int, tag: str) -> dict:
+    cfg = OUT / f"decode-{workers}w.yaml"
+    cfg.write_text(f"cluster:\n  mode: local\n  n_workers: {workers}\n  memory_limit: 4GiB\n")
+    run = OUT / f"run-{tag}"
+    secs, rss, out = measure([sys.executable, "-m", "pipeline", "--config", str(cfg), "decode", str(trace),
+                              "--run", str(run)])
+    summary = json.loads(out[out.index("{"):])["etl"]
+    return {"seconds": secs, "rss": rss, "records": summary["records"],
+            "decode_s": summary.get("decode_s"), "join_s": summary.get("join_s")}
+
+
+def dissect(trace: Path) -> dict:
+    secs, rss, out = measure([sys.executable, "-c", DISSECT, str(trace)])
+    n, inner = out.split()
+    return {"seconds": float(inner), "wall": secs, "rss": rss, "records": int(n)}
+
+
+def row(measure_name: str, path: Path, r: dict, seconds: float) -> dict:
+    mb = path.stat().st_size / 1e6
+    return {"measure": measure_name, "MB": round(mb, 1), "records": r["records"], "seconds": round(seconds, 2),
+            "MB_per_s": round(mb / seconds, 1), "events_per_s": int(r["records"] / seconds),
+            "peak_rss_MB": round(r["rss"] / 1e6)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", default=os.environ.get("BENCH_DECODE_SIZE", "1GB"), help="main trace size (1GB)")
+    ap.add_argument("--slice", default="64MB", help="slice decoded by dissect.etl (64MB)")
+    ap.add_argument("--big", action="store_true", default=os.environ.get("BENCH_DECODE_BIG") == "1",
+                    help="also measure a 4 GB trace (memory must stay flat)")
+    args = ap.parse_args()
+    from pipeline.config import parse_size
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    cores = os.cpu_count() or 1
+    rows = []
+    trace = synthesize(args.size)
+    sl = make_slice(trace, parse_size(args.slice))
+    d = dissect(sl)
+    rows.append(row(f"dissect.etl, slice (headers only)", sl, d, d["seconds"]))
+    s1 = decode(sl, 1, "slice-1w")
+    rows.append(row("bootprof decode, slice, 1 worker", sl, s1, s1["seconds"]))
+    one = decode(trace, 1, f"{args.size}-1w")
+    rows.append(row(f"bootprof decode, {args.size}, 1 worker", trace, one, one["seconds"]))
+    allc = decode(trace, cores, f"{args.size}-{cores}w")
+    rows.append(row(f"bootprof decode, {args.size}, {cores} workers", trace, allc, allc["seconds"]))
+    sizes = [args.size]
+    if args.big:
+        big = synthesize("4GB")
+        b1 = decode(big, 1, "4GB-1w")
+        rows.append(row("bootprof decode, 4GB, 1 worker", big, b1, b1["seconds"]))
+        bn = decode(big, cores, f"4GB-{cores}w")
+        rows.append(row(f"bootprof decode, 4GB, {cores} workers", big, bn, bn["seconds"]))
+        sizes.append("4GB")
+    per_core = rows[2]["MB_per_s"]
+    dissect_rate = rows[0]["MB_per_s"]
+    ratio = per_core / dissect_rate
+    peak = max(r["peak_rss_MB"] for r in rows[1:])
+    print(f"\n{'measure':<44} {'MB':>8} {'records':>11} {'s':>7} {'MB/s':>8} {'events/s':>11} {'peak RSS MB':>11}")
+    for r in rows:
+        print(f"{r['measure']:<44} {r['MB']:>8,.0f} {r['records']:>11,} {r['seconds']:>7.2f} {r['MB_per_s']:>8,.1f} "
+              f"{r['events_per_s']:>11,} {r['peak_rss_MB']:>11,}")
+    verdict = lambda ok: "met" if ok else "NOT met"  # noqa: E731
+    print(f"per core: {per_core:,.1f} MB/s (target >= 300: {verdict(per_core >= 300)}); "
+          f"vs dissect.etl: {ratio:,.0f}x (target >= 100: {verdict(ratio >= 100)}); "
+          f"peak RSS {peak:,} MB (target < 1500: {verdict(peak < 1500)})")
+    result = {"cores": cores, "sizes": ",".join(sizes), "seed": SEED, "simulated_cpus": SIM_CPUS,
+              "per_core_MB_per_s": per_core, "dissect_MB_per_s": dissect_rate, "ratio_vs_dissect": round(ratio, 1),
+              "peak_rss_MB": peak, "target_per_core_MB_per_s": 300, "target_ratio": 100, "target_peak_rss_MB": 1500,
+              "rows": rows}
+    (OUT / "decode.json").write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
