@@ -1,0 +1,122 @@
+"""Report stage, ETL sections (cpu, memory, processes): exports and the flame graph in a real Chromium."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+
+import pytest
+
+from pipeline.report.flame import MIN_FRACTION, build_tree
+from pipeline.runs import read_table
+from tests.synth_traces import VARIANTS
+from tests.test_aggregate_etl import etl_config
+from tests.test_report_queries import dump_dom
+
+
+@pytest.fixture(scope="module")
+def report_run(tmp_path_factory, dask_pool):
+    from pipeline import aggregate, decode, report, symbolize, synth
+
+    tmp = tmp_path_factory.mktemp("report-etl")
+    trace = tmp / "input" / "trace.etl"
+    synth.run(trace, VARIANTS["plain64"])
+    run = tmp / "run"
+    config = etl_config(trace, tmp)
+    decode.run(run, config, dask_pool, inputs=[trace])
+    symbolize.run(run, config, dask_pool)
+    aggregate.run(run, config, dask_pool)
+    report.run(run, config, dask_pool)
+    return run
+
+
+def flame_data(path) -> dict:
+    text = path.read_text()
+    return json.loads(re.search(r'<script type="application/json" id="flame-data">(.*?)</script>', text, re.S).group(1))
+
+
+def test_build_tree_layout():
+    tree = build_tree([("a;b;c", 3), ("a;b", 1), ("a;d", 2), ("e", 4), ("a;b;c", 1)])
+    names = [tree["names"][i] for i in tree["n"]]
+    assert names == ["all", "a", "b", "c", "d", "e"]
+    assert tree["x"] == [0, 0, 0, 0, 5, 7]
+    assert tree["w"] == [11, 7, 5, 4, 2, 4]
+    assert tree["s"] == [0, 0, 1, 4, 2, 4]
+    assert tree["d"] == [0, 1, 2, 3, 2, 1]
+
+
+def test_build_tree_drops_tiny_frames_into_parent_self():
+    stacks = [("a;big", 100_000), ("a;tiny", 5)]
+    tree = build_tree(stacks)
+    assert 5 < 100_005 * MIN_FRACTION
+    names = [tree["names"][i] for i in tree["n"]]
+    assert names == ["all", "a", "big"]
+    assert tree["s"][1] == 5 and tree["w"][0] == 100_005
+
+
+def test_exports_hold_every_sample(report_run):
+    out = report_run / "report"
+    total = sum(r["samples"] for r in read_table(report_run, "aggregated", "cpu_folded").to_pylist())
+    lines = (out / "cpu_folded.txt").read_text().splitlines()
+    assert sum(int(line.rsplit(" ", 1)[1]) for line in lines) == total
+    sp = json.loads((out / "cpu.speedscope.json").read_text())
+    prof = sp["profiles"][0]
+    assert prof["type"] == "sampled" and sum(prof["weights"]) == total == prof["endValue"]
+    frames = sp["shared"]["frames"]
+    first = lines[0].rsplit(" ", 1)[0].split(";")
+    assert [frames[i]["name"] for i in prof["samples"][0]] == first
+    for table in ("cpu_by_function", "cpu_by_process", "commit_by_stack", "process_tree"):
+        with open(out / f"{table}.csv", newline="") as f:
+            assert sum(1 for _ in csv.DictReader(f)) == read_table(report_run, "aggregated", table).num_rows
+    data = flame_data(out / "flamegraph_cpu.html")
+    assert data["w"][0] == total and sum(data["s"]) == total
+
+
+def test_flamegraph_renders_in_chromium(report_run, tmp_path):
+    page = report_run / "report" / "flamegraph_cpu.html"
+    data = flame_data(page)
+    dom = dump_dom(page.as_uri(), tmp_path / "chrome")
+    svg = re.search(r'<svg id="flame"[^>]*>', dom).group(0)
+    drawn = int(re.search(r'data-drawn="(\d+)"', svg).group(1))
+    drawing = dom[dom.index('<svg id="flame"'):dom.index("</svg>")]
+    assert drawn == drawing.count('<g class="frame"') and drawn > 100
+    assert "rustc.exe core (" in dom and "Idle (" in dom
+
+
+def test_flamegraph_zoom_and_search_from_the_url(report_run, tmp_path):
+    page = report_run / "report" / "flamegraph_cpu.html"
+    data = flame_data(page)
+    names = [data["names"][i] for i in data["n"]]
+    target = names.index("rustc.exe core")
+    dom = dump_dom(f"{page.as_uri()}#zoom={target}", tmp_path / "chrome-zoom")
+    svg = re.search(r'<svg id="flame"[^>]*>', dom).group(0)
+    assert f'data-zoom="{target}"' in svg
+    width = re.search(r'width="(\d+)"', svg).group(1)
+    node = re.search(rf'<g class="frame" data-i="{target}">.*?<rect x="([\d.]+)" y="\d+" width="([\d.]+)"', dom)
+    assert float(node.group(1)) == 0 and abs(float(node.group(2)) - int(width)) <= 1
+    assert "Idle (" not in dom  # outside the zoomed frame
+
+    # search: the share of the total under frames matching /hashbrown/, outermost match once
+    want, end = 0, -1
+    for i, name in enumerate(names):
+        if data["x"][i] < end or i == 0:
+            continue
+        if "hashbrown" in name:
+            want += data["w"][i]
+            end = data["x"][i] + data["w"][i]
+    assert want > 0
+    dom = dump_dom(f"{page.as_uri()}#search=hashbrown", tmp_path / "chrome-search")
+    matched = re.search(r'data-matched="([\d.]+)"', dom).group(1)
+    assert matched == f"{100 * want / data['w'][0]:.2f}"
+    assert "rgb(190,80,230)" in dom
+
+
+def test_index_has_the_etl_sections(report_run):
+    index = (report_run / "report" / "index.html").read_text()
+    for section in ("cpu", "memory", "processes"):
+        assert f'<section id="{section}"' in index
+    tree = read_table(report_run, "aggregated", "process_tree").to_pylist()
+    assert index.count('<g class="proc"') == sum(1 for r in tree if r["first_seen_ns"] is not None)
+    assert 'src="flamegraph_cpu.html"' in index
+    assert (report_run / "report" / "flamegraph_commit.html").exists()
