@@ -30,46 +30,19 @@ SHORT_BUFFER = 1         # the words array is shorter than n records
 DANGLING_KIND = 2        # a concrete event_kind id points past the end of the string data
 DANGLING_ID = 3          # the same for event_id (virtual ids resolve through the index)
 BAD_INTERVAL = 4         # interval whose start lies after its end
+TOO_MANY_THREADS = 5     # more distinct thread ids than the thread table holds
 STATUS_TEXT = {
     SHORT_BUFFER: "event stream shorter than its record count",
     DANGLING_KIND: "event_kind string id points past the end of the string data",
     DANGLING_ID: "event_id string id points past the end of the string data",
     BAD_INTERVAL: "interval event with start > end",
+    TOO_MANY_THREADS: "more than 32768 distinct thread ids",
 }
 
 UNKNOWN_ADDR = -1        # virtual id without index entry, or INVALID_STRING_ID: "<unknown>"
-_EMPTY = -(1 << 62)      # free slot in the open-addressing tables
+_EMPTY = -(1 << 62)      # free slot in the thread-id table
 _MULT = -7046029254386353131  # 0x9E3779B97F4A7C15 as int64 (Fibonacci hashing)
-
-
-@njit(cache=True, nogil=True)
-def _find(keys, key):
-    mask = keys.shape[0] - 1
-    i = ((key * _MULT) >> 20) & mask
-    while True:
-        k = keys[i]
-        if k == key or k == _EMPTY:
-            return i
-        i = (i + 1) & mask
-
-
-@njit(cache=True, nogil=True)
-def _grow(keys, vals):
-    nk = np.full(keys.shape[0] * 2, _EMPTY, np.int64)
-    nv = np.zeros(keys.shape[0] * 2, np.int32)
-    for j in range(keys.shape[0]):
-        if keys[j] != _EMPTY:
-            s = _find(nk, keys[j])
-            nk[s] = keys[j]
-            nv[s] = vals[j]
-    return nk, nv
-
-
-@njit(cache=True, nogil=True)
-def _grow_list(arr):
-    out = np.empty(arr.shape[0] * 2, arr.dtype)
-    out[: arr.shape[0]] = arr
-    return out
+_THREAD_SLOTS = 1 << 16       # thread-id table: at most half of it used (32768 threads per file)
 
 
 @njit(cache=True, nogil=True)
@@ -91,21 +64,25 @@ def decode_events(words, first_word, n, rec_words, id_words, virt_addr, string_d
     ``(status, bad_event, addrs, n_addrs, n_threads)``: ``addrs[:n_addrs]`` are the distinct
     string-data addresses, ``kind_code``/``id_code`` index into them; ``thread_slot`` numbers the
     distinct thread ids densely from 0.
+
+    Interning is a dense array over the string data (``code_of_addr[addr + 1]``, slot 0 for
+    UNKNOWN_ADDR), so the loop never hashes and never reallocates.
     """
-    addrs = np.empty(64, np.int64)
     n_addrs = 0
+    n_threads = 0
     if n < 0 or first_word < 0 or first_word + n * rec_words > words.shape[0]:
-        return SHORT_BUFFER, 0, addrs, n_addrs, 0
+        return SHORT_BUFFER, 0, np.empty(0, np.int64), 0, 0
     if (kind_code.shape[0] < n or id_code.shape[0] < n or thread.shape[0] < n or thread_slot.shape[0] < n
             or start.shape[0] < n or end.shape[0] < n or payload.shape[0] < n):
-        return SHORT_BUFFER, 0, addrs, n_addrs, 0
-    keys = np.full(1024, _EMPTY, np.int64)
-    vals = np.zeros(1024, np.int32)
-    tkeys = np.full(64, _EMPTY, np.int64)
-    tvals = np.zeros(64, np.int32)
-    n_threads = 0
+        return SHORT_BUFFER, 0, np.empty(0, np.int64), 0, 0
+    code_of_addr = np.full(string_data_len + 1, -1, np.int32)
+    addrs = np.empty(min(2 * n, string_data_len + 1) + 1, np.int64)
+    tkeys = np.full(_THREAD_SLOTS, _EMPTY, np.int64)
+    tvals = np.zeros(_THREAD_SLOTS, np.int32)
     last_tid = -1
     last_slot = 0
+    status = OK
+    bad = 0
     for i in range(n):
         w = first_word + i * rec_words
         if id_words == 2:
@@ -120,33 +97,38 @@ def decode_events(words, first_word, n, rec_words, id_words, virt_addr, string_d
         v1 = np.int64(words[f + 1]) | ((upper >> 16) << 32)
         v2 = np.int64(words[f + 2]) | ((upper & 0xFFFF) << 32)
 
-        # Two string addresses per record, interned into one table.
-        for which in range(2):
-            a = _id_to_addr(kind if which == 0 else sid, virt_addr)
-            if a >= string_data_len or a < UNKNOWN_ADDR:
-                return (DANGLING_KIND if which == 0 else DANGLING_ID), i, addrs, n_addrs, n_threads
-            s = _find(keys, a)
-            if keys[s] == _EMPTY:
-                if 2 * (n_addrs + 1) > keys.shape[0]:
-                    keys, vals = _grow(keys, vals)
-                    s = _find(keys, a)
-                if n_addrs == addrs.shape[0]:
-                    addrs = _grow_list(addrs)
-                keys[s] = a
-                vals[s] = n_addrs
-                addrs[n_addrs] = a
-                n_addrs += 1
-            if which == 0:
-                kind_code[i] = vals[s]
-            else:
-                id_code[i] = vals[s]
+        a = _id_to_addr(kind, virt_addr)
+        if a >= string_data_len or a < UNKNOWN_ADDR:
+            status, bad = DANGLING_KIND, i
+            break
+        c = code_of_addr[a + 1]
+        if c < 0:
+            c = n_addrs
+            code_of_addr[a + 1] = c
+            addrs[n_addrs] = a
+            n_addrs += 1
+        kind_code[i] = c
+        a = _id_to_addr(sid, virt_addr)
+        if a >= string_data_len or a < UNKNOWN_ADDR:
+            status, bad = DANGLING_ID, i
+            break
+        c = code_of_addr[a + 1]
+        if c < 0:
+            c = n_addrs
+            code_of_addr[a + 1] = c
+            addrs[n_addrs] = a
+            n_addrs += 1
+        id_code[i] = c
 
         if tid != last_tid:
-            s = _find(tkeys, tid)
+            mask = _THREAD_SLOTS - 1
+            s = ((tid * _MULT) >> 20) & mask
+            while tkeys[s] != tid and tkeys[s] != _EMPTY:
+                s = (s + 1) & mask
             if tkeys[s] == _EMPTY:
-                if 2 * (n_threads + 1) > tkeys.shape[0]:
-                    tkeys, tvals = _grow(tkeys, tvals)
-                    s = _find(tkeys, tid)
+                if 2 * (n_threads + 1) > _THREAD_SLOTS:
+                    status, bad = TOO_MANY_THREADS, i
+                    break
                 tkeys[s] = tid
                 tvals[s] = n_threads
                 n_threads += 1
@@ -161,11 +143,12 @@ def decode_events(words, first_word, n, rec_words, id_words, virt_addr, string_d
             payload[i] = INSTANT
         elif v2 == INTEGER_MARKER:
             payload[i] = INTEGER
+        elif v1 > v2:
+            status, bad = BAD_INTERVAL, i
+            break
         else:
-            if v1 > v2:
-                return BAD_INTERVAL, i, addrs, n_addrs, n_threads
             payload[i] = INTERVAL
-    return OK, 0, addrs, n_addrs, n_threads
+    return status, bad, addrs, n_addrs, n_threads
 
 
 @njit(cache=True, nogil=True)
