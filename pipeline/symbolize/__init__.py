@@ -304,7 +304,10 @@ def run(run_dir: Path, config, pool, inputs: list[Path] | None = None) -> dict[s
             "lookups": round(t_lookup - t_symbols, 3),
         }
     for img in stats["images_without_symbols"]:
-        log.warning("no symbols for %s (%s): %s", img["module"], img["debug_id"], img["reason"])
+        log.info("no symbols for %s (%s): %s", img["module"], img["debug_id"], img["reason"])
+    if stats["images_without_symbols"]:
+        log.warning("%d images without symbols (reasons in %s/%s/_manifest.json, images_without_symbols)",
+                    len(stats["images_without_symbols"]), run_dir, STAGE)
     return {
         "frames": stats["frames"],
         "rows": frames_table.num_rows,
