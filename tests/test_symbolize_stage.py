@@ -238,3 +238,30 @@ def test_image_index_prefers_the_latest_load_when_an_unload_was_never_recorded()
                              np.array([50, 150, 150, 150, 150]))
     assert rows.tolist() == [0, 1, 0, 2, -1]   # a.exe, b.exe, only a.exe covers +0x9000, kernel, no images
     assert count.tolist() == [2, 2, 1, 1, 0]
+
+
+def test_image_kernel_in_plain_python_matches_the_jit():
+    """The numba kernel run as plain Python (as NUMBA_DISABLE_JIT=1 would) gives the same answers."""
+    from pipeline.symbolize import images as im
+
+    rng = np.random.default_rng(7)
+    n_img = 40
+    pid = rng.integers(0, 4, n_img)
+    base = (rng.integers(1, 64, n_img) * 0x10000).astype(np.uint64)
+    index = im.ImageIndex(pid, base, rng.integers(0x1000, 0x40000, n_img).astype(np.uint64),
+                          rng.integers(0, 1000, n_img), rng.integers(1000, 3000, n_img))
+    q_pid = rng.integers(0, 5, 2000)
+    q_addr = rng.integers(0, 70 * 0x10000, 2000).astype(np.uint64)
+    q_t = rng.integers(0, 4000, 2000)
+    groups = index.group_of(q_pid)
+    args = (groups, q_addr, q_t.astype(np.int64), index.group_start, index.group_stop, index.group_max_size,
+            index.base, index.end, index.load, index.unload, index.kernel_group)
+    jit_hit, jit_count = im._find_kernel(*args)
+    saved = im._search_group
+    im._search_group = saved.py_func  # the Python body calls the module-level name
+    try:
+        py_hit, py_count = im._find_kernel.py_func(*args)
+    finally:
+        im._search_group = saved
+    assert np.array_equal(jit_hit, py_hit) and np.array_equal(jit_count, py_count)
+    assert (jit_hit >= 0).sum() > 100 and (jit_hit < 0).sum() > 100
