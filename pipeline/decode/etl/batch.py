@@ -41,12 +41,13 @@ class Batch:
         self.n = len(cols["ts"])
         self.bufs = bufs                    # BUFFER_DESC rows of this partition (+ stream_rank)
         self.consts = consts
-        self.cpu = bufs["cpu"][cols["rbuf"]].astype(np.uint16) if self.n else np.zeros(0, np.uint16)
+        rbuf = cols["rbuf"]
+        self.cpu = np.ascontiguousarray(bufs["cpu"])[rbuf]
         # Stable position inside the CPU stream: buffer rank in its CPU's sequence order, record index.
-        first = np.searchsorted(cols["rbuf"], np.arange(len(bufs)))
-        rec_in_buf = np.arange(self.n, dtype=np.int64) - first[cols["rbuf"]] if self.n else np.zeros(0, np.int64)
-        self.stream_pos = (bufs["stream_rank"][cols["rbuf"]].astype(np.int64) << 24) | rec_in_buf
-        self.buffer_index = bufs["index"][cols["rbuf"]] if self.n else np.zeros(0, np.int32)
+        first = np.searchsorted(rbuf, np.arange(len(bufs)))
+        rec_in_buf = np.arange(self.n, dtype=np.int64) - first[rbuf]
+        self.stream_pos = (np.ascontiguousarray(bufs["stream_rank"])[rbuf] << 24) | rec_in_buf
+        self.buffer_index = np.ascontiguousarray(bufs["index"])[rbuf]
         self.consumed = np.zeros(self.n, bool)
         self.out: dict[str, list[pa.Table]] = {}
         self.errors: list[dict[str, Any]] = []
@@ -59,10 +60,9 @@ class Batch:
     # --- readers ----------------------------------------------------------------------------------
     def gather(self, pos: np.ndarray, nbytes: int) -> np.ndarray:
         """Little-endian unsigned ints of ``nbytes`` at blob positions ``pos`` (caller checked bounds)."""
-        if len(pos) == 0:
-            return np.zeros(0, f"<u{nbytes}")
-        idx = pos.astype(np.int64)[:, None] + np.arange(nbytes)
-        return np.ascontiguousarray(self.blob[idx]).view(f"<u{nbytes}").ravel()
+        out = np.empty(len(pos), np.uint64)
+        K.read_uints(self.blob, np.asarray(pos, np.int64), nbytes, out)
+        return out.astype(f"<u{nbytes}")
 
     def field(self, idx, off32: int, nptr: int, nbytes: int) -> np.ndarray:
         """A fixed-size field at payload offset off32 + (P-4)*nptr of records ``idx``."""

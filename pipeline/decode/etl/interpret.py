@@ -134,8 +134,7 @@ def dbg_id(b: Batch, idx: np.ndarray) -> None:
         return
     D = L.DBG_ID
     g = b.c["pay_off"][idx] + b.offset_of(idx, *D["guid"])
-    raw = b.blob[g.astype(np.int64)[:, None] + np.arange(16)]
-    guids = [_guid_text(bytes(r)) for r in raw]
+    guids = guid_texts(b.blob[g.astype(np.int64)[:, None] + np.arange(16)])
     names, _ = b.strings(idx, b.offset_of(idx, *D["pdb_name"]), wide=False)
     b.emit("_image_id_dbg", {
         **b.common(idx), "base": b.pointer(idx, *D["base"]), "pid": _u32(b, idx, D["pid"]),
@@ -144,10 +143,15 @@ def dbg_id(b: Batch, idx: np.ndarray) -> None:
     }, idx)
 
 
-def _guid_text(raw: bytes) -> str:
-    import uuid
+#: Byte order of a GUID's text form from its Windows memory layout (Data1..3 little-endian).
+_GUID_TEXT_ORDER = np.array([3, 2, 1, 0, 5, 4, 7, 6, 8, 9, 10, 11, 12, 13, 14, 15])
 
-    return str(uuid.UUID(bytes_le=raw))
+
+def guid_texts(raw: np.ndarray) -> list[str]:
+    """Canonical lowercase text of (n, 16) GUIDs in memory order, without a Python object per byte."""
+    h = np.ascontiguousarray(raw[:, _GUID_TEXT_ORDER]).tobytes().hex()
+    return [f"{h[i:i + 8]}-{h[i + 8:i + 12]}-{h[i + 12:i + 16]}-{h[i + 16:i + 20]}-{h[i + 20:i + 32]}"
+            for i in range(0, len(h), 32)]
 
 
 # --- PerfInfo SampledProfile (§3.4) ----------------------------------------------------------------

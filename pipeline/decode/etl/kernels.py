@@ -376,3 +376,55 @@ def cstring_lengths(blob, start, limit, wide, out):
             while q < e and blob[q] != 0:
                 q += 1
         out[i] = q - p
+
+
+@nb.njit(**JIT)
+def dedupe_pairs(a, b, table_bits):
+    """Unique (a[i], b[i]) pairs in order of first appearance, by open addressing.
+
+    Returns (first index of each unique pair, inverse code of each element, number of uniques); the
+    number is -1 when more than half of the 2**table_bits slots would fill (caller then sorts instead).
+    Meant for the few distinct event kinds / provider GUIDs among millions of records.
+    """
+    size = 1 << table_bits
+    mask = np.uint64(size - 1)
+    slots = np.full(size, -1, np.int64)
+    first = np.empty(size // 2, np.int64)
+    inverse = np.empty(a.shape[0], np.int32)
+    n = 0
+    for i in range(a.shape[0]):
+        h = (a[i] * np.uint64(0x9E3779B97F4A7C15)) ^ (b[i] * np.uint64(0xC2B2AE3D27D4EB4F))
+        h ^= h >> np.uint64(29)
+        s = h & mask
+        while True:
+            j = slots[s]
+            if j < 0:
+                if n >= size // 2:
+                    return first[:0], inverse, -1
+                slots[s] = n
+                first[n] = i
+                inverse[i] = n
+                n += 1
+                break
+            f = first[j]
+            if a[f] == a[i] and b[f] == b[i]:
+                inverse[i] = j
+                break
+            s = (s + np.uint64(1)) & mask
+    return first[:n], inverse, n
+
+
+@nb.njit(**JIT)
+def read_uints(blob, pos, nbytes, out):
+    """out[i] = little-endian unsigned integer of ``nbytes`` (1, 2, 4, 8) at blob[pos[i]]; 0 if it would
+    not fit inside ``blob`` (callers bound reads by payload length; this keeps the kernel safe anyway)."""
+    n = blob.shape[0]
+    for i in range(pos.shape[0]):
+        p = pos[i]
+        if p < 0 or p + nbytes > n:
+            out[i] = 0
+            continue
+        v = np.uint64(0)
+        for k in range(nbytes):
+            v |= np.uint64(blob[p + k]) << np.uint64(8 * k)
+        out[i] = v

@@ -48,17 +48,22 @@ def decode_partition(task: dict[str, Any]) -> dict[str, Any]:
                                    f"{int(data_len[i])} bytes of event data is not plausible; buffer skipped"))
         data_len[i] = 0
     data_len[src_end > len(raw)] = 0
-    starts = np.zeros(len(bufs), np.int64)
-    starts[1:] = np.cumsum(data_len)[:-1]
-    blob = np.empty(int(data_len.sum()), np.uint8)
     comp = bufs["compressed"] & (data_len > 0)
-    for i in np.flatnonzero(~comp & (data_len > 0)):
-        blob[starts[i]:starts[i] + data_len[i]] = raw[src_start[i]:src_start[i] + data_len[i]]
+    if comp.any():
+        # Inflated event data of every buffer side by side in one array (uncompressed ones copied).
+        starts = np.zeros(len(bufs), np.int64)
+        starts[1:] = np.cumsum(data_len)[:-1]
+        blob = np.empty(int(data_len.sum()), np.uint8)
+        for i in np.flatnonzero(~comp & (data_len > 0)):
+            blob[starts[i]:starts[i] + data_len[i]] = raw[src_start[i]:src_start[i] + data_len[i]]
+    else:
+        # Nothing to inflate: records are walked where they were read.
+        starts, blob = src_start, raw
     status = np.zeros(len(bufs), np.int32)
     produced = np.zeros(len(bufs), np.int64)
-    if comp.any():
+    if blob is not raw:
         K.decompress_buffers(raw, np.where(comp, src_start, -1), src_end, blob, starts, data_len, status, produced)
-    del raw
+    raw = None
     for i in np.flatnonzero(status != 0):
         errors.append(record_error(path, bufs[i], int(produced[i]), "decompress",
                                    f"{K.STATUS_TEXT[int(status[i])]} after {int(produced[i])} of "
@@ -77,23 +82,20 @@ def decode_partition(task: dict[str, Any]) -> dict[str, Any]:
     b.errors = errors
     providers, code = provider_codes(b)
 
-    # 3. Interpretation: group records by (provider, opcode, version) and run the dispatch table.
-    counts = event_counts(b, code, providers)
-    key = (code.astype(np.int64) << 24) | (b.c["opcode"].astype(np.int64) << 16) | b.c["version"].astype(np.int64)
+    # 3. Interpretation: one sort of the event-kind key gives the event counts and the dispatch groups.
+    kinds, inverse, counts = event_kinds(b, code)
     kernel_like = np.isin(b.c["htype"], list(KERNEL_OR_CLASSIC))
-    if b.n:
-        order = np.argsort(key, kind="stable")
-        uniq, first = np.unique(key[order], return_index=True)
-        bounds = list(first) + [len(order)]
-        for j, k in enumerate(uniq.tolist()):
-            prov = providers[k >> 24]
-            fn = lookup(prov, (k >> 16) & 0xFF, k & 0xFFFF)
-            if fn is None:
-                continue
-            idx = np.sort(order[bounds[j]:bounds[j + 1]])
-            idx = idx[kernel_like[idx]]
-            if len(idx):
-                fn(b, idx)
+    by_extractor: dict = {}
+    for j, k in enumerate(kinds.tolist()):
+        fn = lookup(providers[k >> 48], (k >> 40) & 0xFF, (k >> 8) & 0xFFFF)
+        if fn is not None and (k & 0xFF) in KERNEL_OR_CLASSIC:
+            by_extractor.setdefault(fn, []).append(j)
+    for fn, js in by_extractor.items():
+        idx = np.flatnonzero(np.isin(inverse, js) & kernel_like)
+        if len(idx):
+            fn(b, idx)
+    event_count_rows = [(providers[k >> 48], (k >> 40) & 0xFF, (k >> 24) & 0xFFFF, (k >> 8) & 0xFFFF, k & 0xFF, n)
+                        for k, n in zip(kinds.tolist(), counts.tolist())]
 
     rest = np.flatnonzero(~b.consumed)
     if len(rest):
@@ -113,11 +115,14 @@ def decode_partition(task: dict[str, Any]) -> dict[str, Any]:
         directory = root / f"{table}.parquet"
         directory.mkdir(parents=True, exist_ok=True)
         target = directory / f"part-{part:05d}-{uuid.uuid4().hex[:6]}.parquet"
-        pq.write_table(pa.concat_tables(pieces, promote_options="permissive"), target, compression="zstd")
+        data = pa.concat_tables(pieces, promote_options="permissive")
+        # Dictionary pages only for text columns: numeric columns compress better and faster without.
+        text = [f.name for f in data.schema if pa.types.is_string(f.type) or pa.types.is_dictionary(f.type)]
+        pq.write_table(data, target, compression="zstd", use_dictionary=text)
         written[table] = str(target)
     return {
         "part": part, "tables": written, "records": int(b.n), "bytes": int(hi - lo),
-        "event_counts": counts, "errors": b.errors,
+        "event_counts": event_count_rows, "errors": b.errors,
         "buffers_skipped": int(skipped.sum() + (rstatus != 0).sum() + bad.sum()),
     }
 
@@ -125,35 +130,46 @@ def decode_partition(task: dict[str, Any]) -> dict[str, Any]:
 def provider_codes(b: Batch) -> tuple[list[str], np.ndarray]:
     """Provider GUID text of each record as (list of GUIDs, int32 code per record).
 
-    Kernel group records use their group's classic GUID (HookId 0x030A is the Image Load event);
-    FULL/INSTANCE/EVENT_HEADER records carry their GUID; MESSAGE records may carry one.
+    Kernel group records use their group's classic GUID (HookId 0x030A is the Image Load event) and get
+    the group number as code; FULL/INSTANCE/EVENT_HEADER records (and MESSAGE records with a GUID) carry
+    their GUID and get codes from 256 on. A GUID may appear under both kinds of code; consumers key on text.
     """
     import uuid as _uuid
 
     c = b.c
-    group = (c["hook"] >> 8).astype(np.int64)
-    group[c["hook"] == L.IMAGE_LOAD_HOOK] = 0x14
-    system = np.isin(c["htype"], list(L.SYSTEM_KINDS))
-    guid16 = np.zeros((b.n, 16), np.uint8)
-    guid16[system] = _GROUP_GUIDS[group[system]]
+    code = (c["hook"] >> 8).astype(np.int32)
+    code[(c["hook"] == L.IMAGE_LOAD_HOOK) & np.isin(c["htype"], list(L.SYSTEM_KINDS))] = 0x14
+    providers = [str(_uuid.UUID(bytes_le=bytes(g))) for g in _GROUP_GUIDS]
     has = c["guid_off"] >= 0
+    code[~has & ~np.isin(c["htype"], list(L.SYSTEM_KINDS))] = 256  # MESSAGE records without a GUID
+    providers.append(L.NULL_GUID)
     if has.any():
-        guid16[has] = b.blob[c["guid_off"][has][:, None] + np.arange(16)]
-    uniq, inv = np.unique(np.ascontiguousarray(guid16).view("V16").ravel(), return_inverse=True)
-    providers = [str(_uuid.UUID(bytes_le=bytes(u))) for u in uniq]
-    return providers, inv.astype(np.int32).ravel()
+        off = c["guid_off"][has]
+        halves = b.gather(off, 8), b.gather(off + 8, 8)
+        first, inv = unique_pairs(*halves)
+        code[has] = 257 + inv
+        providers.extend(str(_uuid.UUID(bytes_le=bytes(b.blob[o:o + 16]))) for o in off[first].tolist())
+    return providers, code
 
 
-def event_counts(b: Batch, code: np.ndarray, providers: list[str]) -> list[tuple]:
-    """[(provider_guid, opcode, event_id, version, header_type, count)] of this partition."""
-    if b.n == 0:
-        return []
+def event_kinds(b: Batch, code: np.ndarray):
+    """Unique event kinds (provider code << 48 | opcode << 40 | event_id << 24 | version << 8 | header
+    type) of the partition's records, the kind of each record, and the count of each kind."""
     c = b.c
     key = ((code.astype(np.uint64) << np.uint64(48)) | (c["opcode"].astype(np.uint64) << np.uint64(40))
            | (c["event_id"].astype(np.uint64) << np.uint64(24)) | (c["version"].astype(np.uint64) << np.uint64(8))
            | c["htype"].astype(np.uint64))
-    uniq, n = np.unique(key, return_counts=True)
-    out = []
-    for k, cnt in zip(uniq.tolist(), n.tolist()):
-        out.append((providers[k >> 48], (k >> 40) & 0xFF, (k >> 24) & 0xFFFF, (k >> 8) & 0xFFFF, k & 0xFF, cnt))
-    return out
+    first, inverse = unique_pairs(key, np.zeros_like(key))
+    return key[first], inverse, np.bincount(inverse, minlength=len(first))
+
+
+def unique_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first index of each distinct (a, b) pair, pair code per element); hashing, sorting as fallback."""
+    if len(a) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int32)
+    first, inverse, n = K.dedupe_pairs(a.astype(np.uint64), b.astype(np.uint64), 16)
+    if n >= 0:
+        return first, inverse
+    pairs = np.stack([a.astype(np.uint64), b.astype(np.uint64)], axis=1)
+    _, first, inverse = np.unique(pairs, axis=0, return_index=True, return_inverse=True)
+    return first, inverse.ravel().astype(np.int32)
