@@ -49,8 +49,16 @@ def test_join_by_pid_command_line_and_time(tmp_path, dask_pool):
         {"pid": 100, "parent_pid": 4, "image_name": "cargo.exe", "command_line": "cargo build", "start_ns": 0,
          "end_ns": None},
     ]
+    # Every column the ETL decoder writes (pipeline/decode/etl/joins.py), so other aggregate sections run too.
+    for key, p in enumerate(processes):
+        p.update(session=1, exit_status=None, unique_process_key=0xFFFF0000 + key, flags=0,
+                 start_timestamp=p["start_ns"], end_timestamp=p["end_ns"],
+                 first_seen_ns=p["start_ns"], last_seen_ns=p["end_ns"] or p["start_ns"])
     schema = pa.schema([("pid", pa.uint32()), ("parent_pid", pa.uint32()), ("image_name", pa.string()),
-                        ("command_line", pa.string()), ("start_ns", pa.int64()), ("end_ns", pa.int64())])
+                        ("command_line", pa.string()), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
+                        ("session", pa.uint32()), ("exit_status", pa.int32()), ("unique_process_key", pa.uint64()),
+                        ("flags", pa.uint32()), ("start_timestamp", pa.int64()), ("end_timestamp", pa.int64()),
+                        ("first_seen_ns", pa.int64()), ("last_seen_ns", pa.int64())])
     pq.write_table(pa.Table.from_pylist(processes, schema=schema), run / "decoded" / "processes.parquet")
     start_filetime = trace_start_unix_ns // 100 + FILETIME_UNIX_EPOCH
     pq.write_table(pa.table({"start_filetime": pa.array([start_filetime], pa.int64())}),
