@@ -21,11 +21,12 @@ from pipeline.decode.etl.buffers import walk
 
 
 def plan_partitions(bufs: np.ndarray, partition_bytes: int) -> list[np.ndarray]:
-    """Split buffers (file order) into runs of about ``partition_bytes`` on-disk bytes each."""
+    """Split buffers (file order) into runs of about ``partition_bytes`` each, counting a buffer's
+    inflated size when it is compressed (that is what a worker holds in memory)."""
     parts = []
     start = 0
     acc = 0
-    for i, size in enumerate(bufs["buffer_size"].tolist()):
+    for i, size in enumerate(np.maximum(bufs["buffer_size"], bufs["data_len"]).tolist()):
         acc += size
         if acc >= partition_bytes:
             parts.append(bufs[start:i + 1])
