@@ -171,3 +171,24 @@ def test_resolve_task_caches_by_debug_id_and_reports_missing(tmp_path):
     assert missing["status"] == "missing" and missing["reason"].startswith("GUID mismatch")
     nothing = resolve_debug_id(dict(other, pdb_name="absent.pdb"), entries, str(tmp_path / "cache"), 5.0)
     assert nothing["status"] == "missing" and nothing["reason"].startswith("not found")
+
+
+def test_batched_strings_equal_one_by_one_including_long_and_unicode_names(tmp_path):
+    import io
+
+    from symbolic import Archive
+
+    long_name = "_ZN" + "".join(f"{len(p)}{p}" for p in ["segment_number_%03d" % i for i in range(12)]) + "E"
+    names = ["short", long_name, "ünïcödé::名前", "x" * 127, "y" * 128]
+    lines = ["MODULE windows x86_64 0000000100004000800000000000000A1 x.pdb", "FILE 0 C:\\src\\lib.rs"]
+    for k, name in enumerate(names):
+        lines.append(f"FUNC {0x1000 + 0x100 * k:x} 80 0 {name}")
+    sym = tmp_path / "x.sym"
+    sym.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    buf = io.BytesIO()
+    list(Archive.open(str(sym)).iter_objects())[0].make_symcache().dump_into(buf)
+    parsed = symc.SymcFile(buf.getvalue())
+    one_by_one = [parsed.string(int(o)) for o in parsed.functions["name"]]
+    assert parsed.function_names() == one_by_one
+    assert sorted(one_by_one) == sorted(names)
+    assert parsed.strings_at(np.array([symc.NONE])) == [None]

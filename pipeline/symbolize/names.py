@@ -32,6 +32,8 @@ def strip_arguments(name: str) -> str:
     ``a::b<u32>(unsigned int, char*) const`` -> ``a::b<u32>``; ``operator()(int)`` -> ``operator()``;
     a name without a trailing argument list is returned unchanged.
     """
+    if ")" not in name:
+        return name
     text = _TRAILING_QUALIFIERS.sub("", name)
     if not text.endswith(")"):
         return name
@@ -61,13 +63,10 @@ def clean_name(raw: str) -> str:
 
 
 def clean_names(raws: list[str]) -> list[str]:
-    """Display names: argument lists stripped, then mangled names demangled in one batch call."""
-    out = [strip_arguments(r) if r else r for r in raws]
-    idx = [i for i, name in enumerate(out) if is_mangled(name)]
-    if idx:
-        for i, name in zip(idx, multi_demangle.demangle_symbols([out[i] for i in idx], _OPTIONS)):
-            out[i] = name
-    return out
+    """Display names: argument lists stripped, then demangled in one batch call (multi-demangle
+    returns a name it does not recognize completely unchanged, so C names pass through)."""
+    stripped = [strip_arguments(r) if r else (r or "") for r in raws]
+    return multi_demangle.demangle_symbols(stripped, _OPTIONS)
 
 
 def rust_hash(raw: str) -> str | None:

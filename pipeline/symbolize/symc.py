@@ -124,8 +124,34 @@ class SymcFile:
             raise InputError(f"{self.where}: string offset {offset}: {length} bytes run past the string section")
         return bytes(s[pos : pos + length]).decode("utf-8", "replace")
 
+    def strings_at(self, offsets: np.ndarray) -> list[str | None]:
+        """:meth:`string` for many offsets. Strings with a one-byte length (< 128 bytes: nearly all
+        names) are gathered with numpy into one Arrow array; the rest are read one by one."""
+        import pyarrow as pa
+
+        offsets = np.asarray(offsets, dtype=np.int64)
+        raw = np.frombuffer(self.strings, np.uint8)
+        valid = (offsets != NONE) & (offsets >= 0) & (offsets < len(raw))
+        length = np.zeros(len(offsets), dtype=np.int64)
+        length[valid] = raw[offsets[valid]]
+        short = valid & (length < 0x80) & (offsets + 1 + length <= len(raw))
+        length[~short] = 0
+        ends = np.cumsum(length)
+        gather = np.repeat(offsets + 1 - (ends - length), length) + np.arange(int(ends[-1]) if len(ends) else 0)
+        data = raw[gather] if len(gather) else np.zeros(0, np.uint8)
+        arrow_offsets = np.concatenate([[0], ends]).astype(np.int32)
+        binary = pa.BinaryArray.from_buffers(pa.binary(), len(offsets), [None, pa.py_buffer(arrow_offsets),
+                                                                          pa.py_buffer(data.tobytes())])
+        try:
+            out = binary.cast(pa.string()).to_pylist()
+        except pa.ArrowInvalid:  # invalid UTF-8 somewhere: decode with replacement characters
+            out = [b.decode("utf-8", "replace") for b in binary.to_pylist()]
+        for i in np.flatnonzero(~short).tolist():
+            out[i] = self.string(int(offsets[i])) if valid[i] else None
+        return out
+
     def function_names(self) -> list[str]:
-        return [self.string(int(o)) or "?" for o in self.functions["name"]]
+        return [name or "?" for name in self.strings_at(self.functions["name"])]
 
     def file_paths(self) -> list[str | None]:
         """Full path of each file: comp_dir / directory / name joined like symbolic's ``full_path``."""
