@@ -8,6 +8,7 @@ carry private symbols (``/Z7``), ``stripped`` ones only publics, like Microsoft'
 
 from __future__ import annotations
 
+import atexit
 import functools
 import shutil
 import subprocess
@@ -109,6 +110,7 @@ def _build(out: Path, debug: bool) -> None:
 def built_images() -> Path:
     """Directory with ``full/`` and ``stripped/`` builds (fakerustc.exe/.pdb, rustlib.dll/.pdb)."""
     root = Path(tempfile.mkdtemp(prefix="bootprof-symimg-"))
+    atexit.register(shutil.rmtree, root, True)
     _build(root / "full", debug=True)
     _build(root / "stripped", debug=False)
     return root

@@ -265,3 +265,16 @@ def test_image_kernel_in_plain_python_matches_the_jit():
         im._search_group = saved
     assert np.array_equal(jit_hit, py_hit) and np.array_equal(jit_count, py_count)
     assert (jit_hit >= 0).sum() > 100 and (jit_hit < 0).sum() > 100
+
+
+def test_symbol_path_from_the_environment(scenario, dask_pool, monkeypatch, tmp_path):
+    cfg = scenario["cfg"].model_copy(deep=True)
+    cfg.symbolize.symbol_path = None
+    cfg.symbolize.cache_dir = tmp_path / "fresh-cache"
+    root = built_images()
+    monkeypatch.setenv("_NT_SYMBOL_PATH", f"{root / 'full'};{root / 'stripped'}")
+    run(scenario["run_dir"], cfg, dask_pool)
+    m = read_manifest(scenario["run_dir"], "symbolized")
+    assert m["symbol_path"] == f"{root / 'full'};{root / 'stripped'}"
+    assert not any(d["cached"] for d in m["debug_ids"])
+    assert read_table(scenario["run_dir"], "symbolized", "frames").to_pylist() == scenario["frames"]
