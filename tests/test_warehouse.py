@@ -1,0 +1,190 @@
+"""Warehouse: ingestion of real runs (synthesized ETL trace, rustc self-profiles), idempotence,
+baselines, significance and the CLI."""
+
+from __future__ import annotations
+
+import shutil
+
+import duckdb
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline import warehouse
+from pipeline.cli import main as cli_main
+from pipeline.config import Config
+from pipeline.runs import read_manifest, read_table
+from pipeline.warehouse.significance import (MIN_TIME_NS, SAMPLE_MIN_RELATIVE, SAMPLE_Z, significant_sql)
+from tests.conftest import fixture_path
+from tests.synth_traces import VARIANTS
+from tests.test_aggregate_etl import etl_config
+
+
+@pytest.fixture(scope="module")
+def etl_run(tmp_path_factory, dask_pool):
+    """A synthesized trace through decode, symbolize and aggregate."""
+    from pipeline import aggregate, decode, symbolize, synth
+
+    tmp = tmp_path_factory.mktemp("wh-etl")
+    trace = tmp / "input" / "trace.etl"
+    synth.run(trace, VARIANTS["plain64"])
+    run = tmp / "base"
+    config = etl_config(trace, tmp)
+    decode.run(run, config, dask_pool, inputs=[trace])
+    symbolize.run(run, config, dask_pool)
+    aggregate.run(run, config, dask_pool)
+    return run
+
+
+@pytest.fixture(scope="module")
+def profile_run(tmp_path_factory, dask_pool):
+    """The workspace-clean cargo build's self-profiles through decode and aggregate."""
+    from pipeline import aggregate, decode
+
+    run = tmp_path_factory.mktemp("wh-sp") / "selfprofile-20260301-120000"
+    decode.run(run, Config(), dask_pool, inputs=[fixture_path("selfprofile/workspace-clean")])
+    aggregate.run(run, Config(), dask_pool)
+    return run
+
+
+def copy_run(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def scale_function(run, function: str, extra: int) -> None:
+    """Add ``extra`` samples (self and inclusive) to one function of a run's cpu_by_function."""
+    path = run / "aggregated" / "cpu_by_function.parquet"
+    t = pq.read_table(path)
+    hit = pc.equal(t.column("function"), function)
+    for col in ("self_samples", "inclusive_samples"):
+        t = t.set_column(t.schema.get_field_index(col), col,
+                         pc.if_else(hit, pc.add(t.column(col), extra), t.column(col)))
+    pq.write_table(t, path)
+
+
+def q(db, sql, params=None):
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(sql, params or []).fetchall()
+    finally:
+        con.close()
+
+
+def test_significance_thresholds():
+    con = duckdb.connect()
+
+    def sig(test, v, b):
+        return con.execute(f"SELECT {significant_sql(test, str(v), str(b))}").fetchone()[0]
+
+    assert SAMPLE_Z == 3.0 and SAMPLE_MIN_RELATIVE == 0.05
+    assert not sig("count", 130, 100)          # z = 1.98
+    assert sig("count", 150, 100)              # z = 3.16, +50%
+    assert sig("count", 50, 100)               # improvements are significant too (direction says which)
+    assert not sig("count", 102_000, 100_000)  # z = 4.45 but +2%
+    assert sig("count", 9, 0) and not sig("count", 8, 0)   # a new function: sqrt(v) >= 3
+    assert sig("time", 11_500_000, 10_000_000)
+    assert not sig("time", 6_000, 3_000)       # doubled, but below MIN_TIME_NS
+    assert not sig("time", 100_000_000 + MIN_TIME_NS, 100_000_000)   # +1%
+    assert sig("bytes", 300 << 20, 200 << 20) and not sig("bytes", 200 << 10, 100 << 10)
+
+
+def test_ingest_keeps_every_table_and_manifest(etl_run, tmp_path):
+    run = copy_run(etl_run, tmp_path / "nightly-20260101-010000")
+    db = tmp_path / "wh.duckdb"
+    summary = warehouse.ingest(db, run, labels={"machine": "ci-1"})
+    assert summary["run_id"] == "nightly-20260101-010000"
+    decoded = read_manifest(run, "decoded")
+    (row,) = q(db, "SELECT job, trace_sha256, labels['machine'], cpu_samples, stages FROM runs")
+    assert row[0] == "nightly" and row[1] == decoded["inputs"][0]["sha256"] and row[2] == "ci-1"
+    assert row[3] == read_manifest(run, "aggregated")["sections"]["cpu"]["samples"]
+    assert row[4] == ["decoded", "symbolized", "aggregated"]
+    for table, n in read_manifest(run, "aggregated")["tables"].items():
+        assert q(db, f'SELECT count(*) FROM "{table}" WHERE run_id = ?', [summary["run_id"]])[0][0] == n, table
+    assert {r[0] for r in q(db, "SELECT stage FROM stage_manifests")} == {"decoded", "symbolized", "aggregated"}
+    assert q(db, "SELECT row_count FROM table_rows WHERE stage = 'decoded' AND table_name = 'samples'")[0][0] \
+        == decoded["tables"]["samples"]
+
+
+def test_reingest_replaces_the_run(etl_run, tmp_path):
+    run = copy_run(etl_run, tmp_path / "nightly-20260101-010000")
+    db = tmp_path / "wh.duckdb"
+    warehouse.ingest(db, run)
+    before = q(db, "SELECT count(*), sum(self_samples) FROM cpu_by_function")[0]
+    warehouse.ingest(db, run)
+    assert q(db, "SELECT count(*), sum(self_samples) FROM cpu_by_function")[0] == before
+    assert q(db, "SELECT count(*) FROM runs")[0][0] == 1
+    assert q(db, "SELECT count(*) FROM stage_manifests")[0][0] == 3
+    top = read_table(run, "aggregated", "cpu_by_function").to_pylist()[0]["function"]
+    scale_function(run, top, 1000)
+    warehouse.ingest(db, run)
+    assert q(db, "SELECT count(*), sum(self_samples) FROM cpu_by_function")[0] == (before[0], before[1] + 1000)
+
+
+def test_regressions_against_the_previous_run_of_the_job(etl_run, tmp_path):
+    db = tmp_path / "wh.duckdb"
+    first = copy_run(etl_run, tmp_path / "nightly-20260101-010000")
+    same = copy_run(etl_run, tmp_path / "nightly-20260102-010000")
+    slower = copy_run(etl_run, tmp_path / "nightly-20260103-010000")
+    other = copy_run(etl_run, tmp_path / "demo-20260104-010000")
+    functions = read_table(etl_run, "aggregated", "cpu_by_function").to_pylist()
+    big = functions[0]
+    small = next(f for f in functions if 50 <= f["inclusive_samples"] <= 200 and f["function"] != big["function"])
+    scale_function(slower, big["function"], big["self_samples"] // 2)   # +50%: a regression
+    scale_function(slower, small["function"], 2)                        # +2 samples: noise
+    for run in (first, same, slower, other):
+        # run_time comes from the decoded manifest; keep the copies in name order
+        warehouse.ingest(db, run)
+    baselines = dict(q(db, "SELECT run_id, baseline_run_id FROM run_baselines"))
+    assert baselines == {"nightly-20260101-010000": None, "nightly-20260102-010000": "nightly-20260101-010000",
+                         "nightly-20260103-010000": "nightly-20260102-010000", "demo-20260104-010000": None}
+    assert q(db, "SELECT count(*) FROM regressions WHERE run_id = 'nightly-20260102-010000'")[0][0] == 0
+    regs = q(db, """SELECT kind, key, baseline_value, value, z FROM regressions
+                    WHERE run_id = 'nightly-20260103-010000' ORDER BY kind""")
+    key = f"{big['module']}!{big['function']}"
+    assert {(r[0], r[1]) for r in regs} == {("cpu_function_self", key), ("cpu_function_inclusive", key)}
+    self_row = next(r for r in regs if r[0] == "cpu_function_self")
+    v, b = big["self_samples"] + big["self_samples"] // 2, big["self_samples"]
+    assert self_row[2:4] == (b, v) and self_row[4] == pytest.approx((v - b) / (v + b) ** 0.5)
+    noise = q(db, """SELECT significant FROM compare_runs('nightly-20260103-010000', 'nightly-20260102-010000')
+                     WHERE kind = 'cpu_function_inclusive' AND key = ?""", [f"{small['module']}!{small['function']}"])
+    assert noise == [(False,)]
+    # compare() with the default baseline, and against an explicit one
+    rows = warehouse.compare(db, "nightly-20260103-010000")
+    assert {r["key"] for r in rows} == {key} and all(r["direction"] == "regression" for r in rows)
+    back = warehouse.compare(db, str(first), "nightly-20260103-010000")
+    assert {r["direction"] for r in back} == {"improvement"}
+
+
+def test_self_profile_queries_are_metrics(profile_run, tmp_path):
+    db = tmp_path / "wh.duckdb"
+    warehouse.ingest(db, profile_run)
+    summary = read_table(profile_run, "aggregated", "query_summary").to_pylist()
+    build = {r["label"]: r["self_ns"] for r in summary if r["scope"] == "build"}
+    got = dict(q(db, "SELECT key, value FROM metrics WHERE kind = 'query_self_ns'"))
+    assert got == {k: float(v) for k, v in build.items()}
+    crates = {r["crate"] for r in read_table(profile_run, "aggregated", "query_totals").to_pylist() if r["scope"] == "crate"}
+    assert {r[0] for r in q(db, "SELECT key FROM metrics WHERE kind = 'query_crate_ns'")} == crates
+    assert q(db, "SELECT job, query_total_ns > 0, cpu_samples FROM runs") == [("selfprofile", True, None)]
+
+
+def test_cli_ingest_query_compare(etl_run, tmp_path, capsys):
+    db = tmp_path / "wh.duckdb"
+    a = copy_run(etl_run, tmp_path / "nightly-20260101-010000")
+    b = copy_run(etl_run, tmp_path / "nightly-20260102-010000")
+    top = read_table(etl_run, "aggregated", "cpu_by_function").to_pylist()[0]
+    scale_function(b, top["function"], top["self_samples"])
+    for run in (a, b):
+        assert cli_main(["warehouse", "--db", str(db), "ingest", "--run", str(run), "--label", "branch=master"]) == 0
+    capsys.readouterr()
+    assert cli_main(["warehouse", "--db", str(db), "query", "SELECT run_id, labels['branch'] AS branch FROM runs ORDER BY 1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["run_id", "branch"]
+    assert out[2].split() == ["nightly-20260101-010000", "master"] and len(out) == 4
+    assert cli_main(["warehouse", "--db", str(db), "compare", "--run", str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "vs baseline nightly-20260101-010000" in out and top["function"][:40] in out and "regression" in out
+    assert cli_main(["warehouse", "--db", str(db), "compare", "--run", "nightly-20260101-010000"]) == 2
+    assert "no earlier run" in capsys.readouterr().err
+    assert cli_main(["warehouse", "--db", str(db), "query", "SELECT * FROM no_such_table"]) == 2
+    assert cli_main(["warehouse", "--db", str(db), "ingest", "--run", str(a), "--label", "oops"]) == 2
