@@ -26,21 +26,26 @@ def etl_config(trace, tmp) -> Config:
     return config
 
 
-@pytest.fixture(scope="module", params=PIPELINE_VARIANTS)
-def aggregated_run(request, tmp_path_factory, dask_pool):
-    """(run dir, truth) of a synthesized trace after decode, symbolize and aggregate."""
-    from pipeline import aggregate, decode, symbolize, synth
+def synth_run(tmp, variant: str, pool, stages=("decode", "symbolize", "aggregate")):
+    """Synthesize ``variant`` under ``tmp`` and run ``stages`` on it; returns (run dir, truth)."""
+    import importlib
 
-    tmp = tmp_path_factory.mktemp(f"agg-{request.param}")
+    from pipeline import synth
+
     trace = tmp / "input" / "trace.etl"
-    synth.run(trace, VARIANTS[request.param])
+    synth.run(trace, VARIANTS[variant])
     truth = json.loads(trace.with_name("trace.truth.json").read_text())
     run = tmp / "run"
     config = etl_config(trace, tmp)
-    decode.run(run, config, dask_pool, inputs=[trace])
-    symbolize.run(run, config, dask_pool)
-    aggregate.run(run, config, dask_pool)
+    for stage in stages:
+        importlib.import_module(f"pipeline.{stage}").run(run, config, pool, inputs=[trace])
     return run, truth
+
+
+@pytest.fixture(scope="module", params=PIPELINE_VARIANTS)
+def aggregated_run(request, tmp_path_factory, dask_pool):
+    """(run dir, truth) of a synthesized trace after decode, symbolize and aggregate."""
+    return synth_run(tmp_path_factory.mktemp(f"agg-{request.param}"), request.param, dask_pool)
 
 
 def rows(run, table: str) -> list[dict]:

@@ -10,25 +10,14 @@ import pytest
 
 from pipeline.report.flame import MIN_FRACTION, build_tree
 from pipeline.runs import read_table
-from tests.synth_traces import VARIANTS
-from tests.test_aggregate_etl import etl_config
+from tests.test_aggregate_etl import synth_run
 from tests.test_report_queries import dump_dom
 
 
 @pytest.fixture(scope="module")
 def report_run(tmp_path_factory, dask_pool):
-    from pipeline import aggregate, decode, report, symbolize, synth
-
-    tmp = tmp_path_factory.mktemp("report-etl")
-    trace = tmp / "input" / "trace.etl"
-    synth.run(trace, VARIANTS["plain64"])
-    run = tmp / "run"
-    config = etl_config(trace, tmp)
-    decode.run(run, config, dask_pool, inputs=[trace])
-    symbolize.run(run, config, dask_pool)
-    aggregate.run(run, config, dask_pool)
-    report.run(run, config, dask_pool)
-    return run
+    stages = ("decode", "symbolize", "aggregate", "report")
+    return synth_run(tmp_path_factory.mktemp("report-etl"), "plain64", dask_pool, stages)[0]
 
 
 def flame_data(path) -> dict:

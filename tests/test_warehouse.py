@@ -16,24 +16,13 @@ from pipeline.config import Config
 from pipeline.runs import read_manifest, read_table
 from pipeline.warehouse.significance import (MIN_TIME_NS, SAMPLE_MIN_RELATIVE, SAMPLE_Z, significant_sql)
 from tests.conftest import fixture_path
-from tests.synth_traces import VARIANTS
-from tests.test_aggregate_etl import etl_config
+from tests.test_aggregate_etl import synth_run
 
 
 @pytest.fixture(scope="module")
 def etl_run(tmp_path_factory, dask_pool):
     """A synthesized trace through decode, symbolize and aggregate."""
-    from pipeline import aggregate, decode, symbolize, synth
-
-    tmp = tmp_path_factory.mktemp("wh-etl")
-    trace = tmp / "input" / "trace.etl"
-    synth.run(trace, VARIANTS["plain64"])
-    run = tmp / "base"
-    config = etl_config(trace, tmp)
-    decode.run(run, config, dask_pool, inputs=[trace])
-    symbolize.run(run, config, dask_pool)
-    aggregate.run(run, config, dask_pool)
-    return run
+    return synth_run(tmp_path_factory.mktemp("wh-etl"), "plain64", dask_pool)[0]
 
 
 @pytest.fixture(scope="module")
