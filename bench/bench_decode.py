@@ -61,7 +61,10 @@ def synthesize(size: str) -> Path:
     truth = trace.with_name("trace.truth.json")
     if trace.exists() and truth.exists():
         t = json.loads(truth.read_text())
-        if t.get("config") == cfg.model_dump(mode="json") and t["trace"]["bytes"] == trace.stat().st_size:
+        from pipeline.synth.truth import GENERATOR_VERSION
+
+        if (t.get("config") == cfg.model_dump(mode="json") and t.get("generator_version") == GENERATOR_VERSION
+                and t["trace"]["bytes"] == trace.stat().st_size):
             print(f"reusing {trace} ({trace.stat().st_size / 1e6:,.0f} MB)")
             return trace
     print(f"synthesizing {trace} ({size}) ...", flush=True)

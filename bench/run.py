@@ -31,7 +31,7 @@ OUT = BENCH / "out"
 
 def _fmt(v) -> str:
     if isinstance(v, float):
-        return f"{v:,.3f}" if abs(v) < 1000 else f"{v:,.0f}"
+        return f"{v:,.3f}" if abs(v) < 10 else f"{v:,.1f}" if abs(v) < 1000 else f"{v:,.0f}"
     if isinstance(v, int) and not isinstance(v, bool):
         return f"{v:,}"
     return str(v)

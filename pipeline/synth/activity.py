@@ -2,8 +2,8 @@
 heap and VirtualAlloc activity of every rustc process with its heap snapshots.
 
 Heap model: each block has 1-3 events (alloc; alloc+free; alloc+realloc[+free]) drawn from one
-pool of unique per-process event times (tick class 2 mod 4), so an event's stack is always
-identified by (timestamp, thread) and, for VirtualAlloc, by (timestamp, CPU).
+pool of event times of its process (tick class 2 mod 4, and unique across all CPUs), so an event's
+stack is identified by (timestamp, thread) and, for VirtualAlloc, by its timestamp alone.
 """
 
 from __future__ import annotations
@@ -64,11 +64,11 @@ def samples_in(w: Workload, rng, t_lo: int, t_hi: int) -> Samples:
     return Samples(*(np.concatenate([p[i] for p in parts]) for i in range(6)))
 
 
-def _unique_ticks(rng, lo: int, hi: int, n: int, cls: int) -> np.ndarray:
-    """n strictly increasing ticks = cls (mod 4) in [lo, hi)."""
-    n = max(0, min(n, (hi - lo) // 16))
-    x = np.sort(rng.integers(lo // 4, (hi - 4 * n) // 4, n)) * 4 + cls
-    return x + 4 * np.arange(n, dtype=np.int64)
+def _unique_ticks(rng, lo: int, hi: int, n: int, step: int, offset: int) -> np.ndarray:
+    """n strictly increasing ticks = offset (mod step) in [lo, hi)."""
+    n = max(0, min(n, (hi - lo) // (4 * step)))
+    x = np.sort(rng.integers(lo // step + 1, (hi - step * n) // step, n)) * step + offset
+    return x + step * np.arange(n, dtype=np.int64)
 
 
 @dataclass
@@ -137,7 +137,9 @@ def heap_and_virtual(w: Workload, seed: int):
         kinds = rng.choice(4, size=nb, p=[0.3, 0.5, 0.05, 0.15])  # alloc | alloc+free | alloc+realloc | all three
         hcounts = np.array([1, 2, 2, 3])[kinds]
         vcounts = 1 + (rng.random(nv) < 0.6)
-        pool = _unique_ticks(rng, lo, hi, int(hcounts.sum() + vcounts.sum()) + 4, 2)
+        # ticks = 2 (mod 4) and unique across CPUs: the lane is encoded in the tick, so no two heap or
+        # VirtualAlloc events anywhere share a timestamp
+        pool = _unique_ticks(rng, lo, hi, int(hcounts.sum() + vcounts.sum()) + 4, 4 * w.cpus, 2 + 4 * q.cpu)
         if len(pool) < hcounts.sum() + vcounts.sum():
             continue
         perm = rng.permutation(len(pool))

@@ -22,6 +22,8 @@ from pipeline.synth.activity import HeapBlocks, Samples, VirtualBlocks, live_blo
 from pipeline.synth.workload import Workload
 
 TRUTH_FORMAT = 1
+#: bumped whenever the same seed and config would give different bytes (benchmarks reuse traces by it)
+GENERATOR_VERSION = 2
 
 
 def ns(w: Workload, raw: int) -> int:
@@ -101,6 +103,7 @@ def build_truth(w: Workload, counter: SampleCounter, heaps: list[HeapBlocks], vi
         stacks_used |= set(h.tmpl1.tolist()) | set(h.tmpl2[h.tmpl2 >= 0].tolist())
     return {
         "format": TRUTH_FORMAT,
+        "generator_version": GENERATOR_VERSION,
         "config": config,
         "trace": {"bytes": written["bytes"], "buffers": written["buffers"],
                   "compressed_buffers": written["compressed_buffers"], "pointer_size": w.pointer_size,

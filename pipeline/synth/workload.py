@@ -96,6 +96,7 @@ KERNELBASE = ["VirtualAlloc", "VirtualFree", "CreateProcessInternalW", "WaitForS
 UCRT = ["malloc", "free", "_register_onexit_function", "strlen"]
 VCRT = ["memcpy", "memset", "memcmp", "memmove"]
 NTOSKRNL = ["KiIdleLoop", "PoIdle", "PpmIdleExecuteTransition", "HalProcessorIdle", "KiSystemServiceCopyEnd",
+            "NtAllocateVirtualMemory", "MiAllocateVirtualMemory", "MiReserveUserMemory",
             "MmAccessFault", "MiResolveDemandZeroFault", "KeZeroPages"]
 RUSTC_EXE = ["mainCRTStartup", "__scrt_common_main_seh", "main", "rustc_main::main"]
 LINK_EXE = ["wmainCRTStartup", "wmain", "LinkerMain", "IMAGE::BuildImage", "IMAGE::Pass1", "IMAGE::Pass2",
@@ -265,15 +266,28 @@ class Stacks:
     funcs: list[np.ndarray] = field(default_factory=list)
     kernel_only: list[bool] = field(default_factory=list)
 
-    def add(self, cat: Catalog, rng, root_first: list[int], *, kernel_only=False) -> int:
+    # a template whose leaf side runs in the kernel is logged as two StackWalk records (or two keys):
+    # its kernel part and its user part, with the same event timestamp (etl-format §3.6)
+    halves: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    def add(self, cat: Catalog, rng, root_first: list[int], *, kernel_only=False, kernel_frames=0) -> int:
         f = cat.funcs
         addrs = []
         for k, fid in enumerate(root_first):
             leaf = k == len(root_first) - 1
             lo = 0 if leaf else 5                     # a return address lies after the call instruction
             addrs.append(f.start[fid] + int(rng.integers(lo, f.size[fid] - 1)))
-        self.frames.append(np.array(addrs[::-1], dtype=np.uint64))
-        self.funcs.append(np.array(root_first[::-1], dtype=np.int64))
+        t = self._append(np.array(addrs[::-1], dtype=np.uint64), np.array(root_first[::-1], dtype=np.int64),
+                         kernel_only)
+        if kernel_frames:
+            k = self._append(self.frames[t][:kernel_frames], self.funcs[t][:kernel_frames], True)
+            u = self._append(self.frames[t][kernel_frames:], self.funcs[t][kernel_frames:], False)
+            self.halves[t] = (k, u)
+        return t
+
+    def _append(self, frames, funcs, kernel_only) -> int:
+        self.frames.append(frames)
+        self.funcs.append(funcs)
         self.kernel_only.append(kernel_only)
         return len(self.frames) - 1
 
@@ -335,7 +349,9 @@ def build_stacks(rng, cat: Catalog, ids: dict[str, int], scale: int) -> tuple[St
         idle.append(st.add(cat, rng, [cat.fid(kr, c) for c in chain], kernel_only=True))
     pools.add("idle", idle, rng)
     heap_tail = [cat.fid(nt, n) for n in ("RtlAllocateHeap", "RtlpAllocateHeapInternal", "RtlpLogHeapAllocateEvent")]
-    va_tail = [cat.fid(kb, "VirtualAlloc"), cat.fid(nt, "NtAllocateVirtualMemory")]
+    va_tail = [cat.fid(kb, "VirtualAlloc"), cat.fid(nt, "NtAllocateVirtualMemory")] + \
+        [cat.fid(kr, n) for n in ("KiSystemServiceCopyEnd", "NtAllocateVirtualMemory", "MiAllocateVirtualMemory",
+                                  "MiReserveUserMemory")]
     for stage in ("stage0", "stage1"):
         exe, drv, std = ids[f"rustc.exe/{stage}"], ids[f"rustc_driver/{stage}"], ids[f"std/{stage}"]
         main_root = thread_root + [cat.fid(exe, n) for n in RUSTC_EXE] + \
@@ -361,9 +377,11 @@ def build_stacks(rng, cat: Catalog, ids: dict[str, int], scale: int) -> tuple[St
         pools.add(f"rustc_heap/{stage}", heap, rng)
         # VirtualAlloc: the LLVM codegen path commits most, the arena and heap growth the rest
         va_codegen = [st.add(cat, rng, worker_root + _walk(rng, llvm[:-1], set(), 2) +
-                             [cat.fid(drv, "llvm::MallocAllocator::Allocate")] + va_tail) for _ in range(6)]
+                             [cat.fid(drv, "llvm::MallocAllocator::Allocate")] + va_tail, kernel_frames=4)
+                      for _ in range(6)]
         va_other = [st.add(cat, rng, main_root + _walk(rng, layers[:-1], rec, 3) +
-                           [cat.fid(drv, "rustc_arena::DroplessArena::grow")] + alloc + va_tail) for _ in range(10)]
+                           [cat.fid(drv, "rustc_arena::DroplessArena::grow")] + alloc + va_tail, kernel_frames=4)
+                    for _ in range(10)]
         pools.add(f"va_codegen/{stage}", va_codegen, rng)
         pools.add(f"va_other/{stage}", va_other, rng)
     ln = ids["link.exe"]
