@@ -5,6 +5,7 @@ The workspace source is copied to tmp_path so that cargo's target/ is never writ
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -16,8 +17,20 @@ from tests.conftest import ROOT, fixture_path
 from tests.test_selfprofile_reference import read_events, summarize
 
 
+def rust_path() -> str:
+    """PATH with the rustup bin directory added when cargo is not on PATH (e.g. a CI shell without
+    ~/.cargo/env); the tests fail, never skip, when no toolchain is found at all."""
+    path = os.environ.get("PATH", "")
+    if shutil.which("cargo") is None and (Path.home() / ".cargo" / "bin" / "cargo").exists():
+        path = f"{Path.home() / '.cargo' / 'bin'}{os.pathsep}{path}"
+    if shutil.which("cargo", path=path) is None or shutil.which("rustc", path=path) is None:
+        pytest.fail("no Rust toolchain (cargo, rustc) on PATH or in ~/.cargo/bin")
+    return path
+
+
 def is_nightly() -> bool:
-    out = subprocess.run(["rustc", "-vV"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(["rustc", "-vV"], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, PATH=rust_path())).stdout
     return "nightly" in out or "-dev" in out
 
 
@@ -38,6 +51,7 @@ def captured(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("capture")
     ws = workspace_copy(tmp)
     mp = pytest.MonkeyPatch()
+    mp.setenv("PATH", rust_path())
     mp.setenv("RUSTC_BOOTSTRAP", "1")
     mp.setenv("RUSTFLAGS", "-Zthreads=2")
     mp.delenv("CARGO_TARGET_DIR", raising=False)
@@ -101,9 +115,8 @@ def test_capture_decodes_one_file_per_crate(captured, dask_pool):
 
 def test_stable_rustc_without_bootstrap_is_refused_clearly(tmp_path):
     """Without RUSTC_BOOTSTRAP a stable rustc refuses -Z: one clear line, exit 2, no build run."""
-    import os
-
     env = {k: v for k, v in os.environ.items() if k not in ("RUSTC_BOOTSTRAP", "RUSTC")}
+    env["PATH"] = rust_path()
     marker = tmp_path / "build-ran"
     proc = subprocess.run([sys.executable, "-m", "pipeline", "capture", "--self-profile", "--run", str(tmp_path / "run"),
                            "--", "touch", str(marker)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import fixture_path
+from tests.test_capture_selfprofile import rust_path
 from tests.test_selfprofile_reference import read_events, summarize
 
 CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
@@ -36,7 +37,7 @@ def report_run(tmp_path_factory, dask_pool):
     tmp = tmp_path_factory.mktemp("report")
     hits = tmp / "hits"
     hello = fixture_path("selfprofile/hello-default/hello.rs")
-    env = dict(os.environ, RUSTC_BOOTSTRAP="1")
+    env = dict(os.environ, RUSTC_BOOTSTRAP="1", PATH=rust_path())
     subprocess.run(["rustc", "--crate-name", "hello", f"-Zself-profile={hits}",
                     "-Zself-profile-events=default,query-cache-hit", str(hello), "-o", str(tmp / "hello_bin")],
                    env=env, check=True, capture_output=True, timeout=300, cwd=tmp)
@@ -239,8 +240,11 @@ class CDP:
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         while loop.time() < end:
-            if await self.js(expression):
-                return
+            try:
+                if await self.js(expression):
+                    return
+            except RuntimeError:  # the page is still loading (no document.body yet)
+                pass
             await asyncio.sleep(0.05)
         raise AssertionError(f"timed out waiting for {expression}")
 

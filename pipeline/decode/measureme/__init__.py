@@ -65,7 +65,7 @@ def events_table(file_id: int, prof, crate: str):
     import numpy as np
     import pyarrow as pa
 
-    from pipeline.decode.measureme.layout import INSTANT, INTEGER, INTERVAL, PAYLOAD_NAMES
+    from pipeline.decode.measureme.layout import INTEGER, INTERVAL, PAYLOAD_NAMES
     from pipeline.decode.measureme.reader import split_event_id
 
     n = prof.n_events
@@ -80,7 +80,7 @@ def events_table(file_id: int, prof, crate: str):
     kind_codes, kind_idx = np.unique(prof.kind_code, return_inverse=True)
     kind_dict = pa.array([prof.strings[c] for c in kind_codes], pa.string())
     pay = prof.payload
-    interval, instant, integer = pay == INTERVAL, pay == INSTANT, pay == INTEGER
+    interval, integer = pay == INTERVAL, pay == INTEGER
     pay_dict = pa.array([PAYLOAD_NAMES[k] for k in sorted(PAYLOAD_NAMES)], pa.string())
     schema = events_schema()
 
@@ -104,7 +104,6 @@ def events_table(file_id: int, prof, crate: str):
         "depth": pa.array(prof.depth, pa.int32()),
         "parent": pa.array(prof.parent, pa.int64()),
     }
-    del instant
     return pa.Table.from_arrays([cols[f.name] for f in schema], schema=schema)
 
 
@@ -129,6 +128,11 @@ def decode_group(group: dict[str, Any]) -> list[dict[str, Any]]:
             prof = read_profile(path)
         except ProfileError as exc:
             row.update(status="error", error=str(exc))
+            rows.append(row)
+            continue
+        except MemoryError:
+            row.update(status="error", error=f"{path}: out of memory decoding {row['size']} bytes "
+                                             f"(raise cluster.memory_limit)")
             rows.append(row)
             continue
         meta = prof.metadata

@@ -222,6 +222,7 @@ def read_profile(path: Path) -> Profile:
     except OSError as exc:
         raise ProfileError(f"{path}: cannot read: {exc.strerror or exc}") from exc
     layout, streams = split_streams(path, raw)
+    del raw  # the streams are copies; keep one copy of a large file in memory, not two
     strings = StringTable(path, layout, streams[TAG_STRING_DATA], streams[TAG_STRING_INDEX])
     metadata = strings.metadata()
     events = streams[TAG_EVENTS]
