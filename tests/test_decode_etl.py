@@ -556,3 +556,100 @@ def test_virtual_allocs_and_heap_events_from_documented_layouts(tmp_path):
     assert [(t["pid"], t["tid"], t["start_ns"]) for t in threads] == [(100, 200, None)]
     trace = read_table(run_dir, "decoded", "trace").to_pylist()[0]
     assert trace["logger_name"] == "tiny" and trace["cpu_count"] == 2 and trace["buffers"] == 3
+
+
+# --- WPR heap snapshots (docs/heap-snapshot.md), built byte by byte ------------------------------------
+HEAP_SNAPSHOT_GUID = uuid.UUID("901d2afa-4ff6-46d7-8d0e-53645e1a47f5")
+
+
+def _event_record(event_id: int, ts: int, pid: int, tid: int, payload: bytes, guid: uuid.UUID) -> bytes:
+    """EVENT_HEADER64 record (§2.5): 0x50-byte header, no extended items."""
+    size = 0x50 + len(payload)
+    head = struct.pack("<HBBHHIIq16sHBBBBHQQ16s", size, 0x13, 0xC0, 0, 0, tid, pid, ts, guid.bytes_le,
+                       event_id, 1, 0, 4, 0, 0, 0, 0, b"")
+    rec = head + payload
+    return rec + b"\0" * (-len(rec) % 8)
+
+
+def snapshot_blob() -> tuple[bytes, int]:
+    """A blob per §3: 3 segments, 2 stacks, two heap sections; returns (blob, stack-section length)."""
+    seg = lambda sid, frames: struct.pack("<IQ", len(frames) << 24 | 1, sid) + struct.pack(f"<{len(frames)}Q", *frames)  # noqa: E731
+    stk = lambda sid, n, refs: struct.pack("<IQ", n << 24 | 2, sid) + struct.pack(f"<{len(refs)}Q", *refs)  # noqa: E731
+    db = (struct.pack("<IIHH", 3, 2, 1, 8)
+          + seg(0xA000, list(range(0x7FF0, 0x7FF8))) + seg(0xB000, [0x7FF8, 0x7FF9]) + seg(0xC000, [1, 2, 3])
+          + stk(0x5100, 10, [0xA000, 0xB000]) + stk(0x5200, 3, [0xC000]))
+    sentinel = struct.pack("<QQQ", 0x1234CDEF, 0, 0xFFFFFFFF)
+    heaps = (struct.pack("<HHIQQQ", 2, 8, 0, 0x100000, 0x10000, 0x20000)
+             + struct.pack("<QQQ", 0x100100, 0x5100, 64) + struct.pack("<QQQ", 0x100200, 0x5200, 128)
+             + struct.pack("<QQQ", 0x100300, 0, 32) + sentinel
+             + struct.pack("<HHIQQQ", 2, 8, 0, 0x200000, 0x1000, 0x2000)
+             + struct.pack("<QQQ", 0x200040, 0x5100, 4096) + sentinel)
+    return db + heaps, len(db)
+
+
+def snapshot_events(pid: int, instance: int, ts: int, *, drop: int | None = None, end: bool = True) -> list[bytes]:
+    blob, db_len = snapshot_blob()
+    pieces = [blob[i:i + 40] for i in range(0, len(blob), 40)]  # chunk boundaries fall inside records
+    recs = [_event_record(100, ts + i, pid, 7, struct.pack("<III", instance, i, len(p)) + p, HEAP_SNAPSHOT_GUID)
+            for i, p in enumerate(pieces) if i != drop]
+    if end:  # two end events: after the stack section, and at the very end (the last one counts)
+        recs.append(_event_record(200, ts + 90, pid, 7, struct.pack("<II", instance, db_len), HEAP_SNAPSHOT_GUID))
+        recs.append(_event_record(200, ts + 99, pid, 7, struct.pack("<II", instance, len(blob)), HEAP_SNAPSHOT_GUID))
+    return recs
+
+
+def heap_snapshot_etl(path: Path) -> Path:
+    logfile = bytearray(0x118)
+    struct.pack_into("<I4BII", logfile, 0x00, 0x2000, 10, 0, 1, 5, 19041, 1)
+    struct.pack_into("<I", logfile, 0x24, 2)                           # BuffersWritten
+    struct.pack_into("<III", logfile, 0x2C, 8, 0, 3000)                # PointerSize, EventsLost, MHz
+    struct.pack_into("<qq", logfile, 0x100, 10_000_000, 133_000_000_000_000_000)
+    struct.pack_into("<I", logfile, 0x110, 1)
+    header = _record("system", 0x0000, 1000, bytes(logfile) + "snap\0\0".encode("utf-16-le"))
+    recs = (snapshot_events(500, 1, 10_000) + snapshot_events(500, 2, 20_000, drop=3)
+            + snapshot_events(600, 1, 30_000, end=False))
+    data = _buffer([header], size=0x400, cpu=0, seq=0, buffer_type=4) + _buffer(recs, size=0x2000, cpu=0, seq=1)
+    path.write_bytes(data)
+    return path
+
+
+def test_heap_snapshots_assemble_parse_and_share_the_stack_table(tmp_path):
+    src = heap_snapshot_etl(tmp_path / "snap.etl")
+    run_dir = _run(src, tmp_path)
+    rows = read_table(run_dir, "decoded", "event_counts").to_pylist()
+    assert collections.Counter({(r["provider_guid"], r["opcode"], r["event_id"], r["version"], r["header_type"]):
+                                r["count"] for r in rows}) == dissect_counts(src)
+    snaps = {(r["pid"], r["instance"]): r for r in read_table(run_dir, "decoded", "heap_snapshots").to_pylist()}
+    blob, _ = snapshot_blob()
+    ok = snaps[(500, 1)]
+    assert ok["complete"] and ok["status"] == "ok" and ok["bytes"] == ok["total_data"] == len(blob)
+    assert (ok["heaps"], ok["blocks"], ok["block_bytes"], ok["stacks"]) == (2, 4, 64 + 128 + 32 + 4096, 2)
+    assert ok["timestamp_ns"] == (10_000 - 1000) * 100 and ok["end_timestamp_ns"] == (10_099 - 1000) * 100
+    assert not snaps[(500, 2)]["complete"] and "gaps" in snaps[(500, 2)]["status"]
+    assert not snaps[(600, 1)]["complete"] and "no end event" in snaps[(600, 1)]["status"]
+    errors = read_table(run_dir, "decoded", "errors").to_pylist()
+    assert sorted(e["kind"] for e in errors) == ["heap_snapshot", "heap_snapshot"]
+    assert all("kept as a marker" in e["message"] and str(src) in e["message"] for e in errors)
+    stacks = {r["stack_id"]: r["frames"] for r in read_table(run_dir, "decoded", "stacks").to_pylist()}
+    blocks = read_table(run_dir, "decoded", "heap_snapshot_blocks").to_pylist()
+    assert [(b["pid"], b["instance"], b["heap"], b["address"], b["size"]) for b in blocks] == [
+        (500, 1, 0x100000, 0x100100, 64), (500, 1, 0x100000, 0x100200, 128), (500, 1, 0x100000, 0x100300, 32),
+        (500, 1, 0x200000, 0x200040, 4096)]
+    assert stacks[blocks[0]["stack_id"]] == list(range(0x7FF0, 0x7FFA))     # two segments, 10 frames
+    assert stacks[blocks[1]["stack_id"]] == [1, 2, 3]
+    assert blocks[2]["stack_id"] is None and blocks[2]["stack_ref"] == 0    # allocated before tracking
+    assert blocks[3]["stack_id"] == blocks[0]["stack_id"]
+
+
+def test_heap_snapshot_parser_refuses_bad_blobs():
+    from pipeline.decode.etl import heapsnap
+
+    blob, db_len = snapshot_blob()
+    for cut in range(0, len(blob) - 1, 7):  # every truncation is reported, none reads past the end
+        status, pos, _ = heapsnap.parse(np.frombuffer(blob[:cut], np.uint8))
+        assert status == heapsnap.PARSE_TRUNCATED and pos <= cut
+    bad = bytearray(blob)
+    bad[db_len:db_len + 2] = b"\x03\x00"  # heap section version 3
+    assert heapsnap.parse(np.frombuffer(bytes(bad), np.uint8))[0] == heapsnap.PARSE_BAD_VERSION
+    status, _, parts = heapsnap.parse(np.frombuffer(blob, np.uint8))
+    assert status == heapsnap.PARSE_OK and heapsnap.stack_frames(parts)[1] == [1, 2, 3]

@@ -54,7 +54,7 @@ def filetime_to_utc(ft: int) -> _dt.datetime | None:
 
 def decode_etl(path: Path, out, cfg, pool) -> dict[str, Any]:
     """Decode one ETL trace into ``out`` (a StageOutput); returns the summary stored in the manifest."""
-    from pipeline.decode.etl import joins
+    from pipeline.decode.etl import heapsnap, joins
     from pipeline.decode.etl.partition import decode_partition
 
     t0 = time.time()
@@ -80,7 +80,8 @@ def decode_etl(path: Path, out, cfg, pool) -> dict[str, Any]:
     for r in results:
         errors.extend(r["errors"])
     write_event_counts(out, results)
-    joined = joins.finish(out, scratch, header)
+    joined = heapsnap.assemble(scratch, out, errors, str(path))
+    joined.update(joins.finish(out, scratch, header))
     shutil.rmtree(scratch, ignore_errors=True)
 
     skipped = sum(r["buffers_skipped"] for r in results) + len(header.walk_errors)

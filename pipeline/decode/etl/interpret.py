@@ -13,6 +13,7 @@ from typing import Callable
 
 import numpy as np
 
+from pipeline.decode.etl import heapsnap
 from pipeline.decode.etl import kernels as K
 from pipeline.decode.etl import layout as L
 from pipeline.decode.etl.batch import Batch, list_array
@@ -274,8 +275,9 @@ def sysconfig_cpu(b: Batch, idx: np.ndarray) -> None:
 
 
 # --- THE dispatch table ----------------------------------------------------------------------------
-#: (provider GUID, opcode, version or None for any) -> extractor. Extractors bound every read by the
-#: record's payload length, so later versions that append fields decode with the same code.
+#: (provider GUID, id, version or None for any) -> extractor. ``id`` is the opcode (Class.Type) of
+#: kernel and classic events and the event id of manifest (EVENT_HEADER) events. Extractors bound every
+#: read by the record's payload length, so later versions that append fields decode with the same code.
 DISPATCH: dict[tuple[str, int, int | None], Extractor] = {
     **{(L.PROCESS_GUID, op, None): process for op in PROCESS_KIND},
     **{(L.THREAD_GUID, op, None): thread for op in THREAD_KIND},
@@ -292,11 +294,21 @@ DISPATCH: dict[tuple[str, int, int | None], Extractor] = {
     (L.PAGEFAULT_GUID, 99, None): virtual_alloc,
     **{(L.HEAP_GUID, op, None): heap for op in HEAP_KIND},
     (L.SYSCONFIG_GUID, 10, None): sysconfig_cpu,
+    (heapsnap.PROVIDER, heapsnap.EVENT_CHUNK, 1): heapsnap.chunk_events,
+    (heapsnap.PROVIDER, heapsnap.EVENT_END, 1): heapsnap.end_events,
 }
 
-#: Header types each extractor accepts (payload layouts above are those of kernel/classic headers).
-KERNEL_OR_CLASSIC = set(L.SYSTEM_KINDS) | {L.HT_FULL32, L.HT_FULL64, L.HT_INSTANCE32, L.HT_INSTANCE64}
+#: Header kinds whose records carry the payload layouts above: kernel/classic layouts for all
+#: extractors except the manifest-event ones.
+KERNEL_OR_CLASSIC = frozenset(L.SYSTEM_KINDS) | {L.HT_FULL32, L.HT_FULL64, L.HT_INSTANCE32, L.HT_INSTANCE64}
+MANIFEST = frozenset({L.HT_EVENT32, L.HT_EVENT64})
+HEADER_KINDS: dict[Extractor, frozenset] = {heapsnap.chunk_events: MANIFEST, heapsnap.end_events: MANIFEST}
 
 
-def lookup(provider: str, opcode: int, version: int) -> Extractor | None:
-    return DISPATCH.get((provider, opcode, version)) or DISPATCH.get((provider, opcode, None))
+def lookup(provider: str, opcode: int, event_id: int, version: int, header_type: int) -> Extractor | None:
+    """The extractor of one event kind, or None (the records then go to ``events``)."""
+    key_id = event_id if header_type in MANIFEST else opcode
+    fn = DISPATCH.get((provider, key_id, version)) or DISPATCH.get((provider, key_id, None))
+    if fn is None or header_type not in HEADER_KINDS.get(fn, KERNEL_OR_CLASSIC):
+        return None
+    return fn

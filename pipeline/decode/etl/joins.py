@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 SCRATCH_TABLES = ("_process_events", "_thread_events", "_image_events", "_image_id_info", "_image_id_dbg",
-                  "_samples", "_stack_refs", "_stack_defs", "_virtual_allocs", "_heap_events")
+                  "_samples", "_stack_refs", "_stack_defs", "_virtual_allocs", "_heap_events",
+                  "_heapsnap_stacks", "_heapsnap_blocks")
 
 #: Empty shapes of scratch tables, so the SQL below runs on traces that lack some event kinds.
 EMPTY = {
@@ -47,6 +48,9 @@ EMPTY = {
                    "opcode UTINYINT, frames UBIGINT[]",
     "_virtual_allocs": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, pid UINTEGER, "
                        "base UBIGINT, size UBIGINT, flags UINTEGER, is_free BOOLEAN",
+    "_heapsnap_stacks": "pid UINTEGER, instance UINTEGER, stack_ref UBIGINT, frames UBIGINT[]",
+    "_heapsnap_blocks": "pid UINTEGER, instance UINTEGER, timestamp_ns BIGINT, heap UBIGINT, address UBIGINT, "
+                        "size UBIGINT, stack_ref UBIGINT",
     "_heap_events": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, pid UINTEGER, "
                     "tid UINTEGER, kind VARCHAR, heap UBIGINT, address UBIGINT, size UBIGINT, old_address UBIGINT, "
                     "old_size UBIGINT, flags UINTEGER, source UINTEGER",
@@ -99,8 +103,10 @@ def finish(out, scratch: Path, header, memory_limit: str = "2GB") -> dict[str, A
     try:
         for name in SCRATCH_TABLES:
             parts = scratch / f"{name}.parquet"
-            if parts.exists():
+            if parts.is_dir():
                 con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{parts}/*.parquet')")
+            elif parts.exists():
+                con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{parts}')")
             else:
                 con.execute(f"CREATE TABLE {name} ({EMPTY[name]})")
         for table, spec in LIFETIMES.items():
@@ -110,8 +116,9 @@ def finish(out, scratch: Path, header, memory_limit: str = "2GB") -> dict[str, A
         _samples(con)
         _virtual_allocs(con)
         _heap_events(con)
+        _heap_snapshot_blocks(con)
         for table in ("processes", "threads", "images", "image_ids", "stacks", "samples",
-                      "virtual_allocs", "heap_events"):
+                      "virtual_allocs", "heap_events", "heap_snapshot_blocks"):
             _copy(con, table, out.table_path(table))
         stats.update(_summary(con))
         return stats
@@ -178,8 +185,11 @@ def _stacks(con) -> dict[str, Any]:
         CREATE TABLE stacks AS
         SELECT (row_number() OVER (ORDER BY first_ts, first_tid) - 1)::BIGINT AS stack_id, frames,
                len(frames)::INTEGER AS depth
-        FROM (SELECT frames, min(event_ts) AS first_ts, arg_min(tid, event_ts) AS first_tid
-              FROM stack_groups WHERE len(frames) > 0 GROUP BY frames)""")
+        FROM (SELECT frames, min(first_ts) AS first_ts, arg_min(first_tid, first_ts) AS first_tid FROM (
+                  SELECT frames, event_ts AS first_ts, tid AS first_tid FROM stack_groups WHERE len(frames) > 0
+                  UNION ALL  -- heap snapshot stacks share the table; they sort after the event stacks
+                  SELECT frames, 9223372036854775807, pid FROM _heapsnap_stacks WHERE len(frames) > 0)
+              GROUP BY frames)""")
     con.execute("""
         CREATE TABLE stack_index AS
         SELECT g.event_ts, g.tid, g.pid, g.cpu, s.stack_id
@@ -222,6 +232,18 @@ def _heap_events(con) -> None:
                h.old_address, h.old_size, h.flags, h.source, k.stack_id
         FROM _heap_events h LEFT JOIN stack_index k ON k.event_ts = h.timestamp AND k.tid = h.tid
         ORDER BY h.timestamp, h.cpu, h.stream_pos""")
+
+
+def _heap_snapshot_blocks(con) -> None:
+    """Busy blocks of complete heap snapshots; stack_id is NULL for StackRef 0 (allocated before the
+    process enabled stack tracking)."""
+    con.execute("""
+        CREATE TABLE heap_snapshot_blocks AS
+        SELECT b.pid, b.instance, b.timestamp_ns, b.heap, b.address, b.size, b.stack_ref, s.stack_id
+        FROM _heapsnap_blocks b
+        LEFT JOIN _heapsnap_stacks h ON h.pid = b.pid AND h.instance = b.instance AND h.stack_ref = b.stack_ref
+        LEFT JOIN stacks s ON s.frames = h.frames
+        ORDER BY b.pid, b.instance, b.heap, b.address""")
 
 
 def _summary(con) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from pipeline.decode.etl import kernels as K
 from pipeline.decode.etl import layout as L
 from pipeline.decode.etl.batch import Batch, record_error, walk
 from pipeline.decode.etl.buffers import MAX_BUFFER_SIZE
-from pipeline.decode.etl.interpret import KERNEL_OR_CLASSIC, lookup
+from pipeline.decode.etl.interpret import lookup
 
 _GROUP_GUIDS = L.group_guid_table()
 
@@ -84,14 +84,13 @@ def decode_partition(task: dict[str, Any]) -> dict[str, Any]:
 
     # 3. Interpretation: one sort of the event-kind key gives the event counts and the dispatch groups.
     kinds, inverse, counts = event_kinds(b, code)
-    kernel_like = np.isin(b.c["htype"], list(KERNEL_OR_CLASSIC))
     by_extractor: dict = {}
     for j, k in enumerate(kinds.tolist()):
-        fn = lookup(providers[k >> 48], (k >> 40) & 0xFF, (k >> 8) & 0xFFFF)
-        if fn is not None and (k & 0xFF) in KERNEL_OR_CLASSIC:
+        fn = lookup(providers[k >> 48], (k >> 40) & 0xFF, (k >> 24) & 0xFFFF, (k >> 8) & 0xFFFF, k & 0xFF)
+        if fn is not None:
             by_extractor.setdefault(fn, []).append(j)
     for fn, js in by_extractor.items():
-        idx = np.flatnonzero(np.isin(inverse, js) & kernel_like)
+        idx = np.flatnonzero(np.isin(inverse, js))
         if len(idx):
             fn(b, idx)
     event_count_rows = [(providers[k >> 48], (k >> 40) & 0xFF, (k >> 24) & 0xFFFF, (k >> 8) & 0xFFFF, k & 0xFF, n)
