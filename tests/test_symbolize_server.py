@@ -146,8 +146,48 @@ def test_cache_star_copies_from_later_entries(tmp_path):
     store = tmp_path / "store"
     _publish(store, root / "rustlib.pdb", ident, compressed=False)
     entries = parse_symbol_path(f"cache*{tmp_path / 'local'};{store}", tmp_path)
-    found = locate(entries, "rustlib.pdb", ident["guid"], ident["age"], 5.0)
     key = store_key(ident["guid"], ident["age"])
+    found = locate(entries, "rustlib.pdb", key, 5.0)
     assert found.path == tmp_path / "local" / "rustlib.pdb" / key / "rustlib.pdb"
-    again = locate(entries, "rustlib.pdb", ident["guid"], ident["age"], 5.0)
+    again = locate(entries, "rustlib.pdb", key, 5.0)
     assert again.source == f"cache {tmp_path / 'local'}"
+
+
+def test_images_without_dbgid_fetch_the_binary_then_its_pdb(server, tmp_path, dask_pool):
+    from pipeline.symbolize.pe import code_key, read_codeview
+
+    httpd, store, url = server
+    root = built_images() / "full"
+    exe, dll = pe_identity(root / "fakerustc.exe"), pe_identity(root / "rustlib.dll")
+    # the binary's own CodeView record agrees with symbolic's debug id
+    cv = read_codeview(root / "fakerustc.exe")
+    assert (cv["pdb_name"], f"{cv['guid']}-{cv['age']:x}") == ("fakerustc.pdb", exe["debug_id"])
+    for ident, name in ((exe, "fakerustc.exe"), (dll, "rustlib.dll")):
+        keyed = store / name / code_key(ident["time_date_stamp"], ident["size"])
+        keyed.mkdir(parents=True)
+        (keyed / name).write_bytes((root / name).read_bytes())
+    _publish(store, root / "fakerustc.pdb", exe, compressed=False)   # rustlib: binary only
+    main = publics("full", "fakerustc.pdb")["_RNvCs1234_7mycrate4main"]
+    reallo = publics("full", "rustlib.pdb")["_ZN7rustlib5alloc6reallo17habcdefabcdef0123E"]
+    images = [dict(pid=9, base=EXE_BASE, size=exe["size"], file_name=r"C:\b\fakerustc.exe", load_ns=0,
+                   time_date_stamp=exe["time_date_stamp"]),
+              dict(pid=9, base=DLL_BASE, size=dll["size"], file_name=r"C:\b\rustlib.dll", load_ns=0,
+                   time_date_stamp=dll["time_date_stamp"])]
+    run_dir = tmp_path / "run"
+    write_decoded(run_dir, [(1, 9, EXE_BASE + main, 1)], {1: [EXE_BASE + main, DLL_BASE + reallo + 2]}, images, [])
+    cfg = config_for(tmp_path, f"srv*{tmp_path / 'symcache'}*{url}")
+    run(run_dir, cfg, dask_pool)
+    frames = {r["address"]: r for r in read_table(run_dir, "symbolized", "frames").to_pylist()}
+    assert frames[EXE_BASE + main]["function"] == "mycrate::main"
+    assert frames[EXE_BASE + main]["debug_id"] == exe["debug_id"]       # learned from the binary
+    assert frames[EXE_BASE + main]["line"] > 0
+    exported = frames[DLL_BASE + reallo + 2]
+    assert (exported["function"], exported["resolved"], exported["file"]) == ("rustlib::alloc::reallo", True, None)
+    m = read_manifest(run_dir, "symbolized")
+    kinds = {d["code_file"]: d["kind"] for d in m["debug_ids"]}
+    assert kinds == {"fakerustc.exe": "pdb", "rustlib.dll": "pe-exports"}
+    assert m["images_without_symbols"] == []
+    assert m["http_requests"] >= 3
+    httpd.requests.clear()
+    run(run_dir, cfg, dask_pool)
+    assert httpd.requests == []   # binaries and PDB come from the cache; rustlib.pdb is known missing

@@ -159,13 +159,15 @@ def test_resolve_task_caches_by_debug_id_and_reports_missing(tmp_path):
     ident = pe_identity(root / "rustlib.dll")
     entries = parse_symbol_path(str(root), tmp_path / "cache")
     desc = {k: ident[k] for k in ("debug_id", "guid", "age", "pdb_name")}
+    desc["key"] = desc["debug_id"]
     first = resolve_debug_id(desc, entries, str(tmp_path / "cache"), 5.0)
     assert first["status"] == "ok" and not first["cached"] and first["functions"] >= 2
     second = resolve_debug_id(desc, [], str(tmp_path / "cache"), 5.0)
     assert second["status"] == "ok" and second["cached"]
     assert load_cached(tmp_path / "cache", ident["debug_id"]) is not None
 
-    other = dict(desc, guid="00000000-0000-0000-0000-000000000001", debug_id="00000000-0000-0000-0000-000000000001-1")
+    other = dict(desc, guid="00000000-0000-0000-0000-000000000001", debug_id="00000000-0000-0000-0000-000000000001-1",
+                 key="00000000-0000-0000-0000-000000000001-1")
     missing = resolve_debug_id(other, entries, str(tmp_path / "cache"), 5.0)
     # the flat rustlib.pdb in the directory has another GUID
     assert missing["status"] == "missing" and missing["reason"].startswith("GUID mismatch")

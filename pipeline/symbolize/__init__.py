@@ -194,19 +194,43 @@ def _sorted(mapped: dict, images) -> dict:
 
 
 def image_debug_ids(images, image_ids) -> list[dict[str, Any] | None]:
-    """Debug identity (guid, age, pdb_name, debug_id) of each images row, None when the trace has none.
+    """Symbol identity of each images row: a dict with ``key`` (what the lookup task is keyed by),
+    or None when neither a DbgID record nor the binary's TimeDateStamp is known.
 
-    A DbgID record belongs to the image with the same (pid, base); when a range was reused and
-    several loads share that key, the record's ``timestamp_ns`` (if the table has it) picks the
-    latest load at or before it. An image without its own record borrows the one of another load
-    of the same file name (the same file has the same PDB).
+    A DbgID record (``guid``, ``age``, ``pdb_name``, ``debug_id``; key = debug id) belongs to the
+    image with the same (pid, base); when a range was reused and several loads share that key, the
+    record's ``timestamp_ns`` (if the table has it) picks the latest load at or before it. An image
+    without its own record borrows the one of another load of the same file name (the same file
+    has the same PDB). Failing that, an image with a TimeDateStamp gets the binary's identity
+    (``code_file``, ``code_key``; key = ``pe:<name>/<code key>``): the task fetches the binary and
+    reads its PDB identity from it.
     """
     from pipeline.symbolize.build import debug_id_of
 
     n = images.num_rows
     ids: list[dict[str, Any] | None] = [None] * n
-    if image_ids is None or image_ids.num_rows == 0:
-        return ids
+    if image_ids is not None and image_ids.num_rows:
+        _dbgid_identities(images, image_ids, ids, debug_id_of)
+    names = images.column("file_name").to_pylist()
+    by_name = {names[i].lower(): ident for i, ident in enumerate(ids) if ident is not None and names[i]}
+    stamps = (_column(images, "time_date_stamp", "decoded/images.parquet", 0).tolist()
+              if "time_date_stamp" in images.column_names else [0] * n)
+    sizes = _column(images, "size", "decoded/images.parquet", 0).tolist()
+    for i in range(n):
+        if ids[i] is None and names[i] and names[i].lower() in by_name:
+            ids[i] = by_name[names[i].lower()]
+        elif ids[i] is None and stamps[i] and names[i]:
+            from pipeline.symbolize.pe import code_key
+
+            file = module_name(names[i])
+            ck = code_key(stamps[i], sizes[i])
+            ids[i] = {"key": f"pe:{file}/{ck}", "code_file": file, "code_key": ck, "debug_id": None,
+                      "pdb_name": None}
+    return ids
+
+
+def _dbgid_identities(images, image_ids, ids: list, debug_id_of) -> None:
+    """Fill ``ids`` from the trace's DbgID records (see :func:`image_debug_ids`)."""
     where = "decoded/image_ids.parquet"
     img_pid = _column(images, "pid", "decoded/images.parquet", 0).tolist()
     img_base = _column(images, "base", "decoded/images.parquet", 0).tolist()
@@ -234,16 +258,11 @@ def image_debug_ids(images, image_ids) -> list[dict[str, Any] | None]:
         if len(rows) > 1 and ts is not None:
             before = [r for r in rows if img_load[r] <= ts]
             rows = [max(before, key=lambda r: img_load[r])] if before else [min(rows, key=lambda r: img_load[r])]
-        ident = {"guid": str(guid), "age": int(age), "pdb_name": ntpath.basename(name.replace("/", "\\")),
-                 "debug_id": debug_id_of(str(guid), int(age))}
+        debug_id = debug_id_of(str(guid), int(age))
+        ident = {"key": debug_id, "guid": str(guid), "age": int(age),
+                 "pdb_name": ntpath.basename(name.replace("/", "\\")), "debug_id": debug_id}
         for r in rows:
             ids[r] = ident
-    names = images.column("file_name").to_pylist()
-    by_name = {names[i].lower(): ident for i, ident in enumerate(ids) if ident is not None and names[i]}
-    for i in range(n):
-        if ids[i] is None and names[i] and names[i].lower() in by_name:
-            ids[i] = by_name[names[i].lower()]
-    return ids
 
 
 def module_name(file_name: str | None) -> str | None:
@@ -279,11 +298,11 @@ def run(run_dir: Path, config, pool, inputs: list[Path] | None = None) -> dict[s
     wanted: dict[str, dict[str, Any]] = {}
     for row in used.tolist():
         if ids[row] is not None:
-            wanted.setdefault(ids[row]["debug_id"], ids[row])
+            wanted.setdefault(ids[row]["key"], ids[row])
     descs = [wanted[k] for k in sorted(wanted)]
     results = pool.map(resolve_debug_id, descs, entries=entries, cache_dir=str(cache_dir),
                        timeout=cfg.download_timeout_s)
-    status = {r["debug_id"]: r for r in results}
+    status = {r["key"]: r for r in results}
     t_symbols = time.perf_counter()
 
     frames_table, stats = assemble(mapped, images, ids, status)
@@ -295,7 +314,7 @@ def run(run_dir: Path, config, pool, inputs: list[Path] | None = None) -> dict[s
         out.manifest["symbol_path"] = symbol_path
         out.manifest["cache_dir"] = str(cache_dir)
         out.manifest["debug_ids"] = sorted(
-            ({k: v for k, v in r.items() if k != "tried"} for r in results), key=lambda r: r["debug_id"])
+            ({k: v for k, v in r.items() if k != "tried"} for r in results), key=lambda r: r["key"])
         out.manifest["http_requests"] = int(sum(r.get("requests", 0) for r in results))
         out.manifest["reused_range_frames"] = mapped["reused_range_frames"]
         out.manifest["timings_s"] = {
@@ -334,20 +353,23 @@ def assemble(mapped: dict, images, ids: list, status: dict[str, dict]):
     safe = np.maximum(image, 0)
     rva = np.where(has_image, mapped["address"] - bases[safe], 0).astype(np.uint64)
     lookup_rva = rva - np.where(mapped["leaf"] | (rva == 0), 0, 1).astype(np.uint64)
-    # debug ids as small integer codes: code 0 = none, k = debug_names[k]
-    debug_names = [None] + sorted({i["debug_id"] for i in ids if i})
-    code_of = {name: k for k, name in enumerate(debug_names)}
-    image_code = np.array([code_of[i["debug_id"]] if i else 0 for i in ids] + [0], dtype=np.int64)
+    # identity keys as small integer codes: code 0 = none, k = keys[k]
+    keys = [None] + sorted({i["key"] for i in ids if i})
+    code_of = {name: k for k, name in enumerate(keys)}
+    image_code = np.array([code_of[i["key"]] if i else 0 for i in ids] + [0], dtype=np.int64)
+    # the debug id shown per key: from the trace, or learned from the binary
+    shown = [None] + [(status.get(k, {}).get("debug_id") or status.get(k, {}).get("learned_debug_id"))
+                      for k in keys[1:]]
     frame_code = image_code[np.where(has_image, image, len(ids))]
     by_code = np.argsort(frame_code, kind="stable")
-    bounds = np.searchsorted(frame_code[by_code], np.arange(len(debug_names) + 1))
+    bounds = np.searchsorted(frame_code[by_code], np.arange(len(keys) + 1))
 
     parts: list[dict[str, Any]] = []
     resolved = np.zeros(n, dtype=bool)
-    for debug_id, res in sorted(status.items()):
+    for key, res in sorted(status.items()):
         if res.get("status") != "ok":
             continue
-        code = code_of.get(debug_id)
+        code = code_of.get(key)
         if code is None:
             continue
         sel = by_code[bounds[code] : bounds[code + 1]]
@@ -418,7 +440,7 @@ def assemble(mapped: dict, images, ids: list, status: dict[str, dict]):
         "file": cat("file").take(take) if parts else pa.array([], pa.string()),
         "line": pa.chunked_array([p["line"] for p in parts], pa.uint32()).take(take) if parts else pa.array([], pa.uint32()),
         "resolved": pa.array(resolved[frame]),
-        "debug_id": pa.array(debug_names, pa.string()).take(pa.array(frame_code[frame])),
+        "debug_id": pa.array(shown, pa.string()).take(pa.array(frame_code[frame])),
         "image_load_ns": per_image(loads),
         "image_unload_ns": per_image(unloads),
     })
@@ -445,10 +467,11 @@ def _statistics(mapped, image, modules, ids, status, resolved) -> dict[str, Any]
     for row, count in zip(used.tolist(), counts.tolist()):
         ident = ids[row]
         if ident is None:
-            reason, debug_id = "no debug id: the trace has no DbgID_RSDS record for this image", ""
+            reason, debug_id = ("no debug id: the trace has no DbgID_RSDS record and no TimeDateStamp "
+                                "for this image"), ""
         else:
-            debug_id = ident["debug_id"]
-            res = status.get(debug_id, {})
+            res = status.get(ident["key"], {})
+            debug_id = ident["debug_id"] or res.get("learned_debug_id") or ident["key"]
             if res.get("status") == "ok":
                 continue
             reason = res.get("reason") or "not found"

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.symbolize.symbolpath import Entry, locate
+from pipeline.symbolize.symbolpath import Entry, locate, store_key
 from pipeline.symbolize.table import TABLE_VERSION, AddressTable, load_cached, symbolic_version, table_dir
 
 
@@ -93,39 +93,120 @@ def build_table(symbol_file: Path, debug_id: str, cache_dir: Path) -> tuple[Addr
     return AddressTable.from_symc(symc, meta, publics), None
 
 
-def resolve_debug_id(desc: dict[str, Any], entries: list[Entry], cache_dir: str, timeout: float) -> dict[str, Any]:
-    """Task: make sure ``<cache>/tables/<debug_id>`` exists; return status and small statistics.
+def _table_result(result: dict[str, Any], table: AddressTable, directory: Path) -> dict[str, Any]:
+    result.update(status="ok", table_dir=str(directory), image_size=table.meta.get("image_size"),
+                  layout=table.meta.get("layout"), functions=len(table.names), ranges=int(len(table.starts)))
+    return result
 
-    ``desc`` holds ``debug_id``, ``guid``, ``age`` and ``pdb_name``.
+
+def _resolve_pdb(ident: dict[str, Any], entries: list[Entry], cache: Path, timeout: float,
+                 result: dict[str, Any]) -> dict[str, Any]:
+    """Cached table of ident's debug id, or find its PDB/Breakpad file and build the table."""
+    debug_id = ident["debug_id"]
+    table = load_cached(cache, debug_id)
+    if table is not None:
+        result.update(cached=True, kind=table.meta.get("kind"), source=table.meta.get("source_file"))
+        return _table_result(result, table, table_dir(cache, debug_id))
+    found = locate(entries, ident["pdb_name"], store_key(ident["guid"], ident["age"]), timeout,
+                   identity_check(debug_id))
+    result["requests"] += found.requests
+    if found.path is None:
+        result.update(status="missing", reason=found.reason, tried=found.tried[:20])
+        return result
+    try:
+        table, reason = build_table(found.path, debug_id, cache)
+    except Exception as exc:  # noqa: BLE001 - a corrupt symbol file is a reason, not a crash
+        table, reason = None, f"cannot read {found.path}: {type(exc).__name__}: {exc}"
+    if table is None:
+        result.update(status="missing", reason=reason, source=str(found.path))
+        return result
+    result.update(kind=table.meta["kind"], source=str(found.path), found_via=found.source)
+    return _table_result(result, table, table.save(table_dir(cache, debug_id)))
+
+
+def binary_check(key: str):
+    """``check`` for :func:`locate` when searching a binary by its code key (TimeDateStamp+SizeOfImage)."""
+
+    def check(path: Path) -> str | None:
+        from symbolic import Archive
+
+        try:
+            codes = [o.code_id for o in Archive.open(str(path)).iter_objects()]
+        except Exception as exc:  # noqa: BLE001
+            return f"unreadable binary {path}: {type(exc).__name__}: {exc}"
+        if any((c or "").upper() == key for c in codes):
+            return None
+        return f"code id mismatch: {path} has {', '.join(c or '(none)' for c in codes)}, the trace wants {key}"
+
+    return check
+
+
+def _resolve_binary(desc: dict[str, Any], entries: list[Entry], cache: Path, timeout: float,
+                    result: dict[str, Any]) -> dict[str, Any]:
+    """No DbgID in the trace: fetch the binary by its code key, read its PDB identity, then as above.
+
+    Without a PDB, the binary's own export table (symbolic reads it) is the symbol source.
+    """
+    from symbolic import Archive
+
+    from pipeline.symbolize.pe import read_codeview
+
+    found = locate(entries, desc["code_file"], desc["code_key"], timeout, binary_check(desc["code_key"]))
+    result["requests"] += found.requests
+    if found.path is None:
+        result.update(status="missing", reason=f"no debug id in the trace and binary {desc['code_file']}/"
+                                               f"{desc['code_key']} {found.reason}")
+        return result
+    result["binary"] = str(found.path)
+    cv = read_codeview(found.path)
+    pdb_reason = "the binary names no PDB"
+    if cv is not None:
+        ident = dict(cv, debug_id=debug_id_of(cv["guid"], cv["age"]))
+        result.update(learned_debug_id=ident["debug_id"], pdb_name=ident["pdb_name"])
+        _resolve_pdb(ident, entries, cache, timeout, result)
+        if result.get("status") == "ok":
+            return result
+        pdb_reason = result.get("reason", "not found")
+    key = f"pe-{desc['code_file'].lower()}-{desc['code_key']}"
+    table = load_cached(cache, key)
+    if table is None:
+        obj = next(iter(Archive.open(str(found.path)).iter_objects()), None)
+        symc = None
+        if obj is not None:
+            import io
+
+            from pipeline.symbolize.symc import SymcFile
+
+            buf = io.BytesIO()
+            obj.make_symcache().dump_into(buf)
+            symc = SymcFile(buf.getvalue(), where=f"SymCache of {found.path}")
+        if symc is None or len(symc.ranges) == 0:
+            result.update(status="missing", reason=f"{pdb_reason}; the binary exports no functions")
+            return result
+        meta = {"table_version": TABLE_VERSION, "symbolic": symbolic_version(), "debug_id": key,
+                "source_file": str(found.path), "kind": "pe-exports", "arch": obj.arch}
+        table = AddressTable.from_symc(symc, meta)
+        table.save(table_dir(cache, key))
+    result.update(kind="pe-exports", source=str(found.path), pdb_reason=pdb_reason, reason=None)
+    return _table_result(result, table, table_dir(cache, key))
+
+
+def resolve_debug_id(desc: dict[str, Any], entries: list[Entry], cache_dir: str, timeout: float) -> dict[str, Any]:
+    """Task: make sure the address table of one image identity is in ``<cache>/tables``.
+
+    ``desc["key"]`` names the identity. With ``debug_id``, ``guid``, ``age`` and ``pdb_name`` it is a
+    PDB (or Breakpad file) identity from the trace's DbgID record; with ``code_file`` and
+    ``code_key`` it is a binary to fetch first (no DbgID record). Returns status, reason and small
+    statistics; the table itself stays on disk.
     """
     t0 = time.perf_counter()
     cache = Path(cache_dir).expanduser()
-    debug_id = desc["debug_id"]
-    result: dict[str, Any] = {"debug_id": debug_id, "pdb_name": desc["pdb_name"], "requests": 0, "cached": False}
-    table = load_cached(cache, debug_id)
-    if table is not None:
-        result.update(status="ok", cached=True, kind=table.meta.get("kind"), source=table.meta.get("source_file"))
+    result: dict[str, Any] = {"key": desc["key"], "debug_id": desc.get("debug_id"),
+                              "pdb_name": desc.get("pdb_name"), "requests": 0, "cached": False}
+    if desc.get("code_file"):
+        result["code_file"] = desc["code_file"]
+        _resolve_binary(desc, entries, cache, timeout, result)
     else:
-        found = locate(entries, desc["pdb_name"], desc["guid"], desc["age"], timeout, identity_check(debug_id))
-        result["requests"] = found.requests
-        if found.path is None:
-            result.update(status="missing", reason=found.reason, tried=found.tried[:20])
-            result["elapsed_s"] = round(time.perf_counter() - t0, 4)
-            return result
-        try:
-            table, reason = build_table(found.path, debug_id, cache)
-        except Exception as exc:  # noqa: BLE001 - a corrupt symbol file is a reason, not a crash
-            table, reason = None, f"cannot read {found.path}: {type(exc).__name__}: {exc}"
-        if table is None:
-            result.update(status="missing", reason=reason, source=str(found.path))
-            result["elapsed_s"] = round(time.perf_counter() - t0, 4)
-            return result
-        table.save(table_dir(cache, debug_id))
-        result.update(status="ok", kind=table.meta["kind"], source=str(found.path), found_via=found.source)
-    result["table_dir"] = str(table_dir(cache, debug_id))
-    result["image_size"] = table.meta.get("image_size")
-    result["layout"] = table.meta.get("layout")
-    result["functions"] = len(table.names)
-    result["ranges"] = int(len(table.starts))
+        _resolve_pdb(desc, entries, cache, timeout, result)
     result["elapsed_s"] = round(time.perf_counter() - t0, 4)
     return result

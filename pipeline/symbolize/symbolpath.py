@@ -210,14 +210,14 @@ def _download(url: str, cache: Path, pdb_name: str, key: str, timeout: float, ou
     return None
 
 
-def locate(entries: list[Entry], pdb_name: str, guid: str, age: int, timeout: float, check=None) -> Lookup:
-    """Search ``entries`` in order for the debug file of (pdb_name, guid, age).
+def locate(entries: list[Entry], pdb_name: str, key: str, timeout: float, check=None) -> Lookup:
+    """Search ``entries`` in order for ``pdb_name`` under store key ``key`` (:func:`store_key` for a
+    PDB, ``pe.code_key`` for a binary; ``pdb_name`` is then the binary's file name).
 
     ``check(path)`` returns None for a file of the right identity, else the reason (a GUID
     mismatch); such files are skipped and, if nothing else is found, their reason is reported.
     """
     out = Lookup()
-    key = store_key(guid, age)
     active_cache: Path | None = None
     for entry in entries:
         if entry.kind == "cache":
