@@ -142,3 +142,28 @@ def test_process_tree_matches_truth(aggregated_run):
             assert parent["start_ns"] is None or parent["start_ns"] <= r["start_ns"]
     roots = [r for r in tree if r["image_name"] == "python.exe"]
     assert roots[0]["tree_samples"] == sum(p["samples"] for p in truth["processes"])
+
+
+def test_heap_snapshots_per_stack_equal_truth(aggregated_run):
+    run, truth = aggregated_run
+    stacks = {r["stack_id"]: tuple(r["frames"]) for r in read_table(run, "decoded", "stacks").to_pylist()}
+    frames_of = {t: tuple(int(x, 16) for x in s["frames"]) for t, s in truth["stacks"].items()}
+    summary = {(r["pid"], r["instance"], r["timestamp_ns"]): r for r in rows(run, "heap_snapshots_summary")}
+    per_stack = defaultdict(dict)
+    for r in rows(run, "heap_snapshot_by_stack"):
+        if r["stack_id"] is not None:
+            per_stack[(r["pid"], r["instance"])][stacks[r["stack_id"]]] = {"bytes": r["bytes"], "blocks": r["blocks"]}
+    snaps = truth["heap"]["snapshots"]
+    assert set(summary) <= {(s["pid"], s["instance"], s["timestamp_ns"]) for s in snaps}
+    ok = 0
+    for s in snaps:
+        got = summary.get((s["pid"], s["instance"], s["timestamp_ns"]))
+        if got is None or got["status"] != "ok":
+            continue  # the decoder counts and reports snapshots it could not read; they have no blocks here
+        ok += 1
+        assert (got["blocks"], got["bytes"], got["untracked_blocks"], got["untracked_bytes"]) == (
+            s["blocks"], s["tracked_bytes"] + s["untracked_bytes"], s["untracked_blocks"], s["untracked_bytes"])
+        want = {frames_of[t]: v for t, v in s["per_stack"].items()}
+        assert per_stack[(s["pid"], s["instance"])] == want
+    if truth["trace"]["pointer_size"] == 8:  # the decoder reads x64 snapshot blobs only (heap-snapshot.md §3)
+        assert ok >= len(snaps) // 2

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.symbolize import pdbpublics, symc
+from pipeline.symbolize import pdbpublics, pe, symc
 from pipeline.symbolize.build import build_table, resolve_debug_id
 from pipeline.symbolize.symbolpath import parse_symbol_path
 from pipeline.symbolize.table import AddressTable, load_cached
@@ -30,6 +30,9 @@ def test_layout_sizes_match_the_format_notes():
     assert pdbpublics.SECTION_MAP_ENTRY.itemsize == 20
     assert pdbpublics.IMAGE_SECTION_HEADER.itemsize == 40
     assert pdbpublics.PUB32_BODY.itemsize == 10
+    # PE/COFF: COFF file header 20 bytes, IMAGE_DEBUG_DIRECTORY 28
+    assert pe.COFF_HEADER.itemsize == 20
+    assert pe.DEBUG_DIRECTORY.itemsize == 28
 
 
 def _symbolic_frames(sc, rva, publics):

@@ -23,6 +23,7 @@ from pipeline.aggregate.cpu import PROCESS_FRAME_SQL
 
 VIRTUAL = "virtual_allocs"
 SNAPSHOT_BLOCKS = "heap_snapshot_blocks"
+SNAPSHOTS = "heap_snapshots"
 
 MEM_COMMIT = 0x1000
 MEM_DECOMMIT = 0x4000
@@ -125,18 +126,31 @@ def _commit(ctx) -> dict[str, Any]:
 
 
 def _snapshots(ctx) -> dict[str, Any]:
-    con = resolve.connect(ctx, SNAPSHOT_BLOCKS, "stacks", "processes", "images")
+    con = resolve.connect(ctx, SNAPSHOT_BLOCKS, "stacks", "processes", "images", *([SNAPSHOTS] if ctx.has(SNAPSHOTS) else []))
     resolve.assign_units(con, ctx, f"(SELECT *, NULL::UBIGINT AS ip FROM {SNAPSHOT_BLOCKS})", "hb")
     _copy(ctx, con, HEAP_BY_STACK, """
         SELECT b.pid, b.process_key, b.instance, min(b.timestamp_ns) AS timestamp_ns, b.stack_id, st.folded,
                count(*)::BIGINT AS blocks, sum(b.size)::BIGINT AS bytes
         FROM hb b LEFT JOIN hb_stacks st USING (unit_id) GROUP BY b.pid, b.process_key, b.instance, b.stack_id, st.folded""",
           "pid, instance, bytes DESC, stack_id")
+    # Every snapshot the decoder saw, with its status: incomplete ones have no blocks here.
+    if ctx.has(SNAPSHOTS):
+        con.execute(f"CREATE VIEW snaps AS SELECT pid::BIGINT AS pid, instance, timestamp_ns, status FROM {SNAPSHOTS}")
+    else:
+        con.execute("CREATE VIEW snaps AS SELECT DISTINCT pid, instance, timestamp_ns, 'ok' AS status FROM hb")
     _copy(ctx, con, HEAP_SNAPSHOTS, """
-        SELECT b.pid, b.process_key, p.image_name, p.crate, b.instance, min(b.timestamp_ns) AS timestamp_ns,
-               count(*)::BIGINT AS blocks, sum(b.size)::BIGINT AS bytes,
-               count(*) FILTER (b.stack_id IS NULL)::BIGINT AS untracked_blocks,
-               coalesce(sum(b.size) FILTER (b.stack_id IS NULL), 0)::BIGINT AS untracked_bytes
-        FROM hb b LEFT JOIN procs p USING (process_key) GROUP BY ALL""", "pid, instance")
-    n = con.execute("SELECT count(DISTINCT (pid, instance)) FROM hb").fetchone()[0]
-    return {"heap_snapshots": int(n)}
+        WITH per AS (
+            SELECT pid, instance, any_value(process_key) AS process_key, count(*)::BIGINT AS blocks,
+                   sum(size)::BIGINT AS bytes, count(*) FILTER (stack_id IS NULL)::BIGINT AS untracked_blocks,
+                   coalesce(sum(size) FILTER (stack_id IS NULL), 0)::BIGINT AS untracked_bytes
+            FROM hb GROUP BY pid, instance),
+        s AS (SELECT s.*, p.process_key FROM snaps s ASOF LEFT JOIN procs p
+              ON s.pid = p.pid AND s.timestamp_ns >= p.start_key)
+        SELECT s.pid, s.process_key, p.image_name, p.crate, s.instance, s.timestamp_ns, s.status,
+               coalesce(per.blocks, 0)::BIGINT AS blocks, coalesce(per.bytes, 0)::BIGINT AS bytes,
+               coalesce(per.untracked_blocks, 0)::BIGINT AS untracked_blocks,
+               coalesce(per.untracked_bytes, 0)::BIGINT AS untracked_bytes
+        FROM s LEFT JOIN per USING (pid, instance) LEFT JOIN procs p ON p.process_key = s.process_key""",
+          "pid, timestamp_ns, instance")
+    n, bad = con.execute("SELECT count(*), count(*) FILTER (status <> 'ok') FROM snaps").fetchone()
+    return {"heap_snapshots": int(n), "heap_snapshots_not_ok": int(bad)}
