@@ -128,28 +128,28 @@ def test_heap_events(synth_trace, decoded):  # noqa: F811
 
 
 def test_heap_snapshots_outstanding_bytes(synth_trace, decoded):  # noqa: F811
+    """Outstanding bytes per stack at each snapshot. Snapshots are told apart by (pid, instance, time):
+    a reused PID restarts the per-process instance counter at 1 (heap-snapshot.md §1)."""
     t = synth_trace.truth
     tmpl = _template_of(decoded, synth_trace)
     blocks = _table(decoded, synth_trace, "heap_snapshot_blocks")
     snaps = _table(decoded, synth_trace, "heap_snapshots")
-    assert len(snaps) == len(t["heap"]["snapshots"])
+    assert sorted((r["pid"], r["instance"], r["timestamp_ns"]) for r in snaps) == \
+        sorted((s["pid"], s["instance"], s["timestamp_ns"]) for s in t["heap"]["snapshots"])
     got = defaultdict(lambda: defaultdict(int))
     untracked = defaultdict(int)
     for b in blocks:
-        key = (b["pid"], b["instance"])
+        key = (b["pid"], b["instance"], b["timestamp_ns"])
         if b["stack_id"] is None:
             untracked[key] += b["size"]
         else:
             got[key][tmpl.get(b["stack_id"], "unknown")] += b["size"]
-    want = defaultdict(lambda: defaultdict(int))
-    want_untracked = defaultdict(int)
-    for s in t["heap"]["snapshots"]:
-        key = (s["pid"], s["instance"])       # a reused PID sums both processes' snapshots
-        for k, v in s["per_stack"].items():
-            want[key][k] += v["bytes"]
-        want_untracked[key] += s["untracked_bytes"]
-    assert {k: dict(v) for k, v in got.items()} == {k: dict(v) for k, v in want.items()}
-    assert dict(untracked) == dict(want_untracked)
+    want = {(s["pid"], s["instance"], s["timestamp_ns"]): {k: v["bytes"] for k, v in s["per_stack"].items()}
+            for s in t["heap"]["snapshots"]}
+    want_untracked = {(s["pid"], s["instance"], s["timestamp_ns"]): s["untracked_bytes"]
+                      for s in t["heap"]["snapshots"]}
+    assert {k: dict(v) for k, v in got.items()} == {k: v for k, v in want.items() if v}
+    assert dict(untracked) == want_untracked
 
 
 def test_event_counts(synth_trace, decoded):  # noqa: F811
