@@ -83,7 +83,8 @@ class ReportConfig(Section):
 
 
 class WarehouseConfig(Section):
-    path: Path = Field(Path("warehouse.duckdb"), description="DuckDB file that holds every ingested run.")
+    path: Path = Field(Path("runs/warehouse.duckdb"), description="DuckDB file that holds every ingested run "
+                       "(relative paths are relative to the working directory).")
     labels: dict[str, str] = Field(
         default_factory=dict, description="Labels stored with each run this config ingests (e.g. machine: ci-win-1, "
         "branch: master); `bootprof warehouse ingest --label k=v` adds more.",
