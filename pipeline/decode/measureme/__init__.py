@@ -21,6 +21,14 @@ FILES_TABLE = "self_profiles"
 #: hundreds of files, most of them small).
 GROUP_BYTES = 32 << 20
 
+#: How parts are written: dictionaries for the string columns only, delta encoding for the
+#: increasing integer columns (half the write time of the defaults, and smaller files).
+PARQUET_OPTIONS = {
+    "compression": "zstd",
+    "use_dictionary": ["crate", "kind", "label", "payload"],
+    "column_encoding": {c: "DELTA_BINARY_PACKED" for c in ("event_index", "start_ns", "end_ns", "self_ns", "parent")},
+}
+
 _PROBE_NAME = re.compile(r"^___-\d+\.mm_profdata$")
 _NAME_PID = re.compile(r"^(?P<crate>.+)-(?P<pid>\d+)\.mm_profdata$")
 
@@ -154,7 +162,7 @@ def decode_group(group: dict[str, Any]) -> list[dict[str, Any]]:
         tables.append(table)
     if tables:
         table = pa.concat_tables(tables).unify_dictionaries()
-        pq.write_table(table, group["out"], compression="zstd")
+        pq.write_table(table, group["out"], **PARQUET_OPTIONS)
     return rows
 
 
