@@ -79,6 +79,8 @@ def test_index_has_query_section_and_files(report_run):
     for name in ["profile_queries.html", "query_summary.html", "query_summary.txt", "profile_queries.counts.txt",
                  "chrome_trace.json", "query_stacks.folded"]:
         assert (out / name).stat().st_size > 0 and f'href="{name}"' in index
+    assert "profiler overhead (<code>self_profile_alloc_query_strings</code>)" in index
+    assert "Files not decoded" in index and "cargo probe run" in index   # the ___ probe, skipped
     manifest = read_manifest(report_run, "report")
     assert "profile_queries.counts.txt" in manifest["sections"]["queries"]["files"]
 

@@ -25,6 +25,8 @@ from typing import Any
 from pipeline.runs import atomic_write_text
 
 EVENTS_STAGE, AGG_STAGE = "decoded", "aggregated"
+#: rustc's own self-profiler cost: it allocates the query strings at the end of the session.
+PROFILER_OVERHEAD = "self_profile_alloc_query_strings"
 TRACE_DIR = "profile_queries"
 
 #: summarize's optional columns: shown only when some row has a non-zero value.
@@ -365,14 +367,30 @@ def section(ctx):
                               ["profile_queries.html", "query_summary.html", "query_summary.txt",
                                "profile_queries.counts.txt", "chrome_trace.json", "query_stacks.folded"])
     total_build = total_of.get(("build", None), 0)
+    notes = []
+    overhead = next((r for r in build if r["label"] == PROFILER_OVERHEAD), None)
+    if overhead:
+        notes.append(f"profiler overhead (<code>{PROFILER_OVERHEAD}</code>): {fmt_duration(overhead['self_ns'])} "
+                     f"self time, {overhead['pct_total'] or 0:.2f}% of the total")
+    inputs = ctx.read(EVENTS_STAGE, "self_profiles").to_pylist()
+    unknown = sum(f["unknown_events"] or 0 for f in inputs)
+    if unknown:
+        notes.append(f"{unknown} events with unresolved ids, counted under <code>&lt;unknown&gt;</code>")
+    failed = [f for f in inputs if f["status"] != "ok"]
+    failed_html = ""
+    if failed:
+        failed_html = "<h3>Files not decoded</h3>" + html_table(
+            [{"path": f["path"], "status": f["status"], "error": f["error"] or ""} for f in failed],
+            [("path", "file", False), ("status", "status", False), ("error", "why", False)], "failed")
     body = f"""<p>{len(files)} rustc processes, {len(crates)} crates, total cpu time
 <b>{fmt_duration(total_build)}</b> (summed over threads, as measureme's <code>summarize</code>).</p>
+{"".join(f"<p class='note'>{n}</p>" for n in notes)}
 <p class="links">{links}</p>
 <h3>Crates</h3>{html_table(crate_rows, crate_cols, 'crates')}
 <h3>Top {min(top_n, len(build))} of {len(build)} labels by self time (whole build)</h3>
 {html_table(build[:top_n], cols, 'summary')}
 <h3>Artifact sizes</h3>{html_table([{"label": a["label"], "bytes": a["bytes"]} for a in art_build],
                                    [("label", "Item", False), ("bytes", "bytes", False)], 'artifacts')}
-{join_html}"""
+{join_html}{failed_html}"""
     return Section("queries", "rustc queries (self-profile)", body, written,
                    {"labels": len(build), "crates": len(crates), "processes": len(files), "traces": len(traces)})
