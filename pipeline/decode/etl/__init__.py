@@ -81,7 +81,7 @@ def decode_etl(path: Path, out, cfg, pool) -> dict[str, Any]:
         errors.extend(r["errors"])
     write_event_counts(out, results)
     joined = heapsnap.assemble(scratch, out, errors, str(path))
-    joined.update(joins.finish(out, scratch, header))
+    joined.update(joins.finish(out, scratch, header, cfg.join_memory_limit))
     shutil.rmtree(scratch, ignore_errors=True)
 
     skipped = sum(r["buffers_skipped"] for r in results) + len(header.walk_errors)
