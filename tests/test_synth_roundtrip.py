@@ -70,6 +70,10 @@ def test_images(synth_trace, decoded):  # noqa: F811
     kernel = next(im for im in t["images"] if im["kernel"])
     want[(0, int(kernel["base"], 16), kernel["size"], kernel["path"])] += 1
     assert got == want
+    loads = Counter((r["pid"], r["base"], r["file_name"], r["load_ns"], r["unload_ns"]) for r in rows
+                    if r["load_ns"] is not None)
+    assert loads == Counter((im["pid"], int(im["base"], 16), im["path"], im["load_ns"], im["unload_ns"])
+                            for im in t["image_loads"] if not im["rundown"])
 
 
 def test_samples_per_process_and_stack(synth_trace, decoded):  # noqa: F811

@@ -64,7 +64,7 @@ def run(out: Path, cfg) -> dict[str, Any]:
     symbols = out.parent / "symbols"
     n_sym = truth.write_symbols(w, symbols)
     config = cfg.model_dump(mode="json")
-    t = truth.build_truth(w, counter, heaps, virtuals, snap_truth, written, config)
+    t = truth.build_truth(w, counter, heaps, virtuals, snap_truth, written, config, structure.image_times)
     truth_path = out.with_name(out.name.rsplit(".", 1)[0] + ".truth.json")
     atomic_write_text(truth_path, __import__("json").dumps(t, indent=1, sort_keys=True) + "\n")
     return {"trace": str(out), "truth": str(truth_path), "symbols": str(symbols), "symbol_files": n_sym,

@@ -50,7 +50,7 @@ def _func_key(w: Workload, fid: int) -> str:
 
 
 def build_truth(w: Workload, counter: SampleCounter, heaps: list[HeapBlocks], virtuals: list[VirtualBlocks],
-                snapshots: list[dict], written: dict, config: dict) -> dict:
+                snapshots: list[dict], written: dict, config: dict, image_times: dict) -> dict:
     cat = w.catalog
     f = cat.funcs
     per_t = counter.counts.sum(axis=0)
@@ -127,6 +127,11 @@ def build_truth(w: Workload, counter: SampleCounter, heaps: list[HeapBlocks], vi
                    "released_bytes": released},
         "heap": {"events": heap_counts,
                  "snapshots": [{k: v for k, v in s.items() if not k.startswith("_")} for s in snapshots]},
+        "image_loads": [{"pid": 0 if pi < 0 else w.procs[pi].pid, "path": cat.images[ii].path,
+                         "base": hex(cat.images[ii].base), "load_raw": lo, "unload_raw": un,
+                         "load_ns": ns(w, lo), "unload_ns": None if un is None else ns(w, un),
+                         "rundown": pi < 0 or w.procs[pi].rundown}
+                        for (pi, ii), (lo, un) in sorted(image_times.items())],
         "stacks": {str(t): {"frames": [hex(int(x)) for x in w.stacks.frames[t]],
                             "functions": [_func_key(w, int(x)) for x in w.stacks.funcs[t]],
                             "images": [f.image[int(x)] for x in w.stacks.funcs[t]]}

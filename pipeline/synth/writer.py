@@ -71,6 +71,7 @@ class Structure:
         self.w = w
         p = self.p = w.pointer_size
         self.rec = OneOff(p)
+        self.image_times: dict[tuple[int, int], list] = {}
         procs = w.procs
         for q in procs:
             main = q.tids[0]
@@ -148,6 +149,9 @@ class Structure:
         p = self.p
         img = self.w.catalog.images[index]
         pid = 0 if img.kernel else q.pid
+        # (process index or -1 for the kernel, image index) -> [load or DCStart tick, unload tick or None]
+        times = self.image_times.setdefault((-1 if img.kernel else q.index, index), [None, None])
+        times[1 if hook == L.HOOK_IMAGE_UNLOAD else 0] = ts
         f = np.zeros(1, L.image_fixed(p))
         f["ImageBase"], f["ImageSize"], f["ProcessId"] = img.base, img.size, pid
         f["ImageChecksum"], f["TimeDateStamp"], f["DefaultBase"] = img.checksum, img.timedatestamp, img.base
