@@ -39,8 +39,8 @@ MAX_NS = 9223372036854775807
 CRATE_SQL = """CASE WHEN coalesce(raw_name, '') LIKE '?%' THEN NULL
      ELSE nullif(nullif(regexp_extract(function, '^<*([a-z_][a-z0-9_]*)(\\[[0-9a-f]+\\])?::', 1), ''), 'llvm') END"""
 
-#: ``--crate-name X`` (or ``--crate-name=X``) of a command line; NULL when absent.
-CMD_CRATE_SQL = """nullif(regexp_extract(command_line, '--crate-name[ =]"?([^ "]+)', 1), '')"""
+#: ``--crate-name X`` (or ``--crate-name=X``, either part quoted) of a command line; NULL when absent.
+CMD_CRATE_SQL = """nullif(regexp_extract(command_line, '--crate-name"?[ =]+"?([^ "]+)', 1), '')"""
 
 
 def parquet_glob(path: Path) -> str:
