@@ -85,6 +85,10 @@ class ReportConfig(Section):
         500_000, ge=1000, description="profile_queries.html: at most this many events per process; when a "
         "process has more, the shortest are left out (their time stays in their parent's self time).",
     )
+    chrome_trace_min_us: int = Field(
+        0, ge=0, description="chrome_trace.json: leave out intervals shorter than this many microseconds "
+        "(as crox --minimum-duration); 0 keeps every interval.",
+    )
 
 
 class WarehouseConfig(Section):

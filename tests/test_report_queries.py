@@ -138,6 +138,17 @@ def test_chrome_trace_like_crox(report_run):
     assert mine["dur"] == (first["end"] - first["start"]) // 1000 and mine["cat"] == first["kind"]
 
 
+def test_chrome_trace_minimum_duration(report_run, tmp_path):
+    from pipeline.report.queries import chrome_events_of_part
+    from pipeline.runs import read_table
+
+    files = {r["file_id"]: r for r in read_table(report_run, "aggregated", "self_profile_processes").to_pylist()}
+    part = sorted((report_run / "decoded" / "query_events.parquet").glob("*.parquet"))[0]
+    every = json.loads("[" + Path(chrome_events_of_part(str(part), str(tmp_path / "a"), files)).read_text() + "]")
+    long = json.loads("[" + Path(chrome_events_of_part(str(part), str(tmp_path / "b"), files, 100_000)).read_text() + "]")
+    assert long and len(long) == sum(e["dur"] >= 100 for e in every) < len(every)
+
+
 def test_folded_stacks_add_up_to_total_time(report_run):
     from pipeline.runs import read_table
 

@@ -138,16 +138,17 @@ def _files_meta(ctx) -> dict[int, dict]:
     return {r["file_id"]: r for r in rows}
 
 
-def chrome_events_of_part(part: str, out: str, files: dict[int, dict]) -> str | None:
-    """Dask task: write the Chrome trace elements (``ph: X``) of one part's interval events to ``out``.
-
-    Returns ``out``, or None when the part has no interval events."""
+def chrome_events_of_part(part: str, out: str, files: dict[int, dict], min_ns: int = 0) -> str | None:
+    """Dask task: write the Chrome trace elements (``ph: X``) of one part's interval events that last
+    at least ``min_ns`` to ``out``. Returns ``out``, or None when there are none."""
     import numpy as np
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     t = pq.read_table(part, columns=["file_id", "thread", "kind", "label", "args", "payload", "start_ns", "end_ns"])
     t = t.filter(pc.equal(t["payload"], "interval"))
+    if min_ns:
+        t = t.filter(pc.greater_equal(pc.subtract(t["end_ns"], t["start_ns"]), min_ns))
     if t.num_rows == 0:
         return None
     t = t.unify_dictionaries().combine_chunks()
@@ -188,7 +189,8 @@ def write_chrome_trace(ctx, parts: list[str], files: dict[int, dict]) -> Path:
         tmp = ctx.out.path / ".chrome_parts"
         tmp.mkdir()
         outs = [str(tmp / f"{i:05d}.json") for i in range(len(parts))]
-        for fragment in ctx.pool.map(_chrome_task, list(zip(parts, outs)), files=files):
+        min_ns = ctx.config.report.chrome_trace_min_us * 1000
+        for fragment in ctx.pool.map(_chrome_task, list(zip(parts, outs)), files=files, min_ns=min_ns):
             if fragment:
                 f.write("" if first else ",\n")
                 with open(fragment) as src:
@@ -199,8 +201,8 @@ def write_chrome_trace(ctx, parts: list[str], files: dict[int, dict]) -> Path:
     return path
 
 
-def _chrome_task(item: tuple[str, str], files: dict[int, dict]) -> str | None:
-    return chrome_events_of_part(item[0], item[1], files)
+def _chrome_task(item: tuple[str, str], files: dict[int, dict], min_ns: int) -> str | None:
+    return chrome_events_of_part(item[0], item[1], files, min_ns)
 
 
 def trace_js_of_part(part: str, out_dir: str, files: dict[int, dict], max_events: int) -> list[dict]:
