@@ -7,7 +7,8 @@ the address tables are built) and warm (tables from the cache). Also times the c
 (searchsorted + inline-chain gathers) on 1M RVAs, and a cold table build from the largest real PDB
 fixture if ``../shared/fixtures`` is there.
 
-Prints a table and writes ``bench/out/symbolize.json``. Usage:
+Prints a table and writes its section to ``bench/out/symbolize.json`` (the ``bench/run.py``
+convention: flat ``rows`` plus scalars; the target is reported as met / NOT met). Usage:
 ``python bench/bench_symbolize.py [--frames 1000000] [--functions 100000]``.
 """
 
@@ -160,8 +161,13 @@ def main(argv=None) -> dict:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
+    warm = next(r for r in rows if r["run"] == "warm")
+    # the issue's target: 1M unique frames in under 2 s with a warm cache
+    target_s = 2.0 * warm["unique_frames"] / 1_000_000
     result = {"seed": SEED, "frames_requested": args.frames, "functions_per_image": args.functions,
-              "input_prep_s": round(prep, 3), "results": rows}
+              "input_prep_s": round(prep, 3), "warm_frames_per_s": warm["frames_per_s"],
+              "target_warm_s_per_1M_frames": 2.0,
+              "warm_target": "met" if warm["seconds"] <= target_s else "NOT met", "rows": rows}
     print(f"{'run':<58} {'unique frames':>13} {'rows':>9} {'seconds':>8} {'frames/s':>11}")
     for r in rows:
         fps = f"{r['frames_per_s']:,}" if r["frames_per_s"] else "-"
@@ -169,7 +175,8 @@ def main(argv=None) -> dict:
     for r in rows[:2]:
         print(f"  {r['run']}: " + ", ".join(f"{k[2:]} {v} s" for k, v in r.items() if k.startswith("t_")))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"symbolize": result}, indent=2) + "\n")
+    print(f"warm target (1M frames < 2 s): {result['warm_target']}")
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 

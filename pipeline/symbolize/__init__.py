@@ -309,7 +309,9 @@ def run(run_dir: Path, config, pool, inputs: list[Path] | None = None) -> dict[s
     t_lookup = time.perf_counter()
 
     with stage_output(run_dir, STAGE, inputs=decoded.get("inputs", []), config=config.resolved()) as out:
-        out.write_table("frames", frames_table)
+        # string columns are dictionary arrays in memory; without the stored Arrow schema, readers see
+        # plain strings (the parquet column is dictionary-encoded either way)
+        out.write_table("frames", frames_table, store_schema=False)
         out.manifest.update(stats)
         out.manifest["symbol_path"] = symbol_path
         out.manifest["cache_dir"] = str(cache_dir)
@@ -364,7 +366,14 @@ def assemble(mapped: dict, images, ids: list, status: dict[str, dict]):
     by_code = np.argsort(frame_code, kind="stable")
     bounds = np.searchsorted(frame_code[by_code], np.arange(len(keys) + 1))
 
-    parts: list[dict[str, Any]] = []
+    # Every string column is built as a dictionary array: per-row int indices into one dictionary
+    # (the concatenated names / files of all tables), gathered with numpy. No string is copied per
+    # row in Python or Arrow; the parquet writer stores the strings (see write_frames).
+    parts: list[dict[str, np.ndarray]] = []
+    names_dict: list = []       # pa arrays: each table's display names, then the unresolved names
+    raw_dict: list = []
+    files_dict: list = []
+    n_names = n_files = 0
     resolved = np.zeros(n, dtype=bool)
     for key, res in sorted(status.items()):
         if res.get("status") != "ok":
@@ -376,71 +385,75 @@ def assemble(mapped: dict, images, ids: list, status: dict[str, dict]):
         if len(sel) == 0:
             continue
         table = AddressTable.load(Path(res["table_dir"]))
-        inner = table.innermost(lookup_rva[sel])
-        query, loc, depth = table.chains(inner)
+        query, loc, depth = table.chains(table.innermost(lookup_rva[sel]))
         if len(query) == 0:
             continue
         locs = table.locations[loc]
-        fn = locs["function"].astype(np.int64)
         file_idx = locs["file"].astype(np.int64)
-        files = table.files
-        has_file = (file_idx != NONE) & (file_idx < len(files))
-        file_col = pa.array(np.where(has_file, file_idx, 0), pa.int64())
-        file_vals = files.take(file_col) if len(files) else pa.nulls(len(loc), pa.string())
-        file_vals = pc.if_else(pa.array(has_file), file_vals, pa.scalar(None, pa.string()))
+        has_file = (file_idx != NONE) & (file_idx < len(table.files))
         line = locs["line"].astype(np.int64)
         resolved[sel[query]] = True
         parts.append({
-            "frame": sel[query], "inline_depth": depth,
-            "function": table.names.take(pa.array(fn)), "raw_name": table.raw_names.take(pa.array(fn)),
-            "file": file_vals, "line": pa.array(np.where(line > 0, line, 0), pa.uint32(), mask=line <= 0),
+            "frame": sel[query], "inline_depth": depth, "name": n_names + locs["function"].astype(np.int64),
+            "file": np.where(has_file, n_files + file_idx, -1), "line": line,
         })
+        names_dict.extend(table.names.chunks)
+        raw_dict.extend(table.raw_names.chunks)
+        files_dict.extend(table.files.chunks)
+        n_names += len(table.names)
+        n_files += len(table.files)
     unres = np.flatnonzero(~resolved)
     if len(unres):
-        names = [
+        labels = [
             f"{modules[int(image[k])] or '?'}+0x{int(rva[k]):x}" if image[k] >= 0 else f"0x{int(mapped['address'][k]):x}"
             for k in unres.tolist()
         ]
+        names_dict.append(pa.array(labels, pa.string()))
         parts.append({
             "frame": unres, "inline_depth": np.zeros(len(unres), dtype=np.int64),
-            "function": pa.array(names, pa.string()), "raw_name": pa.nulls(len(unres), pa.string()),
-            "file": pa.nulls(len(unres), pa.string()), "line": pa.nulls(len(unres), pa.uint32()),
+            "name": n_names + np.arange(len(unres), dtype=np.int64), "file": np.full(len(unres), -1, np.int64),
+            "line": np.zeros(len(unres), dtype=np.int64),
         })
 
-    def cat(key):
-        chunks = []
-        for p in parts:
-            v = p[key]
-            chunks.extend(v.chunks if isinstance(v, pa.ChunkedArray) else [v])
-        return pa.chunked_array(chunks, type=pa.string() if key in ("function", "raw_name", "file") else None)
+    def gather(key):
+        return np.concatenate([p[key] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
 
-    frame = np.concatenate([p["frame"] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
-    depth = np.concatenate([p["inline_depth"] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
+    frame, depth = gather("frame"), gather("inline_depth")
     order = np.lexsort((depth, frame))
     frame, depth = frame[order], depth[order]
-    take = pa.array(order)
+    name_idx, file_idx, line = gather("name")[order], gather("file")[order], gather("line")[order]
     img = image[frame]
-    img_safe = pa.array(np.maximum(img, 0))
-    img_mask = pa.array(img < 0)
-    module_arr = pa.array(modules, pa.string()).take(img_safe) if len(modules) else pa.nulls(len(frame), pa.string())
-    null_str = pa.scalar(None, pa.string())
+
+    def dictionary(indices: np.ndarray, values: list, valid: np.ndarray | None = None):
+        """Rows ``values[indices]``; null where ``valid`` is false or the value itself is null."""
+        values = pa.concat_arrays([v.cast(pa.string()) for v in values]) if values else pa.array([], pa.string())
+        safe_idx = np.where(indices >= 0, indices, 0).astype(np.int32)
+        ok = np.ones(len(indices), dtype=bool) if valid is None else valid.copy()
+        if values.null_count:
+            present = values.is_valid().to_numpy(zero_copy_only=False)
+            ok &= present[safe_idx] if len(values) else False
+            values = pc.fill_null(values, "")
+        if len(values) == 0:
+            values = pa.array([""], pa.string())
+        return pa.DictionaryArray.from_arrays(pa.array(safe_idx, mask=~ok), values)
 
     def per_image(col):
-        vals = col.take(img_safe) if len(col) else pa.nulls(len(frame), pa.int64())
-        return pc.if_else(img_mask, pa.scalar(None, vals.type), vals)
+        vals = col.take(pa.array(np.maximum(img, 0))) if len(col) else pa.nulls(len(frame), pa.int64())
+        return pc.if_else(pa.array(img < 0), pa.scalar(None, vals.type), vals)
 
+    is_resolved = resolved[frame]
     table = pa.table({
         "address": pa.array(mapped["address"][frame], pa.uint64()),
         "pid": pa.array(mapped["pid"][frame], pa.uint32()),
-        "module": pc.if_else(img_mask, null_str, module_arr),
+        "module": dictionary(img, [pa.array(modules, pa.string())], img >= 0),
         "rva": pa.array(rva[frame], pa.uint64(), mask=img < 0),
-        "function": cat("function").take(take) if parts else pa.array([], pa.string()),
-        "raw_name": cat("raw_name").take(take) if parts else pa.array([], pa.string()),
+        "function": dictionary(name_idx, names_dict),
+        "raw_name": dictionary(name_idx, raw_dict, is_resolved),
         "inline_depth": pa.array(depth, pa.uint16()),
-        "file": cat("file").take(take) if parts else pa.array([], pa.string()),
-        "line": pa.chunked_array([p["line"] for p in parts], pa.uint32()).take(take) if parts else pa.array([], pa.uint32()),
-        "resolved": pa.array(resolved[frame]),
-        "debug_id": pa.array(shown, pa.string()).take(pa.array(frame_code[frame])),
+        "file": dictionary(file_idx, files_dict, file_idx >= 0),
+        "line": pa.array(line, pa.uint32(), mask=line <= 0),
+        "resolved": pa.array(is_resolved),
+        "debug_id": dictionary(frame_code[frame], [pa.array(shown, pa.string())], frame_code[frame] > 0),
         "image_load_ns": per_image(loads),
         "image_unload_ns": per_image(unloads),
     })
