@@ -134,6 +134,19 @@ def make_bad_files(directory: Path) -> dict[str, str]:
     return {name: frag for name, (_, frag) in cases.items()}
 
 
+def test_dangling_reference_inside_string_data(tmp_path):
+    """A reference component (0xFE + id) in the string data that points past its end."""
+    raw = bytearray(fixture_path(HELLO_ARGS).read_bytes())
+    first_data = next(off for tag, off, _ in pages(bytes(raw)) if tag == 1)
+    ref = first_data + 592  # "pre_AST_expansion_lint_checks\x1Ehello": Ref + "\x1E" + Ref (format notes §2.3)
+    assert raw[ref] == 0xFE and raw[ref + 9] == 0x1E
+    struct.pack_into("<Q", raw, ref + 1, layout.FIRST_REGULAR_STRING_ID + 10**8)
+    path = tmp_path / "unknown-crate-0006345.mm_profdata"
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ProfileError, match=r"string data offset 592: dangling reference to string id 200000003"):
+        read_profile(path)
+
+
 def test_bad_files_raise_clear_errors(tmp_path):
     for name, fragment in make_bad_files(tmp_path).items():
         with pytest.raises(ProfileError) as err:
