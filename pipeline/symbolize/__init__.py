@@ -78,12 +78,12 @@ def _explode(pids: np.ndarray, stack_ids: np.ndarray, times: np.ndarray, stack_k
     return pids[owner], address.astype(np.uint64), within == 0, times[owner]
 
 
-def _unique_frames(pid, address, leaf, t, keys=("pid", "address")):
-    """One row per key: is_leaf = any, time = min."""
+def _unique_frames(pid, address, leaf, t):
+    """One row per (pid, address): is_leaf = any, time = min."""
     import pyarrow as pa
 
     tbl = pa.table({"pid": pid, "address": address, "leaf": leaf, "t": t})
-    g = tbl.group_by(list(keys), use_threads=True).aggregate([("leaf", "max"), ("t", "min")])
+    g = tbl.group_by(["pid", "address"], use_threads=True).aggregate([("leaf", "max"), ("t", "min")])
     return (g.column("pid").to_numpy(), g.column("address").to_numpy(),
             g.column("leaf_max").to_numpy(zero_copy_only=False), g.column("t_min").to_numpy())
 
