@@ -45,3 +45,26 @@ def synth_traces(tmp_path_factory) -> dict[str, Synth]:
 @pytest.fixture(scope="session", params=list(VARIANTS))
 def synth_trace(request, synth_traces) -> Synth:
     return synth_traces[request.param]
+
+
+@pytest.fixture(scope="session")
+def decoded(synth_traces, dask_pool, tmp_path_factory):
+    """Decode every variant once (real dask cluster).
+
+    Returns name -> {"run": run dir, "tables": {table: list of row dicts}}.
+    """
+    from pipeline import decode
+    from pipeline.config import Config
+    from pipeline.runs import read_table, table_path
+
+    out = {}
+    for name, s in synth_traces.items():
+        run = tmp_path_factory.mktemp(f"decoded-{name}")
+        decode.run(run, Config(), dask_pool, inputs=[s.path])
+        tables = {}
+        for t in ("processes", "images", "samples", "stacks", "virtual_allocs", "heap_events", "heap_snapshots",
+                  "heap_snapshot_blocks", "event_counts"):
+            if table_path(run, "decoded", t).exists():
+                tables[t] = read_table(run, "decoded", t).to_pylist()
+        out[name] = {"run": run, "tables": tables}
+    return out

@@ -8,36 +8,14 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-import pytest
-
 from pipeline.synth.records import KINDS
-from tests.synth_traces import synth_trace, synth_traces  # noqa: F401  (fixtures)
+from tests.synth_traces import decoded, synth_trace, synth_traces  # noqa: F401  (fixtures)
 
 MEM_COMMIT = 0x1000
 
 
-@pytest.fixture(scope="session")
-def decoded(synth_traces, dask_pool, tmp_path_factory):  # noqa: F811
-    """Decode every variant once (real dask cluster); returns name -> {table: list of row dicts}."""
-    from pipeline import decode
-    from pipeline.config import Config
-    from pipeline.runs import read_table, table_path
-
-    out = {}
-    for name, s in synth_traces.items():
-        run = tmp_path_factory.mktemp(f"decoded-{name}")
-        decode.run(run, Config(), dask_pool, inputs=[s.path])
-        tables = {}
-        for t in ("processes", "images", "samples", "stacks", "virtual_allocs", "heap_events", "heap_snapshots",
-                  "heap_snapshot_blocks", "event_counts"):
-            if table_path(run, "decoded", t).exists():
-                tables[t] = read_table(run, "decoded", t).to_pylist()
-        out[name] = tables
-    return out
-
-
 def _table(decoded, s, name):  # noqa: F811
-    tables = decoded[s.name]
+    tables = decoded[s.name]["tables"]
     assert name in tables, f"the decoder wrote no '{name}' table for {s.path}"
     return tables[name]
 
