@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 # Debian packages the tests drive for real (headless Chromium for the HTML report, clang-cl and
-# lld-link to build PE+PDB test images). Installed only when missing.
+# lld-link to build PE+PDB test images, cabextract for LZX-compressed .pd_ files). Installed only when missing.
 system-deps:
 	@bash scripts/system-deps.sh
 

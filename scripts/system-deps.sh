@@ -3,8 +3,9 @@
 set -euo pipefail
 declare -A want=(
   [chromium]=chromium
-  [clang-cl-16]=clang-16
+  [clang-16]=clang-16
   [lld-link-16]=lld-16
+  [cabextract]=cabextract
 )
 missing=()
 for cmd in "${!want[@]}"; do
