@@ -86,14 +86,14 @@ def bench_kernels(path: Path) -> tuple[int, float]:
     strings = StringTable(path, lay, streams[L.TAG_STRING_DATA], streams[L.TAG_STRING_INDEX])
     words = streams[L.TAG_EVENTS].view("<u4")
     n = (len(streams[L.TAG_EVENTS]) - L.STREAM_HEADER_SIZE) // lay.event.itemsize
-    cols = [np.empty(n, t) for t in (np.int32, np.int32, np.uint32, np.int32, np.int64, np.int64, np.int8)]
+    cols = [np.empty(n, t) for t in (np.int32, np.int32, np.int64, np.uint32, np.int32, np.int64, np.int64, np.int8)]
     nest = [np.empty(n, t) for t in (np.int64, np.int32, np.int64)]
 
     def run():
         status, _, _, _, n_threads = kernels.decode_events(words, 2, n, lay.event_words, lay.id_words,
                                                            strings.virt_addr, len(strings.data), *cols)
         assert status == kernels.OK
-        kernels.nest_events(n, n_threads, cols[3], cols[4], cols[5], cols[6], *nest)
+        kernels.nest_events(n, n_threads, cols[4], cols[5], cols[6], cols[7], *nest)
 
     run()  # compile / load the numba cache
     return n, best_of(run)

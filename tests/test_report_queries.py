@@ -138,6 +138,19 @@ def test_chrome_trace_like_crox(report_run):
     assert mine["dur"] == (first["end"] - first["start"]) // 1000 and mine["cat"] == first["kind"]
 
 
+def test_cache_hits_per_query_execution(report_run):
+    """QueryCacheHitCount events carry their invocation's DepNodeIndex: hits land on that Query."""
+    fid = file_ids(report_run)["app"]
+    text = (report_run / "report" / "profile_queries" / f"trace-{fid}.js").read_text()
+    data = json.loads(text[len("bootprofTrace("): -len(");\n")])
+    total = sum(r[4] for r in summarize(read_events(fixture_path(
+        "selfprofile/workspace-clean/app-0009460.mm_profdata"))[1])[0].values())
+    attributed = sum(data["hits"])
+    assert total == 129764 and 0.95 * total < attributed <= total
+    kinds = {data["kinds"][data["kind"][i]] for i, h in enumerate(data["hits"]) if h}
+    assert kinds == {"Query"}
+
+
 def test_chrome_trace_minimum_duration(report_run, tmp_path):
     from pipeline.report.queries import chrome_events_of_part
     from pipeline.runs import read_table
@@ -205,6 +218,7 @@ def test_profile_queries_renders_a_large_process_lazily(report_run, tmp_path):
     assert 'class="node miss ' in dom                                  # query executions
     assert "frac-50" in dom or "frac-40" in dom or "frac-30" in dom    # large nodes styled by share
     assert "thread 3" in dom
+    assert 'class="hits inline" title="' in dom and 'cache hits of ' in dom   # per-execution hit dots
 
 
 def test_profile_queries_zoom_and_hits(report_run, tmp_path):

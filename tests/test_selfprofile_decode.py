@@ -51,6 +51,7 @@ def test_hello_args_query_key_and_nesting():
     assert text == "registered_tools\x1e()"
     assert prof.strings[prof.kind_code[3]] == "Query"
     assert (prof.start[3], prof.end[3]) == (2778035, 2806327)
+    assert prof.string_id[3] == 4  # virtual id: rustc's DepNodeIndex of the invocation
     iv = prof.payload == layout.INTERVAL
     roots = iv & (prof.parent < 0)
     # Self times of a file sum to the summed durations of its root events.

@@ -25,6 +25,8 @@ from typing import Any
 from pipeline.runs import atomic_write_text
 
 EVENTS_STAGE, AGG_STAGE = "decoded", "aggregated"
+#: measureme string ids up to this are virtual: for queries, rustc's DepNodeIndex of the invocation.
+MAX_VIRTUAL_STRING_ID = 100_000_000
 #: rustc's own self-profiler cost: it allocates the query strings at the end of the session.
 PROFILER_OVERHEAD = "self_profile_alloc_query_strings"
 TRACE_DIR = "profile_queries"
@@ -217,7 +219,7 @@ def trace_js_of_part(part: str, out_dir: str, files: dict[int, dict], max_events
     import pyarrow.parquet as pq
 
     t = pq.read_table(part, columns=["file_id", "thread", "kind", "label", "payload", "start_ns", "end_ns",
-                                     "parent", "event_index"])
+                                     "parent", "event_index", "string_id", "value"])
     written = []
     for fid in pc.unique(t["file_id"]).to_pylist():
         ft = t.filter(pc.equal(t["file_id"], fid)).unify_dictionaries().combine_chunks()
@@ -245,6 +247,7 @@ def trace_js_of_part(part: str, out_dir: str, files: dict[int, dict], max_events
         parent = ft["parent"].to_numpy()[idx]
         parent = np.where(parent >= 0, new_index[np.maximum(parent, 0)], -1)
         label, kind = ft["label"].chunk(0), ft["kind"].chunk(0)
+        hits = invocation_hits(kind, ft["string_id"].to_numpy(), ft["value"].to_numpy(zero_copy_only=False))[idx]
         meta = files.get(fid, {})
         data = {
             "file_id": fid, "crate": meta.get("crate"), "pid": meta.get("pid"), "total_ns": meta.get("total_ns"),
@@ -253,13 +256,38 @@ def trace_js_of_part(part: str, out_dir: str, files: dict[int, dict], max_events
             "start": start[idx].tolist(), "dur": dur[idx].tolist(),
             "label": label.indices.to_numpy()[idx].tolist(), "kind": kind.indices.to_numpy()[idx].tolist(),
             "instant": instant[idx].astype(np.int8).tolist(), "parent": parent.tolist(),
-            "thread": ft["thread"].to_numpy()[idx].tolist(),
+            "thread": ft["thread"].to_numpy()[idx].tolist(), "hits": hits.tolist(),
         }
         name = f"trace-{fid}.js"
         text = "bootprofTrace(" + json.dumps(data, separators=(",", ":")) + ");\n"
         Path(out_dir, name).write_text(text)
         written.append({"file_id": fid, "path": f"{TRACE_DIR}/{name}", "shown": len(idx), "cut_ns": cut})
     return written
+
+
+def invocation_hits(kind, string_id, value):
+    """Cache hits of each Query execution: rustc writes one QueryCacheHitCount per invocation with hits,
+    with the invocation's DepNodeIndex (a virtual string id) as event id, the same id as its Query.
+    Returns the hits per event (0 for everything but attributable Query events)."""
+    import numpy as np
+
+    names = kind.dictionary.to_pylist()
+    codes = kind.indices.to_numpy()
+    out = np.zeros(len(codes), np.int64)
+    if "QueryCacheHitCount" not in names or "Query" not in names:
+        return out
+    counts = (codes == names.index("QueryCacheHitCount")) & (string_id <= MAX_VIRTUAL_STRING_ID)
+    ids, inverse = np.unique(string_id[counts], return_inverse=True)
+    totals = np.bincount(inverse, weights=value[counts].astype(np.float64)).astype(np.int64) if len(ids) else ids
+    query = np.nonzero((codes == names.index("Query")) & (string_id <= MAX_VIRTUAL_STRING_ID))[0]
+    # Some invocations share an index (e.g. DepNodeIndex 0): hits of a shared id are not attributed.
+    qids, qcount = np.unique(string_id[query], return_counts=True)
+    query = query[np.isin(string_id[query], qids[qcount == 1])]
+    pos = np.searchsorted(ids, string_id[query])
+    found = pos < len(ids)
+    found[found] = ids[pos[found]] == string_id[query][found]
+    out[query[found]] = totals[pos[found]]
+    return out
 
 
 def profile_queries_page(ctx, files: dict[int, dict], traces: list[dict]) -> str:

@@ -40,6 +40,7 @@ def events_schema():
     return pa.schema([
         ("file_id", pa.int32()), ("pid", pa.int64()), ("crate", d), ("thread", pa.uint32()),
         ("event_index", pa.int64()), ("kind", d), ("label", d), ("args", pa.list_(pa.string())),
+        ("string_id", pa.int64()),
         ("payload", d), ("start_ns", pa.int64()), ("end_ns", pa.int64()), ("value", pa.int64()),
         ("self_ns", pa.int64()), ("depth", pa.int32()), ("parent", pa.int64()),
     ])
@@ -104,6 +105,7 @@ def events_table(file_id: int, prof, crate: str):
         "kind": dict_col(kind_idx.astype(np.int32), kind_dict),
         "label": dict_col(label_of_code[prof.id_code], label_dict),
         "args": pa.array(args_of_code, pa.list_(pa.string())).take(pa.array(prof.id_code)),
+        "string_id": pa.array(prof.string_id),
         "payload": dict_col(pay.astype(np.int32) - 1, pay_dict),
         "start_ns": pa.array(prof.start, mask=integer),
         "end_ns": pa.array(prof.end, mask=~interval),

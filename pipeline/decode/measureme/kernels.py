@@ -57,13 +57,14 @@ def _id_to_addr(sid, virt_addr):
 
 @njit(cache=True, nogil=True)
 def decode_events(words, first_word, n, rec_words, id_words, virt_addr, string_data_len,
-                  kind_code, id_code, thread, thread_slot, start, end, payload):
+                  kind_code, id_code, string_id, thread, thread_slot, start, end, payload):
     """Decode ``n`` records starting at ``words[first_word]``.
 
     Fills the per-event output arrays (allocated by the caller, length ``n``) and returns
     ``(status, bad_event, addrs, n_addrs, n_threads)``: ``addrs[:n_addrs]`` are the distinct
-    string-data addresses, ``kind_code``/``id_code`` index into them; ``thread_slot`` numbers the
-    distinct thread ids densely from 0.
+    string-data addresses, ``kind_code``/``id_code`` index into them; ``string_id`` keeps the raw
+    event_id (for virtual ids rustc's DepNodeIndex); ``thread_slot`` numbers the distinct thread ids
+    densely from 0.
 
     Interning is a dense array over the string data (``code_of_addr[addr + 1]``, slot 0 for
     UNKNOWN_ADDR), so the loop never hashes and never reallocates.
@@ -72,8 +73,8 @@ def decode_events(words, first_word, n, rec_words, id_words, virt_addr, string_d
     n_threads = 0
     if n < 0 or first_word < 0 or first_word + n * rec_words > words.shape[0]:
         return SHORT_BUFFER, 0, np.empty(0, np.int64), 0, 0
-    if (kind_code.shape[0] < n or id_code.shape[0] < n or thread.shape[0] < n or thread_slot.shape[0] < n
-            or start.shape[0] < n or end.shape[0] < n or payload.shape[0] < n):
+    if (kind_code.shape[0] < n or id_code.shape[0] < n or string_id.shape[0] < n or thread.shape[0] < n
+            or thread_slot.shape[0] < n or start.shape[0] < n or end.shape[0] < n or payload.shape[0] < n):
         return SHORT_BUFFER, 0, np.empty(0, np.int64), 0, 0
     code_of_addr = np.full(string_data_len + 1, -1, np.int32)
     addrs = np.empty(min(2 * n, string_data_len + 1) + 1, np.int64)
@@ -119,6 +120,7 @@ def decode_events(words, first_word, n, rec_words, id_words, virt_addr, string_d
             addrs[n_addrs] = a
             n_addrs += 1
         id_code[i] = c
+        string_id[i] = sid
 
         if tid != last_tid:
             mask = _THREAD_SLOTS - 1

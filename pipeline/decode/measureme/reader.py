@@ -203,6 +203,7 @@ class Profile:
     n_threads: int
     kind_code: np.ndarray      # int32 per event: index into ``strings``
     id_code: np.ndarray        # int32 per event: index into ``strings``
+    string_id: np.ndarray      # int64 per event: the raw event_id (virtual: rustc's DepNodeIndex)
     thread: np.ndarray         # uint32
     start: np.ndarray          # int64 (value for integer events)
     end: np.ndarray            # int64 (raw value2: markers for instants/integers)
@@ -233,6 +234,7 @@ def read_profile(path: Path) -> Profile:
     words = events.view("<u4")  # stream length is 8 + k*24 or 8 + k*32: a multiple of 4
     kind_code = np.empty(n, np.int32)
     id_code = np.empty(n, np.int32)
+    string_id = np.empty(n, np.int64)
     thread = np.empty(n, np.uint32)
     slot = np.empty(n, np.int32)
     start = np.empty(n, np.int64)
@@ -240,7 +242,7 @@ def read_profile(path: Path) -> Profile:
     payload = np.empty(n, np.int8)
     status, bad, addrs, n_addrs, n_threads = kernels.decode_events(
         words, STREAM_HEADER_SIZE // 4, n, layout.event_words, layout.id_words, strings.virt_addr,
-        len(strings.data), kind_code, id_code, thread, slot, start, end, payload)
+        len(strings.data), kind_code, id_code, string_id, thread, slot, start, end, payload)
     if status != kernels.OK:
         offset = STREAM_HEADER_SIZE + bad * layout.event.itemsize
         raise ProfileError(f"{path}: event stream offset {offset} (event {bad}): {kernels.STATUS_TEXT[status]}")
@@ -249,5 +251,5 @@ def read_profile(path: Path) -> Profile:
     self_ns = np.empty(n, np.int64)
     kernels.nest_events(n, n_threads, slot, start, end, payload, parent, depth, self_ns)
     texts = [strings.expand(int(a)) for a in addrs[:n_addrs]]
-    return Profile(path, layout.version, metadata, n, n_threads, kind_code, id_code, thread, start, end,
-                   payload, parent, depth, self_ns, texts, strings.index_entries)
+    return Profile(path, layout.version, metadata, n, n_threads, kind_code, id_code, string_id, thread, start,
+                   end, payload, parent, depth, self_ns, texts, strings.index_entries)

@@ -67,6 +67,7 @@
     head.insertAdjacentHTML("beforeend", '<span class="pct">' + (100 * frac).toFixed(frac >= 0.01 ? 1 : 3) +
       '%</span> <span class="dur">' + fmt(t.dur[i]) + (intervals ? " · " + intervals + " children" : "") + "</span>" +
       (kids.length ? ' <a class="zoom" href="#file=' + t.file_id + "&zoom=" + i + '">zoom</a>' : ""));
+    if (t.hits && t.hits[i] > 0) head.appendChild(dots(t.hits[i], t.labels[t.label[i]]));
     el.appendChild(head);
     var box = document.createElement("div");
     box.className = "kids";
@@ -76,6 +77,20 @@
       open(t, el, state);
     }
     return el;
+  }
+
+  // Cache hits of one query execution (QueryCacheHitCount): one dot per hit, at most 20 drawn.
+  function dots(count, label) {
+    var span = document.createElement("span");
+    span.className = "hits inline";
+    span.title = count + " cache hits of " + label;
+    for (var h = 0; h < Math.min(count, 20); h++) {
+      var d = document.createElement("span");
+      d.className = "hit";
+      span.appendChild(d);
+    }
+    if (count > 20) span.appendChild(document.createTextNode("+" + (count - 20)));
+    return span;
   }
 
   function open(t, el, state) {
