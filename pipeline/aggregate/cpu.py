@@ -53,8 +53,9 @@ def aggregate(ctx) -> dict[str, Any] | None:
           "self_samples DESC, inclusive_samples DESC, module, function, raw_name")
     write(BY_CODE_CRATE, resolve.by_frames(UNITS, weights, ["crate"], ["samples"]), "self_samples DESC, crate")
     write(FOLDED, f"""
-        SELECT {PROCESS_FRAME_SQL} || coalesce(';' || st.folded, '') AS stack, count(*)::BIGINT AS samples
-        FROM {UNITS} s LEFT JOIN procs p USING (process_key) LEFT JOIN {UNITS}_stacks st USING (unit_id)
+        WITH per AS (SELECT unit_id, process_key, count(*)::BIGINT AS n FROM {UNITS} GROUP BY ALL)
+        SELECT {PROCESS_FRAME_SQL} || coalesce(';' || st.folded, '') AS stack, sum(n)::BIGINT AS samples
+        FROM per s LEFT JOIN procs p USING (process_key) LEFT JOIN {UNITS}_stacks st USING (unit_id)
         GROUP BY 1""", "stack")
     with_stack, resolved = con.execute(f"""
         SELECT count(*) FILTER (stack_id IS NOT NULL),
