@@ -96,7 +96,7 @@ KERNELBASE = ["VirtualAlloc", "VirtualFree", "CreateProcessInternalW", "WaitForS
 UCRT = ["malloc", "free", "_register_onexit_function", "strlen"]
 VCRT = ["memcpy", "memset", "memcmp", "memmove"]
 NTOSKRNL = ["KiIdleLoop", "PoIdle", "PpmIdleExecuteTransition", "HalProcessorIdle", "KiSystemServiceCopyEnd",
-            "NtAllocateVirtualMemory", "MiAllocateVirtualMemory", "MiReserveUserMemory",
+            "NtAllocateVirtualMemory", "MiAllocateVirtualMemory", "MiReserveUserMemory", "KiPageFault",
             "MmAccessFault", "MiResolveDemandZeroFault", "KeZeroPages"]
 RUSTC_EXE = ["mainCRTStartup", "__scrt_common_main_seh", "main", "rustc_main::main"]
 LINK_EXE = ["wmainCRTStartup", "wmain", "LinkerMain", "IMAGE::BuildImage", "IMAGE::Pass1", "IMAGE::Pass2",
@@ -365,6 +365,10 @@ def build_stacks(rng, cat: Catalog, ids: dict[str, int], scale: int) -> tuple[St
         rec = {cat.fid(drv, n) for n in RUSTC_RECURSIVE}
         llvm = [[cat.fid(drv, n) for n in layer] for layer in LLVM_LAYERS]
         main = [st.add(cat, rng, main_root + _walk(rng, layers[:-1] + [leaves], rec, 4)) for _ in range(40 * scale)]
+        # page faults on fresh memory: samples taken in the kernel, logged as kernel part + user part
+        fault = [cat.fid(kr, n) for n in ("KiPageFault", "MmAccessFault", "MiResolveDemandZeroFault", "KeZeroPages")]
+        main += [st.add(cat, rng, main_root + _walk(rng, layers[:-1] + [leaves], rec, 4) + fault, kernel_frames=4)
+                 for _ in range(3 * scale)]
         worker = [st.add(cat, rng, worker_root + _walk(rng, llvm, set(), 2)) for _ in range(15 * scale)]
         pools.add(f"rustc_main/{stage}", main, rng)
         pools.add(f"rustc_codegen/{stage}", worker, rng)
