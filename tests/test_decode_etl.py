@@ -653,3 +653,17 @@ def test_heap_snapshot_parser_refuses_bad_blobs():
     assert heapsnap.parse(np.frombuffer(bytes(bad), np.uint8))[0] == heapsnap.PARSE_BAD_VERSION
     status, _, parts = heapsnap.parse(np.frombuffer(blob, np.uint8))
     assert status == heapsnap.PARSE_OK and heapsnap.stack_frames(parts)[1] == [1, 2, 3]
+
+
+def test_heap_snapshot_parser_32bit_layout():
+    """PointerSize 4 (the notes' inference for 32-bit ntdll): 4-byte ids/frames/fields, 16-byte heap header."""
+    from pipeline.decode.etl import heapsnap
+
+    blob = (struct.pack("<IIHH", 1, 1, 1, 4) + struct.pack("<III", 2 << 24 | 1, 0xA0, 0x401000) + struct.pack("<I", 0x402000)
+            + struct.pack("<III", 2 << 24 | 3, 0x50, 0xA0)
+            + struct.pack("<HHIII", 2, 4, 0x300000, 0x1000, 0x2000)
+            + struct.pack("<III", 0x300010, 0x50, 24) + struct.pack("<III", 0x1234CDEF, 0, 0xFFFFFFFF))
+    status, pos, parts = heapsnap.parse(np.frombuffer(blob, np.uint8))
+    assert (status, pos) == (heapsnap.PARSE_OK, len(blob))
+    assert heapsnap.stack_frames(parts) == [[0x401000, 0x402000]] and parts["stk_ref"].tolist() == [3]
+    assert parts["blocks"].tolist() == [[0x300010, 0x50, 24]] and parts["heaps"].tolist() == [[0x300000, 0x1000, 0x2000]]

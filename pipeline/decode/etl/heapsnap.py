@@ -7,7 +7,8 @@ frames, stacks referring to segments) and the busy blocks of every heap. A snaps
 assemble or parse is kept as a marker row with the reason; its blocks are not reported.
 
 The blob layout is reconstructed from decompiled x64 ntdll (see the notes) and has not been checked
-against a real trace; versions other than (1, 8) / (2, 8) are refused, not guessed.
+against a real trace. PointerSize 4 follows the notes' inference for 32-bit ntdll (4-byte ids, frames
+and block fields, 16-byte heap header); other versions and pointer sizes are refused, not guessed.
 """
 
 from __future__ import annotations
@@ -29,15 +30,18 @@ CHUNK = {"instance": 0, "sequence": 4, "length": 8, "data": 12}   # event 100 v1
 END = {"instance": 0, "total": 4}                                 # event 200 v1
 MAX_CHUNK = 0x4000
 
-# Blob layout (§3): stack-database header, segment and stack records, heap section header, block record.
-DB_HEADER_SIZE = 12          # u32 SegmentCount; u32 StackCount; u16 Version (1); u16 PointerSize (8)
+# Blob layout (§3), W = the blob's PointerSize (8 on x64; 4 is the notes' inference for 32-bit ntdll):
+# stack-database header, segment and stack records, heap section header, block record.
+DB_HEADER_SIZE = 12          # u32 SegmentCount; u32 StackCount; u16 Version (1); u16 PointerSize (W)
 DB_VERSION = 1
-SEGMENT_FIXED = 12           # u32 Info (frames << 24); u64 SegmentId; then u64 Frame[Info >> 24]
-STACK_FIXED = 12             # u32 Info (frames << 24 | refcount); u64 StackId; then u64 SegmentRef[ceil(n/8)]
+ENTRY_FIXED = 4              # u32 Info, then a W-byte SegmentId/StackId, then W-byte values:
+                             #   segment: Frame[Info >> 24]; stack: SegmentRef[ceil((Info >> 24) / 8)]
 SEGMENT_FRAMES = 8
-HEAP_HEADER_SIZE = 32        # u16 Version (2); u16 PointerSize; u32 pad; u64 Heap; u64 TotalCommit; u64 TotalReserve
+# Heap section header: u16 Version (2); u16 PointerSize; then W=8: u32 pad, u64 Heap, TotalCommit,
+# TotalReserve (32 bytes); W=4: u32 Heap, TotalCommit, TotalReserve (16 bytes).
+HEAP_HEADER_SIZE = {8: 32, 4: 16}
 HEAP_VERSION = 2
-BLOCK_SIZE = 24              # u64 Address; u64 StackRef; u64 Size
+BLOCK_FIELDS = 3             # {Address; StackRef; Size}, W bytes each
 SENTINEL_ADDRESS, SENTINEL_SIZE = 0x1234CDEF, 0xFFFFFFFF
 
 # Parse status codes.
@@ -73,17 +77,22 @@ def end_events(b: Batch, idx: np.ndarray) -> None:
 
 # --- blob parser --------------------------------------------------------------------------------------
 @nb.njit(**JIT)
-def _entry(blob, p, s, count, ids, offs, values, nv):
-    """One segment or stack record at p: {u32 Info; u64 Id; u64 value[count]} -> ids[s], values[offs[s]:].
-    Returns (ok, next position, values used)."""
-    if p + 12 + 8 * count > blob.shape[0] or nv + count > values.shape[0]:
+def _uw(blob, p, w):
+    return _u64(blob, p) if w == 8 else np.uint64(_u32(blob, p))
+
+
+@nb.njit(**JIT)
+def _entry(blob, p, w, s, count, ids, offs, values, nv):
+    """One segment or stack record at p: {u32 Info; W-byte Id; W-byte value[count]} -> ids[s] and
+    values[offs[s]:]. Returns (ok, next position, values used)."""
+    if p + ENTRY_FIXED + w * (count + 1) > blob.shape[0] or nv + count > values.shape[0]:
         return False, p, nv
-    ids[s] = _u64(blob, p + 4)
+    ids[s] = _uw(blob, p + ENTRY_FIXED, w)
     offs[s] = nv
     for j in range(count):
-        values[nv + j] = _u64(blob, p + 12 + 8 * j)
+        values[nv + j] = _uw(blob, p + ENTRY_FIXED + w * (j + 1), w)
     offs[s + 1] = nv + count
-    return True, p + 12 + 8 * count, nv + count
+    return True, p + ENTRY_FIXED + w * (count + 1), nv + count
 
 
 @nb.njit(**JIT)
@@ -92,8 +101,7 @@ def parse_blob(blob, seg_id, seg_off, seg_frames, stk_id, stk_ref, stk_off, stk_
     """Parse one assembled snapshot blob into preallocated arrays; returns (status, position, counts).
 
     counts = (segments, frames, stacks, segment refs, heap sections, blocks). Every read is checked
-    against the blob length; output arrays are sized by the caller from the blob length, and each write
-    is checked against them too.
+    against the blob length and every write against the output arrays (sized by the caller).
     """
     n = blob.shape[0]
     counts = np.zeros(6, np.int64)
@@ -101,48 +109,50 @@ def parse_blob(blob, seg_id, seg_off, seg_frames, stk_id, stk_ref, stk_off, stk_
         return PARSE_TRUNCATED, 0, counts
     nseg = _u32(blob, 0)
     nstk = _u32(blob, 4)
-    if _u16(blob, 8) != DB_VERSION or _u16(blob, 10) != 8:
+    w = np.int64(_u16(blob, 10))
+    if _u16(blob, 8) != DB_VERSION or (w != 8 and w != 4):
         return PARSE_BAD_VERSION, 8, counts
-    p = DB_HEADER_SIZE
+    p = np.int64(DB_HEADER_SIZE)
     nf = 0
     for s in range(nseg):
-        if p + SEGMENT_FIXED > n or s >= seg_id.shape[0]:
+        if p + ENTRY_FIXED > n or s >= seg_id.shape[0]:
             return PARSE_TRUNCATED, p, counts
-        ok, p, nf = _entry(blob, p, s, _u32(blob, p) >> 24, seg_id, seg_off, seg_frames, nf)
+        ok, p, nf = _entry(blob, p, w, s, np.int64(_u32(blob, p) >> 24), seg_id, seg_off, seg_frames, nf)
         if not ok:
             return PARSE_TRUNCATED, p, counts
         counts[0] = s + 1
     counts[1] = nf
     nr = 0
     for s in range(nstk):
-        if p + STACK_FIXED > n or s >= stk_id.shape[0]:
+        if p + ENTRY_FIXED > n or s >= stk_id.shape[0]:
             return PARSE_TRUNCATED, p, counts
         info = _u32(blob, p)
         stk_ref[s] = info & 0xFFFFFF
-        nref = ((info >> 24) + SEGMENT_FRAMES - 1) // SEGMENT_FRAMES
-        ok, p, nr = _entry(blob, p, s, nref, stk_id, stk_off, stk_segs, nr)
+        nref = (np.int64(info >> 24) + SEGMENT_FRAMES - 1) // SEGMENT_FRAMES
+        ok, p, nr = _entry(blob, p, w, s, nref, stk_id, stk_off, stk_segs, nr)
         if not ok:
             return PARSE_TRUNCATED, p, counts
         counts[2] = s + 1
     counts[3] = nr
+    hsize = 32 if w == 8 else 16   # HEAP_HEADER_SIZE[w]
+    first = 8 if w == 8 else 4     # offset of the Heap field
     nb_ = 0
     nh = 0
     while p < n:
-        if p + HEAP_HEADER_SIZE > n or nh >= heaps.shape[0]:
+        if p + hsize > n or nh >= heaps.shape[0]:
             return PARSE_TRUNCATED, p, counts
-        if _u16(blob, p) != HEAP_VERSION or _u16(blob, p + 2) != 8:
+        if _u16(blob, p) != HEAP_VERSION or _u16(blob, p + 2) != w:
             return PARSE_BAD_VERSION, p, counts
-        heaps[nh, 0] = _u64(blob, p + 8)
-        heaps[nh, 1] = _u64(blob, p + 16)
-        heaps[nh, 2] = _u64(blob, p + 24)
-        p += HEAP_HEADER_SIZE
+        for k in range(3):  # Heap, TotalCommit, TotalReserve
+            heaps[nh, k] = _uw(blob, p + first + w * k, w)
+        p += hsize
         while True:
-            if p + BLOCK_SIZE > n or nb_ >= blocks.shape[0]:
+            if p + BLOCK_FIELDS * w > n or nb_ >= blocks.shape[0]:
                 return PARSE_TRUNCATED, p, counts
-            addr = _u64(blob, p)
-            ref = _u64(blob, p + 8)
-            size = _u64(blob, p + 16)
-            p += BLOCK_SIZE
+            addr = _uw(blob, p, w)
+            ref = _uw(blob, p + w, w)
+            size = _uw(blob, p + 2 * w, w)
+            p += BLOCK_FIELDS * w
             if addr == SENTINEL_ADDRESS and ref == 0 and size == SENTINEL_SIZE:
                 break
             blocks[nb_, 0] = addr
@@ -159,13 +169,14 @@ def parse_blob(blob, seg_id, seg_off, seg_frames, stk_id, stk_ref, stk_off, stk_
 def parse(blob: np.ndarray) -> tuple[int, int, dict[str, Any]]:
     """Run :func:`parse_blob` with arrays sized from the blob; returns (status, position, parts)."""
     n = len(blob)
-    cap_rec, cap_words = n // SEGMENT_FIXED + 1, n // 8 + 1
+    cap_rec, cap_words = n // (ENTRY_FIXED + 4) + 1, n // 4 + 1     # smallest records: W = 4
     seg_id, seg_off, seg_frames = np.zeros(cap_rec, np.uint64), np.zeros(cap_rec + 1, np.int64), np.zeros(cap_words, np.uint64)
     stk_id, stk_ref, stk_off = np.zeros(cap_rec, np.uint64), np.zeros(cap_rec, np.uint32), np.zeros(cap_rec + 1, np.int64)
     stk_segs = np.zeros(cap_words, np.uint64)
-    heap_of_block = np.zeros(n // BLOCK_SIZE + 1, np.int64)
-    blocks = np.zeros((n // BLOCK_SIZE + 1, 3), np.uint64)
-    heaps = np.zeros((n // HEAP_HEADER_SIZE + 1, 3), np.uint64)
+    cap_blocks = n // (BLOCK_FIELDS * 4) + 1
+    heap_of_block = np.zeros(cap_blocks, np.int64)
+    blocks = np.zeros((cap_blocks, 3), np.uint64)
+    heaps = np.zeros((n // HEAP_HEADER_SIZE[4] + 1, 3), np.uint64)
     status, pos, c = parse_blob(blob, seg_id, seg_off, seg_frames, stk_id, stk_ref, stk_off, stk_segs,
                                 heap_of_block, blocks, heaps)
     nseg, nf, nstk, nr, nh, nblk = (int(x) for x in c)
@@ -195,7 +206,7 @@ def stack_frames(parts: dict[str, Any]) -> list[list[int]] | None:
 
 # --- assembly ---------------------------------------------------------------------------------------
 SNAPSHOT_SCHEMA = pa.schema([
-    ("pid", pa.uint32()), ("instance", pa.uint32()), ("timestamp", pa.int64()), ("timestamp_ns", pa.int64()),
+    ("snapshot_id", pa.int64()), ("pid", pa.uint32()), ("instance", pa.uint32()), ("timestamp", pa.int64()), ("timestamp_ns", pa.int64()),
     ("end_timestamp_ns", pa.int64()), ("chunks", pa.int64()), ("bytes", pa.int64()), ("total_data", pa.int64()),
     ("complete", pa.bool_()), ("status", pa.string()), ("heaps", pa.int64()), ("blocks", pa.int64()),
     ("block_bytes", pa.int64()), ("stacks", pa.int64()),
@@ -214,62 +225,87 @@ def assemble(scratch: Path, out, errors: list[dict[str, Any]], path: str) -> dic
         keys += con.execute(f"SELECT DISTINCT pid, instance FROM read_parquet('{chunks_dir}/*.parquet')").fetchall()
     if ends_dir.exists():
         keys += con.execute(f"SELECT DISTINCT pid, instance FROM read_parquet('{ends_dir}/*.parquet')").fetchall()
-    stack_rows: dict[str, list] = {"pid": [], "instance": [], "stack_ref": [], "frames": []}
+    stack_rows: dict[str, list] = {"snapshot_id": [], "stack_ref": [], "frames": []}
     block_tables = []
     for pid, instance in sorted(set(keys)):
         chunks = con.execute(f"""SELECT sequence, data, timestamp, timestamp_ns FROM read_parquet('{chunks_dir}/*.parquet')
-                                 WHERE pid = ? AND instance = ? ORDER BY sequence""", [pid, instance]).fetchall() \
-            if chunks_dir.exists() else []
+                                 WHERE pid = ? AND instance = ? ORDER BY timestamp, cpu, stream_pos""",
+                             [pid, instance]).fetchall() if chunks_dir.exists() else []
         ends = con.execute(f"""SELECT total, timestamp, timestamp_ns FROM read_parquet('{ends_dir}/*.parquet')
-                               WHERE pid = ? AND instance = ? ORDER BY timestamp""", [pid, instance]).fetchall() \
-            if ends_dir.exists() else []
-        times = [c[2] for c in chunks] + [e[1] for e in ends]
-        times_ns = [c[3] for c in chunks] + [e[2] for e in ends]
-        row = {"pid": pid, "instance": instance, "timestamp": min(times), "timestamp_ns": min(times_ns),
-               "end_timestamp_ns": max(times_ns), "chunks": len(chunks), "bytes": sum(len(c[1]) for c in chunks),
-               "total_data": ends[-1][0] if ends else None, "complete": False, "status": "ok",
-               "heaps": 0, "blocks": 0, "block_bytes": 0, "stacks": 0}
-        rows.append(row)
-        if [c[0] for c in chunks] != list(range(len(chunks))):
-            row["status"] = "incomplete: chunk sequence has gaps (lost events?)"
-        elif not ends:
-            row["status"] = "incomplete: no end event (200)"
-        elif row["bytes"] != row["total_data"]:
-            row["status"] = f"incomplete: {row['bytes']} chunk bytes but TotalData {row['total_data']}"
-        if row["status"] != "ok":
-            errors.append(_error(path, pid, instance, row["status"]))
-            continue
-        blob = np.frombuffer(b"".join(c[1] for c in chunks), np.uint8)
-        status, pos, parts = parse(blob)
-        frames = stack_frames(parts) if status == PARSE_OK else None
-        if status != PARSE_OK or frames is None:
-            row["status"] = f"unparsed: {PARSE_TEXT.get(status, PARSE_TEXT[PARSE_BAD_SEGMENT])} at blob offset {pos}"
-            errors.append(_error(path, pid, instance, row["status"]))
-            continue
-        row.update(complete=True, heaps=len(parts["heaps"]), blocks=len(parts["blocks"]),
-                   block_bytes=int(parts["blocks"][:, 2].sum()) if len(parts["blocks"]) else 0, stacks=len(frames))
-        n = len(frames)
-        stack_rows["pid"] += [pid] * n
-        stack_rows["instance"] += [instance] * n
-        stack_rows["stack_ref"] += parts["stk_id"].tolist()
-        stack_rows["frames"] += frames
-        blk = parts["blocks"]
-        block_tables.append(pa.table({
-            "pid": pa.array(np.full(len(blk), pid, np.uint32)), "instance": pa.array(np.full(len(blk), instance, np.uint32)),
-            "timestamp_ns": pa.array(np.full(len(blk), row["timestamp_ns"], np.int64)),
-            "heap": parts["heaps"][parts["heap_of_block"], 0], "address": blk[:, 0], "size": blk[:, 2],
-            "stack_ref": blk[:, 1],
-        }))
+                               WHERE pid = ? AND instance = ? ORDER BY timestamp, cpu, stream_pos""",
+                           [pid, instance]).fetchall() if ends_dir.exists() else []
+        for group, group_ends in _split(chunks, ends):
+            row = _snapshot(len(rows), pid, instance, group, group_ends, errors, path, stack_rows, block_tables)
+            rows.append(row)
     con.close()
     out.write_table("heap_snapshots", pa.Table.from_pylist(rows, schema=SNAPSHOT_SCHEMA))
-    pq.write_table(pa.table({"pid": pa.array(stack_rows["pid"], pa.uint32()),
-                             "instance": pa.array(stack_rows["instance"], pa.uint32()),
+    pq.write_table(pa.table({"snapshot_id": pa.array(stack_rows["snapshot_id"], pa.int64()),
                              "stack_ref": pa.array(stack_rows["stack_ref"], pa.uint64()),
                              "frames": pa.array(stack_rows["frames"], pa.list_(pa.uint64()))}),
                    scratch / "_heapsnap_stacks.parquet")
     if block_tables:
         pq.write_table(pa.concat_tables(block_tables), scratch / "_heapsnap_blocks.parquet")
     return {"heap_snapshots": len(rows), "heap_snapshots_incomplete": sum(not r["complete"] for r in rows)}
+
+
+def _split(chunks: list[tuple], ends: list[tuple]) -> list[tuple[list, list]]:
+    """Separate the snapshots that share one (pid, instance): a reused PID restarts the instance counter.
+    A new snapshot starts at every chunk with Sequence 0; end events go to the latest snapshot begun at or
+    before them."""
+    groups: list[list] = []
+    for c in chunks:
+        if not groups or c[0] == 0:
+            groups.append([])
+        groups[-1].append(c)
+    if not groups:
+        groups = [[]]
+    starts = [g[0][2] if g else -(1 << 63) for g in groups]
+    out = [(g, []) for g in groups]
+    for e in ends:
+        i = max((k for k, t in enumerate(starts) if t <= e[1]), default=0)
+        out[i][1].append(e)
+    return out
+
+
+def _snapshot(snapshot_id, pid, instance, chunks, ends, errors, path, stack_rows, block_tables) -> dict[str, Any]:
+    """Check, assemble and parse one snapshot; returns its ``heap_snapshots`` row."""
+    times = [c[2] for c in chunks] + [e[1] for e in ends]
+    times_ns = [c[3] for c in chunks] + [e[2] for e in ends]
+    row = {"snapshot_id": snapshot_id, "pid": pid, "instance": instance, "timestamp": min(times),
+           "timestamp_ns": min(times_ns), "end_timestamp_ns": max(times_ns), "chunks": len(chunks),
+           "bytes": sum(len(c[1]) for c in chunks), "total_data": ends[-1][0] if ends else None,
+           "complete": False, "status": "ok", "heaps": 0, "blocks": 0, "block_bytes": 0, "stacks": 0}
+    if [c[0] for c in chunks] != list(range(len(chunks))):
+        row["status"] = "incomplete: chunk sequence has gaps (lost events?)"
+    elif not ends:
+        row["status"] = "incomplete: no end event (200)"
+    elif row["bytes"] != row["total_data"]:
+        row["status"] = f"incomplete: {row['bytes']} chunk bytes but TotalData {row['total_data']}"
+    if row["status"] != "ok":
+        errors.append(_error(path, pid, instance, row["status"]))
+        return row
+    blob = np.frombuffer(b"".join(c[1] for c in chunks), np.uint8)
+    status, pos, parts = parse(blob)
+    frames = stack_frames(parts) if status == PARSE_OK else None
+    if status != PARSE_OK or frames is None:
+        row["status"] = f"unparsed: {PARSE_TEXT.get(status, PARSE_TEXT[PARSE_BAD_SEGMENT])} at blob offset {pos}"
+        errors.append(_error(path, pid, instance, row["status"]))
+        return row
+    blk = parts["blocks"]
+    row.update(complete=True, heaps=len(parts["heaps"]), blocks=len(blk),
+               block_bytes=int(blk[:, 2].sum()) if len(blk) else 0, stacks=len(frames))
+    stack_rows["snapshot_id"] += [snapshot_id] * len(frames)
+    stack_rows["stack_ref"] += parts["stk_id"].tolist()
+    stack_rows["frames"] += frames
+    n = len(blk)
+    block_tables.append(pa.table({
+        "snapshot_id": pa.array(np.full(n, snapshot_id, np.int64)), "pid": pa.array(np.full(n, pid, np.uint32)),
+        "instance": pa.array(np.full(n, instance, np.uint32)),
+        "timestamp_ns": pa.array(np.full(n, row["timestamp_ns"], np.int64)),
+        "heap": parts["heaps"][parts["heap_of_block"], 0], "address": blk[:, 0], "size": blk[:, 2],
+        "stack_ref": blk[:, 1],
+    }))
+    return row
 
 
 def _error(path: str, pid: int, instance: int, status: str) -> dict[str, Any]:

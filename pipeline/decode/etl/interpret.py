@@ -179,10 +179,14 @@ def stack_walk(b: Batch, idx: np.ndarray) -> None:
     idx = b.require(idx, 16, "StackWalk")
     W = L.STACK_WALK
     po = b.c["pay_off"][idx]
+    P = b.c["ptr"][idx]
+    # A record whose leaf frame is a user address is the user half of a stack (or a user-only stack).
+    leaf = np.where(b.c["pay_len"][idx] >= W["frames"] + P, b.pointer(idx, W["frames"], 0), 0)
+    user = leaf < np.where(P == 8, L.KERNEL_SPACE_64, L.KERNEL_SPACE_32).astype(np.uint64)
     b.emit("_stack_refs", {
         **b.common(idx), "event_ts": b.gather(po + W["event_ts"], 8).view(np.int64),
         "pid": b.gather(po + W["pid"], 4), "tid": b.gather(po + W["tid"], 4),
-        "kind": np.zeros(len(idx), np.uint8), "key": np.zeros(len(idx), np.uint64),
+        "kind": np.zeros(len(idx), np.uint8), "user": user, "key": np.zeros(len(idx), np.uint64),
         "frames": _frames(b, idx, np.full(len(idx), W["frames"])),
     }, idx)
 
@@ -196,7 +200,7 @@ def stack_key_ref(b: Batch, idx: np.ndarray) -> None:
     b.emit("_stack_refs", {
         **b.common(idx), "event_ts": b.gather(po + W["event_ts"], 8).view(np.int64),
         "pid": b.gather(po + W["pid"], 4), "tid": b.gather(po + W["tid"], 4),
-        "kind": np.where(b.c["opcode"][idx] == 37, 1, 2).astype(np.uint8),
+        "kind": np.where(b.c["opcode"][idx] == 37, 1, 2).astype(np.uint8), "user": b.c["opcode"][idx] == 38,
         "key": b.pointer(idx, 0x10, 0), "frames": empty,
     }, idx)
 

@@ -12,9 +12,11 @@ Stacks (§3.5, §3.6)::
     key ──► first KeyDelete/KeyRundown/Create definition of that key at or after the reference
             (keys are reused, so "any definition" is wrong; an ASOF join picks the right one)
 
-All pieces of one (event_ts, thread) are concatenated in stream order, kernel frames first, and the
+All pieces of one (event_ts, thread) are concatenated, kernel pieces before user pieces (a piece is a
+user half when its leaf frame is a user address, or a StackKeyUser), each kind in stream order, and the
 resulting frame lists are deduplicated into ``stacks``. Samples and heap events find their stack by
-(timestamp, thread); VirtualAlloc events have no thread and match by (timestamp, cpu).
+(timestamp, thread); VirtualAlloc events have no thread and match by timestamp and a piece logged on the
+event's CPU.
 """
 
 from __future__ import annotations
@@ -43,13 +45,13 @@ EMPTY = {
                      "pid UINTEGER, pdb_guid VARCHAR, pdb_age UINTEGER, pdb_name VARCHAR, il BOOLEAN",
     "_samples": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, tid UINTEGER, ip UBIGINT",
     "_stack_refs": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, event_ts BIGINT, "
-                   "pid UINTEGER, tid UINTEGER, kind UTINYINT, key UBIGINT, frames UBIGINT[]",
+                   "pid UINTEGER, tid UINTEGER, kind UTINYINT, user BOOLEAN, key UBIGINT, frames UBIGINT[]",
     "_stack_defs": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, key UBIGINT, "
                    "opcode UTINYINT, frames UBIGINT[]",
     "_virtual_allocs": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, pid UINTEGER, "
                        "base UBIGINT, size UBIGINT, flags UINTEGER, is_free BOOLEAN",
-    "_heapsnap_stacks": "pid UINTEGER, instance UINTEGER, stack_ref UBIGINT, frames UBIGINT[]",
-    "_heapsnap_blocks": "pid UINTEGER, instance UINTEGER, timestamp_ns BIGINT, heap UBIGINT, address UBIGINT, "
+    "_heapsnap_stacks": "snapshot_id BIGINT, stack_ref UBIGINT, frames UBIGINT[]",
+    "_heapsnap_blocks": "snapshot_id BIGINT, pid UINTEGER, instance UINTEGER, timestamp_ns BIGINT, heap UBIGINT, address UBIGINT, "
                         "size UBIGINT, stack_ref UBIGINT",
     "_heap_events": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, pid UINTEGER, "
                     "tid UINTEGER, kind VARCHAR, heap UBIGINT, address UBIGINT, size UBIGINT, old_address UBIGINT, "
@@ -170,15 +172,15 @@ def _stacks(con) -> dict[str, Any]:
     con.execute("""
         CREATE TABLE stack_pieces AS
         WITH keyed AS (
-            SELECT r.timestamp, r.cpu, r.stream_pos, r.event_ts, r.pid, r.tid, r.kind, r.key, d.frames
+            SELECT r.timestamp, r.cpu, r.stream_pos, r.event_ts, r.pid, r.tid, r.kind, r.user, r.key, d.frames
             FROM (SELECT * FROM _stack_refs WHERE kind > 0) r
             ASOF LEFT JOIN _stack_defs d ON r.key = d.key AND d.timestamp >= r.timestamp)
-        SELECT timestamp, cpu, stream_pos, event_ts, pid, tid, kind, frames FROM _stack_refs WHERE kind = 0
-        UNION ALL SELECT timestamp, cpu, stream_pos, event_ts, pid, tid, kind, frames FROM keyed""")
+        SELECT timestamp, cpu, stream_pos, event_ts, pid, tid, kind, user, frames FROM _stack_refs WHERE kind = 0
+        UNION ALL SELECT timestamp, cpu, stream_pos, event_ts, pid, tid, kind, user, frames FROM keyed""")
     con.execute("""
         CREATE TABLE stack_groups AS
-        SELECT event_ts, tid, any_value(pid) AS pid, arg_min(cpu, timestamp) AS cpu,
-               flatten(list(coalesce(frames, []) ORDER BY timestamp, kind, cpu, stream_pos)) AS frames,
+        SELECT event_ts, tid, any_value(pid) AS pid, list(DISTINCT cpu) AS cpus,
+               flatten(list(coalesce(frames, []) ORDER BY user, timestamp, cpu, stream_pos)) AS frames,
                count(*) AS pieces, count(*) FILTER (kind > 0 AND frames IS NULL) AS unresolved
         FROM stack_pieces GROUP BY event_ts, tid""")
     con.execute("""
@@ -188,11 +190,11 @@ def _stacks(con) -> dict[str, Any]:
         FROM (SELECT frames, min(first_ts) AS first_ts, arg_min(first_tid, first_ts) AS first_tid FROM (
                   SELECT frames, event_ts AS first_ts, tid AS first_tid FROM stack_groups WHERE len(frames) > 0
                   UNION ALL  -- heap snapshot stacks share the table; they sort after the event stacks
-                  SELECT frames, 9223372036854775807, pid FROM _heapsnap_stacks WHERE len(frames) > 0)
+                  SELECT frames, 9223372036854775807, snapshot_id FROM _heapsnap_stacks WHERE len(frames) > 0)
               GROUP BY frames)""")
     con.execute("""
         CREATE TABLE stack_index AS
-        SELECT g.event_ts, g.tid, g.pid, g.cpu, s.stack_id
+        SELECT g.event_ts, g.tid, g.pid, g.cpus, s.stack_id
         FROM stack_groups g JOIN stacks s ON g.frames = s.frames""")
     unresolved, refs = con.execute(
         "SELECT count(*) FILTER (frames IS NULL AND kind > 0), count(*) FILTER (kind > 0) FROM stack_pieces").fetchone()
@@ -221,7 +223,7 @@ def _virtual_allocs(con) -> None:
         CREATE TABLE virtual_allocs AS
         SELECT v.timestamp, v.timestamp_ns, v.cpu, v.pid, k.tid, v.base, v.size, v.flags,
                CASE WHEN v.is_free THEN 'free' ELSE 'alloc' END AS kind, k.stack_id
-        FROM _virtual_allocs v LEFT JOIN stack_index k ON k.event_ts = v.timestamp AND k.cpu = v.cpu
+        FROM _virtual_allocs v LEFT JOIN stack_index k ON k.event_ts = v.timestamp AND list_contains(k.cpus, v.cpu)
         ORDER BY v.timestamp, v.cpu, v.stream_pos""")
 
 
@@ -239,11 +241,11 @@ def _heap_snapshot_blocks(con) -> None:
     process enabled stack tracking)."""
     con.execute("""
         CREATE TABLE heap_snapshot_blocks AS
-        SELECT b.pid, b.instance, b.timestamp_ns, b.heap, b.address, b.size, b.stack_ref, s.stack_id
+        SELECT b.snapshot_id, b.pid, b.instance, b.timestamp_ns, b.heap, b.address, b.size, b.stack_ref, s.stack_id
         FROM _heapsnap_blocks b
-        LEFT JOIN _heapsnap_stacks h ON h.pid = b.pid AND h.instance = b.instance AND h.stack_ref = b.stack_ref
+        LEFT JOIN _heapsnap_stacks h ON h.snapshot_id = b.snapshot_id AND h.stack_ref = b.stack_ref
         LEFT JOIN stacks s ON s.frames = h.frames
-        ORDER BY b.pid, b.instance, b.heap, b.address""")
+        ORDER BY b.snapshot_id, b.heap, b.address""")
 
 
 def _summary(con) -> dict[str, Any]:
