@@ -152,7 +152,7 @@ def test_heap_snapshots_per_stack_equal_truth(aggregated_run):
     per_stack = defaultdict(dict)
     for r in rows(run, "heap_snapshot_by_stack"):
         if r["stack_id"] is not None:
-            per_stack[(r["pid"], r["instance"])][stacks[r["stack_id"]]] = {"bytes": r["bytes"], "blocks": r["blocks"]}
+            per_stack[(r["pid"], r["instance"], r["timestamp_ns"])][stacks[r["stack_id"]]] = {"bytes": r["bytes"], "blocks": r["blocks"]}
     snaps = truth["heap"]["snapshots"]
     assert set(summary) <= {(s["pid"], s["instance"], s["timestamp_ns"]) for s in snaps}
     ok = 0
@@ -164,6 +164,6 @@ def test_heap_snapshots_per_stack_equal_truth(aggregated_run):
         assert (got["blocks"], got["bytes"], got["untracked_blocks"], got["untracked_bytes"]) == (
             s["blocks"], s["tracked_bytes"] + s["untracked_bytes"], s["untracked_blocks"], s["untracked_bytes"])
         want = {frames_of[t]: v for t, v in s["per_stack"].items()}
-        assert per_stack[(s["pid"], s["instance"])] == want
+        assert per_stack[(s["pid"], s["instance"], s["timestamp_ns"])] == want
     if truth["trace"]["pointer_size"] == 8:  # the decoder reads x64 snapshot blobs only (heap-snapshot.md §3)
         assert ok >= len(snaps) // 2

@@ -11,7 +11,8 @@ time is the running sum of +commit / -returned in event order; ``peak_commit_byt
 
 **Heap snapshots.** Applies when ``decoded/`` has ``heap_snapshot_blocks`` (pid, instance,
 timestamp_ns, heap, address, size, stack_id): every busy block at each snapshot; bytes and
-blocks per (snapshot, stack), blocks without a stack kept as ``stack_id`` NULL.
+blocks per (snapshot, stack), blocks without a stack kept as ``stack_id`` NULL. A snapshot is
+(pid, instance, timestamp_ns): instance numbers restart in a new process that reuses the pid.
 """
 
 from __future__ import annotations
@@ -129,10 +130,11 @@ def _snapshots(ctx) -> dict[str, Any]:
     con = resolve.connect(ctx, SNAPSHOT_BLOCKS, "stacks", "processes", "images", *([SNAPSHOTS] if ctx.has(SNAPSHOTS) else []))
     resolve.assign_units(con, ctx, f"(SELECT *, NULL::UBIGINT AS ip FROM {SNAPSHOT_BLOCKS})", "hb")
     _copy(ctx, con, HEAP_BY_STACK, """
-        SELECT b.pid, b.process_key, b.instance, min(b.timestamp_ns) AS timestamp_ns, b.stack_id, st.folded,
+        SELECT b.pid, b.process_key, b.instance, b.timestamp_ns, b.stack_id, st.folded,
                count(*)::BIGINT AS blocks, sum(b.size)::BIGINT AS bytes
-        FROM hb b LEFT JOIN hb_stacks st USING (unit_id) GROUP BY b.pid, b.process_key, b.instance, b.stack_id, st.folded""",
-          "pid, instance, bytes DESC, stack_id")
+        FROM hb b LEFT JOIN hb_stacks st USING (unit_id)
+        GROUP BY b.pid, b.process_key, b.instance, b.timestamp_ns, b.stack_id, st.folded""",
+          "pid, timestamp_ns, instance, bytes DESC, stack_id")
     # Every snapshot the decoder saw, with its status: incomplete ones have no blocks here.
     if ctx.has(SNAPSHOTS):
         con.execute(f"CREATE VIEW snaps AS SELECT pid::BIGINT AS pid, instance, timestamp_ns, status FROM {SNAPSHOTS}")
@@ -140,17 +142,17 @@ def _snapshots(ctx) -> dict[str, Any]:
         con.execute("CREATE VIEW snaps AS SELECT DISTINCT pid, instance, timestamp_ns, 'ok' AS status FROM hb")
     _copy(ctx, con, HEAP_SNAPSHOTS, """
         WITH per AS (
-            SELECT pid, instance, any_value(process_key) AS process_key, count(*)::BIGINT AS blocks,
+            SELECT pid, instance, timestamp_ns, any_value(process_key) AS process_key, count(*)::BIGINT AS blocks,
                    sum(size)::BIGINT AS bytes, count(*) FILTER (stack_id IS NULL)::BIGINT AS untracked_blocks,
                    coalesce(sum(size) FILTER (stack_id IS NULL), 0)::BIGINT AS untracked_bytes
-            FROM hb GROUP BY pid, instance),
+            FROM hb GROUP BY pid, instance, timestamp_ns),
         s AS (SELECT s.*, p.process_key FROM snaps s ASOF LEFT JOIN procs p
               ON s.pid = p.pid AND s.timestamp_ns >= p.start_key)
         SELECT s.pid, s.process_key, p.image_name, p.crate, s.instance, s.timestamp_ns, s.status,
                coalesce(per.blocks, 0)::BIGINT AS blocks, coalesce(per.bytes, 0)::BIGINT AS bytes,
                coalesce(per.untracked_blocks, 0)::BIGINT AS untracked_blocks,
                coalesce(per.untracked_bytes, 0)::BIGINT AS untracked_bytes
-        FROM s LEFT JOIN per USING (pid, instance) LEFT JOIN procs p ON p.process_key = s.process_key""",
+        FROM s LEFT JOIN per USING (pid, instance, timestamp_ns) LEFT JOIN procs p ON p.process_key = s.process_key""",
           "pid, timestamp_ns, instance")
     n, bad = con.execute("SELECT count(*), count(*) FILTER (status <> 'ok') FROM snaps").fetchone()
     return {"heap_snapshots": int(n), "heap_snapshots_not_ok": int(bad)}
