@@ -331,3 +331,22 @@ def test_profile_queries_interaction_in_chromium(report_run, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_run_where_every_profile_is_broken(tmp_path, dask_pool):
+    """No decodable file: aggregate and report still finish and the report says why."""
+    from pipeline import aggregate, decode, report
+    from pipeline.config import Config
+
+    bad = tmp_path / "in"
+    bad.mkdir()
+    raw = fixture_path("selfprofile/hello-default/hello-0006647.mm_profdata").read_bytes()
+    (bad / "hello-0006647.mm_profdata").write_bytes(raw[:1000])
+    run = tmp_path / "run"
+    decode.run(run, Config(), dask_pool, inputs=[bad])
+    aggregate.run(run, Config(), dask_pool)
+    summary = report.run(run, Config(), dask_pool)
+    assert summary["queries"]["processes"] == 0
+    index = (run / "report" / "index.html").read_text()
+    assert "Files not decoded" in index and "truncated events page" in index
+    assert (run / "report" / "profile_queries.counts.txt").read_text() == "label,count,duration_seconds\n"

@@ -102,7 +102,8 @@ def _scoped(sql_file_level: str, keys: list[str], measures: list[str]) -> str:
     """Rows per file, per crate and for the whole build from a per-file query (joined to the files).
 
     Measures are summed, except ``category`` (a rank: the largest wins)."""
-    sums = ", ".join(f"max({m}) as {m}" if m == "category" else f"sum({m})::BIGINT as {m}" for m in measures)
+    sums = ", ".join(f"max({m}) as {m}" if m == "category" else f"coalesce(sum({m}), 0)::BIGINT as {m}"
+                     for m in measures)
     k = "".join(f"{key}, " for key in keys)
     group = "group by " + ", ".join(keys) if keys else ""
     return f"""

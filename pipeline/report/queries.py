@@ -333,7 +333,7 @@ def section(ctx):
     totals = ctx.read(AGG_STAGE, "query_totals").to_pylist()
     artifacts = ctx.read(AGG_STAGE, "artifact_sizes").to_pylist()
     build, crates = by_scope(rows)
-    total_of = {(t["scope"], t["crate"]): t["total_ns"] for t in totals if t["scope"] != "file"}
+    total_of = {(t["scope"], t["crate"]): t["total_ns"] or 0 for t in totals if t["scope"] != "file"}
     art_build = [a for a in artifacts if a["scope"] == "build"]
     written = []
 
