@@ -16,7 +16,10 @@ from pipeline.config import Config
 from pipeline.runs import read_manifest, read_table
 from pipeline.warehouse.significance import (MIN_TIME_NS, SAMPLE_MIN_RELATIVE, SAMPLE_Z, significant_sql)
 from tests.conftest import fixture_path
+from tests.synth_traces import VARIANTS
 from tests.test_aggregate_etl import synth_run
+
+VARIANTS_SMALL = VARIANTS["plain32_cached"]
 
 
 @pytest.fixture(scope="module")
@@ -177,3 +180,33 @@ def test_cli_ingest_query_compare(etl_run, tmp_path, capsys):
     assert "no earlier run" in capsys.readouterr().err
     assert cli_main(["warehouse", "--db", str(db), "query", "SELECT * FROM no_such_table"]) == 2
     assert cli_main(["warehouse", "--db", str(db), "ingest", "--run", str(a), "--label", "oops"]) == 2
+
+
+def test_nightly_job_twice_then_compare(tmp_path, capsys):
+    """jobs/nightly.yaml on one recorded trace, two nights: the second night has the first as its
+    baseline and, with the same trace, no regressions."""
+    import json
+
+    from pipeline import synth
+    from tests.conftest import ROOT
+
+    trace = tmp_path / "input" / "build.etl"
+    synth.run(trace, VARIANTS_SMALL)
+    config = tmp_path / "nightly.yaml"
+    db = tmp_path / "wh.duckdb"
+    config.write_text(json.dumps({
+        "cluster": {"mode": "synchronous"},
+        "symbolize": {"symbol_path": str(trace.parent / "symbols"), "cache_dir": str(tmp_path / "symcache")},
+        "warehouse": {"path": str(db), "labels": {"machine": "test"}}}))
+    runs = [tmp_path / "runs" / f"nightly-2026010{d}-020000" for d in (1, 2)]
+    for run in runs:
+        assert cli_main(["--config", str(config), "run", str(ROOT / "jobs" / "nightly.yaml"), "--trace", str(trace),
+                         "--run", str(run)]) == 0
+        assert (run / "report" / "index.html").exists()
+    assert q(db, "SELECT run_id, baseline_run_id, labels['machine'] FROM run_baselines JOIN runs USING (run_id) "
+                 "ORDER BY run_id") == [(runs[0].name, None, "test"), (runs[1].name, runs[0].name, "test")]
+    assert q(db, "SELECT count(*) FROM regressions")[0][0] == 0
+    assert q(db, "SELECT count(DISTINCT trace_sha256) FROM runs")[0][0] == 1
+    capsys.readouterr()
+    assert cli_main(["--config", str(config), "warehouse", "compare", "--run", str(runs[1])]) == 0
+    assert "no significant changes" in capsys.readouterr().out
