@@ -116,7 +116,7 @@ def html_table(rows: list[dict], cols: list[tuple[str, str, bool]], cls: str = "
     head = "".join(f"<th>{html.escape(t)}</th>" for _, t, _ in cols)
     body = "".join(
         "<tr>" + "".join(
-            f'<td class="{"num" if k != "label" and k != "crate" else "txt"}">{html.escape(cell(r, k, d))}</td>'
+            f'<td class="{"num" if d or isinstance(r[k], (int, float)) else "txt"}">{html.escape(cell(r, k, d))}</td>'
             for k, _, d in cols) + "</tr>"
         for r in rows)
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
@@ -379,17 +379,16 @@ def section(ctx):
     for crate in sorted(crates):
         procs = [f for f in files.values() if f["crate"] == crate]
         top = max(crates[crate], key=lambda r: r["self_ns"])
-        crate_rows.append({"crate": crate, "processes": str(len(procs)),
-                           "total": fmt_duration(total_of.get(("crate", crate), 0)),
-                           "events": str(sum(p["events"] or 0 for p in procs)),
+        crate_rows.append({"crate": crate, "processes": len(procs), "total": total_of.get(("crate", crate), 0),
+                           "events": sum(p["events"] or 0 for p in procs),
                            "top": f"{top['label']} ({fmt_duration(top['self_ns'])})"})
-    crate_cols = [("crate", "crate", False), ("processes", "processes", False), ("total", "total time", False),
+    crate_cols = [("crate", "crate", False), ("processes", "processes", False), ("total", "total time", True),
                   ("events", "events", False), ("top", "largest self time", False)]
     joined = [f for f in files.values() if f.get("etl_match")]
     join_html = ""
     if joined:
-        jrows = [{"crate": f["crate"], "pid": str(f["pid"]), "etl_image": f["etl_image"] or "",
-                  "etl_pid": str(f["etl_pid"]), "etl_match": f["etl_match"]} for f in joined]
+        jrows = [{"crate": f["crate"], "pid": f["pid"], "etl_image": f["etl_image"] or "",
+                  "etl_pid": f["etl_pid"], "etl_match": f["etl_match"]} for f in joined]
         join_html = ("<h3>Matched ETL processes</h3>" + html_table(jrows, [
             ("crate", "crate", False), ("pid", "pid", False), ("etl_image", "ETL image", False),
             ("etl_pid", "ETL pid", False), ("etl_match", "matched by", False)], "join"))
