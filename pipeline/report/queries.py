@@ -20,7 +20,6 @@ import html
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 from pipeline.runs import atomic_write_text
 
