@@ -86,7 +86,10 @@ def events_table(file_id: int, prof, crate: str):
         label_of_code[code] = labels.setdefault(label, len(labels))
         args_of_code.append(args)
     label_dict = pa.array(list(labels), pa.string())
-    kind_codes, kind_idx = np.unique(prof.kind_code, return_inverse=True)
+    used = np.zeros(len(prof.strings), bool)  # the few kind strings, numbered in O(n) (no sort)
+    used[prof.kind_code] = True
+    kind_codes = np.nonzero(used)[0]
+    kind_idx = (np.cumsum(used) - 1)[prof.kind_code]
     kind_dict = pa.array([prof.strings[c] for c in kind_codes], pa.string())
     pay = prof.payload
     interval, integer = pay == INTERVAL, pay == INTEGER
