@@ -167,3 +167,12 @@ def test_heap_snapshots_per_stack_equal_truth(aggregated_run):
         assert per_stack[(s["pid"], s["instance"], s["timestamp_ns"])] == want
     if truth["trace"]["pointer_size"] == 8:  # the decoder reads x64 snapshot blobs only (heap-snapshot.md §3)
         assert ok >= len(snaps) // 2
+
+
+def test_heap_folded_is_each_process_largest_snapshot(aggregated_run):
+    run, truth = aggregated_run
+    largest = defaultdict(int)
+    for r in rows(run, "heap_snapshots_summary"):
+        if r["status"] == "ok":
+            largest[r["process_key"]] = max(largest[r["process_key"]], r["bytes"])
+    assert sum(r["bytes"] for r in rows(run, "heap_folded")) == sum(largest.values())

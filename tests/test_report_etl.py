@@ -109,3 +109,4 @@ def test_index_has_the_etl_sections(report_run):
     assert index.count('<g class="proc"') == sum(1 for r in tree if r["first_seen_ns"] is not None)
     assert 'src="flamegraph_cpu.html"' in index
     assert (report_run / "report" / "flamegraph_commit.html").exists()
+    assert (report_run / "report" / "flamegraph_heap.html").exists() and "flamegraph_heap.html" in index

@@ -13,6 +13,7 @@ time is the running sum of +commit / -returned in event order; ``peak_commit_byt
 timestamp_ns, heap, address, size, stack_id): every busy block at each snapshot; bytes and
 blocks per (snapshot, stack), blocks without a stack kept as ``stack_id`` NULL. A snapshot is
 (pid, instance, timestamp_ns): instance numbers restart in a new process that reuses the pid.
+``heap_folded`` holds, per process, its largest snapshot as folded stacks (for a flame graph).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ COMMIT_BY_PROCESS = "commit_by_process"
 COMMIT_FOLDED = "commit_folded"
 HEAP_BY_STACK = "heap_snapshot_by_stack"
 HEAP_SNAPSHOTS = "heap_snapshots_summary"
+HEAP_FOLDED = "heap_folded"
 
 MEASURES = ["allocs", "commit_bytes", "outstanding_bytes"]
 
@@ -154,5 +156,13 @@ def _snapshots(ctx) -> dict[str, Any]:
                coalesce(per.untracked_bytes, 0)::BIGINT AS untracked_bytes
         FROM s LEFT JOIN per USING (pid, instance, timestamp_ns) LEFT JOIN procs p ON p.process_key = s.process_key""",
           "pid, timestamp_ns, instance")
+    _copy(ctx, con, HEAP_FOLDED, f"""
+        WITH per AS (SELECT pid, instance, timestamp_ns, process_key, sum(size) AS bytes FROM hb GROUP BY ALL),
+        top AS (SELECT * FROM per QUALIFY row_number() OVER (PARTITION BY process_key ORDER BY bytes DESC,
+                                                                timestamp_ns) = 1)
+        SELECT {PROCESS_FRAME_SQL} || ';' || coalesce(st.folded, '[no stack recorded]') AS stack,
+               count(*)::BIGINT AS blocks, sum(b.size)::BIGINT AS bytes
+        FROM hb b JOIN top USING (pid, instance, timestamp_ns) LEFT JOIN procs p ON p.process_key = b.process_key
+             LEFT JOIN hb_stacks st USING (unit_id) GROUP BY 1""", "stack")
     n, bad = con.execute("SELECT count(*), count(*) FILTER (status <> 'ok') FROM snaps").fetchone()
     return {"heap_snapshots": int(n), "heap_snapshots_not_ok": int(bad)}

@@ -59,7 +59,14 @@ the end of the trace. <a href="flamegraph_commit.html"><b>Commit flame graph</b>
             w.csv(AGG, t)
         snaps = ctx.read(AGG, "heap_snapshots_summary").to_pylist()
         summary["heap_snapshots"] = len(snaps)
-        parts.append(f"""<h3>Heap snapshots</h3>
+        flame = ""
+        if ctx.has(AGG, "heap_folded"):
+            folded = [(r["stack"], r["bytes"]) for r in ctx.read(AGG, "heap_folded").to_pylist()]
+            w.text("flamegraph_heap.html", flame_page("Heap bytes at each process's largest snapshot", folded, "bytes",
+                                                      "Width: busy heap bytes by allocating stack."))
+            w.text("heap_folded.txt", "".join(f"{s} {v}\n" for s, v in folded))
+            flame = '<p><a href="flamegraph_heap.html"><b>Heap flame graph</b></a> (largest snapshot of each process)</p>'
+        parts.append(f"""<h3>Heap snapshots</h3>{flame}
 {table(snaps[:top_n], [("pid", "pid", None), ("image_name", "image", None), ("crate", "crate", None),
                        ("instance", "snapshot", None), ("timestamp_ns", "time", fmt_ms), ("bytes", "busy", fmt_bytes),
                        ("blocks", "blocks", count), ("untracked_bytes", "without stack", fmt_bytes)], 'heap-snapshots')}""")

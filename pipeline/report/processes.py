@@ -52,7 +52,8 @@ def timeline_svg(rows: list[dict]) -> str:
     for k in range(6):
         x = LABEL + k * (WIDTH - LABEL) / 5
         ticks.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="0" y2="{height - 16}" stroke="#e3e7eb"></line>'
-                     f'<text x="{x:.1f}" y="{height - 4}" text-anchor="middle">{span * k / 5 / 1e9:.2f} s</text>')
+                     f'<text x="{x:.1f}" y="{height - 4}" text-anchor="{"end" if k == 5 else "middle"}">'
+                     f'{span * k / 5 / 1e9:.2f} s</text>')
     return (f'<svg class="timeline" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
             f'style="font: 9px system-ui, sans-serif">{"".join(ticks)}{"".join(out)}</svg>')
 
