@@ -164,7 +164,8 @@ def sampled_profile(b: Batch, idx: np.ndarray) -> None:
 
 
 # --- StackWalk (§3.5) ------------------------------------------------------------------------------
-def _frames(b: Batch, idx: np.ndarray, skip: np.ndarray):
+def _frames(b: Batch, idx: np.ndarray, skip: np.ndarray) -> dict:
+    """Columns ``frames`` (list<uint64>, leaf first) and their hashes ``h1``, ``h2`` (see kernels)."""
     n = len(idx)
     offs = np.zeros(n + 1, np.int64)
     args = (b.blob, b.c["pay_off"][idx], b.c["pay_len"][idx].astype(np.int64),
@@ -172,7 +173,9 @@ def _frames(b: Batch, idx: np.ndarray, skip: np.ndarray):
     total = K.gather_frames(*args, np.zeros(0, np.uint64), False)
     frames = np.empty(total, np.uint64)
     K.gather_frames(*args, frames, True)
-    return list_array(offs, frames)
+    h1, h2 = np.empty(n, np.uint64), np.empty(n, np.uint64)
+    K.hash_frames(offs, frames, h1, h2)
+    return {"frames": list_array(offs, frames), "h1": h1, "h2": h2}
 
 
 def stack_walk(b: Batch, idx: np.ndarray) -> None:
@@ -187,7 +190,7 @@ def stack_walk(b: Batch, idx: np.ndarray) -> None:
         **b.common(idx), "event_ts": b.gather(po + W["event_ts"], 8).view(np.int64),
         "pid": b.gather(po + W["pid"], 4), "tid": b.gather(po + W["tid"], 4),
         "kind": np.zeros(len(idx), np.uint8), "user": user, "key": np.zeros(len(idx), np.uint64),
-        "frames": _frames(b, idx, np.full(len(idx), W["frames"])),
+        **_frames(b, idx, np.full(len(idx), W["frames"])),
     }, idx)
 
 
@@ -197,11 +200,12 @@ def stack_key_ref(b: Batch, idx: np.ndarray) -> None:
     W = L.STACK_WALK
     po = b.c["pay_off"][idx]
     empty = list_array(np.zeros(len(idx) + 1, np.int64), np.zeros(0, np.uint64))
+    zero = np.zeros(len(idx), np.uint64)
     b.emit("_stack_refs", {
         **b.common(idx), "event_ts": b.gather(po + W["event_ts"], 8).view(np.int64),
         "pid": b.gather(po + W["pid"], 4), "tid": b.gather(po + W["tid"], 4),
         "kind": np.where(b.c["opcode"][idx] == 37, 1, 2).astype(np.uint8), "user": b.c["opcode"][idx] == 38,
-        "key": b.pointer(idx, 0x10, 0), "frames": empty,
+        "key": b.pointer(idx, 0x10, 0), "frames": empty, "h1": zero, "h2": zero,
     }, idx)
 
 
@@ -210,8 +214,7 @@ def stack_key_def(b: Batch, idx: np.ndarray) -> None:
     idx = b.require(idx, P, "StackKey definition")
     P = b.c["ptr"][idx].astype(np.int64)
     b.emit("_stack_defs", {
-        **b.common(idx), "key": b.pointer(idx, 0, 0), "opcode": b.c["opcode"][idx],
-        "frames": _frames(b, idx, P),
+        **b.common(idx), "key": b.pointer(idx, 0, 0), "opcode": b.c["opcode"][idx], **_frames(b, idx, P),
     }, idx)
 
 

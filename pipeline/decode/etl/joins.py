@@ -45,9 +45,10 @@ EMPTY = {
                      "pid UINTEGER, pdb_guid VARCHAR, pdb_age UINTEGER, pdb_name VARCHAR, il BOOLEAN",
     "_samples": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, tid UINTEGER, ip UBIGINT",
     "_stack_refs": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, event_ts BIGINT, "
-                   "pid UINTEGER, tid UINTEGER, kind UTINYINT, user BOOLEAN, key UBIGINT, frames UBIGINT[]",
+                   "pid UINTEGER, tid UINTEGER, kind UTINYINT, user BOOLEAN, key UBIGINT, frames UBIGINT[], "
+                   "h1 UBIGINT, h2 UBIGINT",
     "_stack_defs": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, key UBIGINT, "
-                   "opcode UTINYINT, frames UBIGINT[]",
+                   "opcode UTINYINT, frames UBIGINT[], h1 UBIGINT, h2 UBIGINT",
     "_virtual_allocs": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, pid UINTEGER, "
                        "base UBIGINT, size UBIGINT, flags UINTEGER, is_free BOOLEAN",
     "_heapsnap_stacks": "snapshot_id BIGINT, stack_ref UBIGINT, frames UBIGINT[]",
@@ -169,52 +170,75 @@ def _image_ids(con) -> None:
 
 
 def _stacks(con) -> dict[str, Any]:
+    """Stack pieces -> one frame list per (event_ts, thread) -> deduplicated ``stacks`` + ``stack_index``.
+
+    Per-event work only touches the pieces' 128-bit frame hashes (h1, h2, computed by the partitions);
+    frame lists are concatenated and compared only once per distinct stack.
+    """
     con.execute("""
         CREATE TABLE stack_pieces AS
         WITH keyed AS (
-            SELECT r.timestamp, r.cpu, r.stream_pos, r.event_ts, r.pid, r.tid, r.kind, r.user, r.key, d.frames
-            FROM (SELECT * FROM _stack_refs WHERE kind > 0) r
-            ASOF LEFT JOIN _stack_defs d ON r.key = d.key AND d.timestamp >= r.timestamp)
-        SELECT timestamp, cpu, stream_pos, event_ts, pid, tid, kind, user, frames FROM _stack_refs WHERE kind = 0
-        UNION ALL SELECT timestamp, cpu, stream_pos, event_ts, pid, tid, kind, user, frames FROM keyed""")
+            SELECT r.timestamp, r.cpu, r.stream_pos, r.event_ts, r.pid, r.tid, r.kind, r.user, d.h1, d.h2
+            FROM (SELECT * EXCLUDE (frames, h1, h2) FROM _stack_refs WHERE kind > 0) r
+            ASOF LEFT JOIN (SELECT key, timestamp, h1, h2 FROM _stack_defs) d
+                ON r.key = d.key AND d.timestamp >= r.timestamp)
+        SELECT timestamp, cpu, stream_pos, event_ts, pid, tid, kind, user, h1, h2
+        FROM _stack_refs WHERE kind = 0
+        UNION ALL SELECT * FROM keyed""")
+    con.execute("""
+        CREATE TABLE piece_frames AS
+        SELECT h1, h2, any_value(frames) AS frames
+        FROM (SELECT h1, h2, frames FROM _stack_refs WHERE kind = 0
+              UNION ALL SELECT h1, h2, frames FROM _stack_defs)
+        GROUP BY h1, h2""")
     con.execute("""
         CREATE TABLE stack_groups AS
         SELECT event_ts, tid, any_value(pid) AS pid, list(DISTINCT cpu) AS cpus,
-               flatten(list(coalesce(frames, []) ORDER BY user, timestamp, cpu, stream_pos)) AS frames,
-               count(*) AS pieces, count(*) FILTER (kind > 0 AND frames IS NULL) AS unresolved
+               coalesce(list(h1 ORDER BY user, timestamp, cpu, stream_pos) FILTER (h1 IS NOT NULL), []) AS p1,
+               coalesce(list(h2 ORDER BY user, timestamp, cpu, stream_pos) FILTER (h1 IS NOT NULL), []) AS p2
         FROM stack_pieces GROUP BY event_ts, tid""")
+    con.execute("""
+        CREATE TABLE event_stacks AS
+        WITH distinct_parts AS (
+            SELECT p1, p2, min(event_ts) AS first_ts, arg_min(tid, event_ts) AS first_tid
+            FROM stack_groups WHERE len(p1) > 0 GROUP BY p1, p2),
+        numbered AS (SELECT *, row_number() OVER () AS k FROM distinct_parts),
+        parts AS (SELECT k, unnest(p1) AS h1, unnest(p2) AS h2, generate_subscripts(p1, 1) AS i FROM numbered),
+        joined AS (SELECT k, flatten(list(f.frames ORDER BY i)) AS frames
+                   FROM parts JOIN piece_frames f USING (h1, h2) GROUP BY k)
+        SELECT n.p1, n.p2, n.first_ts, n.first_tid, j.frames FROM numbered n JOIN joined j USING (k)""")
     con.execute("""
         CREATE TABLE stacks AS
         SELECT (row_number() OVER (ORDER BY first_ts, first_tid) - 1)::BIGINT AS stack_id, frames,
                len(frames)::INTEGER AS depth
         FROM (SELECT frames, min(first_ts) AS first_ts, arg_min(first_tid, first_ts) AS first_tid FROM (
-                  SELECT frames, event_ts AS first_ts, tid AS first_tid FROM stack_groups WHERE len(frames) > 0
+                  SELECT frames, first_ts, first_tid FROM event_stacks WHERE len(frames) > 0
                   UNION ALL  -- heap snapshot stacks share the table; they sort after the event stacks
                   SELECT frames, 9223372036854775807, snapshot_id FROM _heapsnap_stacks WHERE len(frames) > 0)
               GROUP BY frames)""")
     con.execute("""
         CREATE TABLE stack_index AS
         SELECT g.event_ts, g.tid, g.pid, g.cpus, s.stack_id
-        FROM stack_groups g JOIN stacks s ON g.frames = s.frames""")
+        FROM stack_groups g
+        JOIN (SELECT e.p1, e.p2, s.stack_id FROM event_stacks e JOIN stacks s ON s.frames = e.frames) s
+            ON g.p1 = s.p1 AND g.p2 = s.p2""")
     unresolved, refs = con.execute(
-        "SELECT count(*) FILTER (frames IS NULL AND kind > 0), count(*) FILTER (kind > 0) FROM stack_pieces").fetchone()
+        "SELECT count(*) FILTER (h1 IS NULL AND kind > 0), count(*) FILTER (kind > 0) FROM stack_pieces").fetchone()
     return {"stack_keys": int(refs), "stack_keys_unresolved": int(unresolved)}
 
 
-def _thread_pid(alias: str) -> str:
-    """SQL expression: the process owning thread ``alias.tid`` at ``alias.timestamp`` (threads table)."""
-    return f"""(SELECT t.pid FROM threads t WHERE t.tid = {alias}.tid
-                AND coalesce(t.start_timestamp, -9223372036854775807) <= {alias}.timestamp
-                AND {alias}.timestamp <= coalesce(t.end_timestamp, 9223372036854775807)
-                ORDER BY t.start_timestamp DESC NULLS LAST LIMIT 1)"""
-
-
 def _samples(con) -> None:
-    con.execute(f"""
+    """Samples with their stack and the process owning the thread at that time: the thread instance with
+    the latest start at or before the sample (ASOF join), if it had not ended; else the stack's pid."""
+    con.execute("""
         CREATE TABLE samples AS
-        SELECT s.timestamp, s.timestamp_ns, s.cpu, s.tid,
-               coalesce({_thread_pid('s')}, k.pid)::UINTEGER AS pid, s.ip, k.stack_id, s.stream_pos
-        FROM _samples s LEFT JOIN stack_index k ON k.event_ts = s.timestamp AND k.tid = s.tid
+        WITH iv AS (SELECT tid, pid, coalesce(start_timestamp, -9223372036854775807) AS t0,
+                           coalesce(end_timestamp, 9223372036854775807) AS t1 FROM threads),
+        owned AS (SELECT s.*, CASE WHEN s.timestamp <= iv.t1 THEN iv.pid END AS thread_pid
+                  FROM _samples s ASOF LEFT JOIN iv ON s.tid = iv.tid AND s.timestamp >= iv.t0)
+        SELECT s.timestamp, s.timestamp_ns, s.cpu, s.tid, coalesce(s.thread_pid, k.pid)::UINTEGER AS pid,
+               s.ip, k.stack_id, s.stream_pos
+        FROM owned s LEFT JOIN stack_index k ON k.event_ts = s.timestamp AND k.tid = s.tid
         ORDER BY s.timestamp, s.cpu, s.stream_pos""")
 
 
@@ -250,7 +274,7 @@ def _heap_snapshot_blocks(con) -> None:
 
 def _summary(con) -> dict[str, Any]:
     samples, with_stack = con.execute("SELECT count(*), count(stack_id) FROM samples").fetchone()
-    with_records = con.execute("""SELECT count(*) FROM _samples s SEMI JOIN stack_groups g
+    with_records = con.execute("""SELECT count(*) FROM _samples s SEMI JOIN stack_pieces g
                                   ON g.event_ts = s.timestamp AND g.tid = s.tid""").fetchone()[0]
     stacks = con.execute("SELECT count(*) FROM stacks").fetchone()[0]
     return {"samples": int(samples), "samples_with_stack": int(with_stack),

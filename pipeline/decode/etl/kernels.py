@@ -428,3 +428,23 @@ def read_uints(blob, pos, nbytes, out):
         for k in range(nbytes):
             v |= np.uint64(blob[p + k]) << np.uint64(8 * k)
         out[i] = v
+
+
+@nb.njit(**JIT)
+def hash_frames(offsets, frames, h1, h2):
+    """Two independent 64-bit hashes of each frame list frames[offsets[i]:offsets[i+1]] (order-sensitive).
+
+    Stacks are deduplicated on (h1, h2, depth): 128 bits make a collision between the few million
+    distinct stacks of a trace vanishingly unlikely, and the joins never compare long lists.
+    """
+    for i in range(offsets.shape[0] - 1):
+        a = np.uint64(0x243F6A8885A308D3)
+        c = np.uint64(0x13198A2E03707344)
+        for j in range(offsets[i], offsets[i + 1]):
+            v = frames[j]
+            a = (a ^ v) * np.uint64(0x100000001B3)
+            a ^= a >> np.uint64(32)
+            c = (c + v) * np.uint64(0x9E3779B97F4A7C15)
+            c ^= c >> np.uint64(29)
+        h1[i] = a
+        h2[i] = c
