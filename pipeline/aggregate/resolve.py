@@ -29,6 +29,10 @@ from pathlib import Path
 SYMBOLIZED = "symbolized"
 FRAMES = "frames"
 
+#: DuckDB memory of one section's connection; beyond it joins and sorts spill into a hidden
+#: directory of the run (removed when the connection goes away). The machine is shared with dask workers.
+MEMORY_LIMIT = "4GB"
+
 #: Smallest/largest BIGINT: open lifetime ends (NULL start = before the trace, NULL end = after it).
 MIN_NS = -9223372036854775807
 MAX_NS = 9223372036854775807
@@ -50,9 +54,16 @@ def parquet_glob(path: Path) -> str:
 
 def connect(ctx, *tables: str):
     """A DuckDB connection with views of the named ``decoded/`` tables and the ``procs`` table."""
+    import shutil
+    import tempfile
+    import weakref
+
     import duckdb
 
-    con = duckdb.connect(config={"preserve_insertion_order": False})
+    spill = tempfile.mkdtemp(prefix=".aggregate-spill-", dir=ctx.run_dir)
+    con = duckdb.connect(config={"preserve_insertion_order": False, "memory_limit": MEMORY_LIMIT,
+                                 "temp_directory": spill})
+    weakref.finalize(con, shutil.rmtree, spill, True)
     for table in tables:
         con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet('{parquet_glob(ctx.source(table))}')")
     if "processes" in tables:
