@@ -44,11 +44,13 @@ def copy_run(src, dst):
     return dst
 
 
-def scale_function(run, function: str, extra: int) -> None:
-    """Add ``extra`` samples (self and inclusive) to one function of a run's cpu_by_function."""
+def scale_function(run, fn: dict, extra: int) -> None:
+    """Add ``extra`` samples (self and inclusive) to one function (a cpu_by_function row) of a run."""
     path = run / "aggregated" / "cpu_by_function.parquet"
     t = pq.read_table(path)
-    hit = pc.equal(t.column("function"), function)
+    hit = pc.and_(pc.and_(pc.equal(t.column("function"), fn["function"]), pc.equal(t.column("module"), fn["module"])),
+                  pc.equal(t.column("raw_name"), fn["raw_name"]))
+    assert pc.sum(hit.cast("int64")).as_py() == 1
     for col in ("self_samples", "inclusive_samples"):
         t = t.set_column(t.schema.get_field_index(col), col,
                          pc.if_else(hit, pc.add(t.column(col), extra), t.column(col)))
@@ -107,7 +109,7 @@ def test_reingest_replaces_the_run(etl_run, tmp_path):
     assert q(db, "SELECT count(*), sum(self_samples) FROM cpu_by_function")[0] == before
     assert q(db, "SELECT count(*) FROM runs")[0][0] == 1
     assert q(db, "SELECT count(*) FROM stage_manifests")[0][0] == 3
-    top = read_table(run, "aggregated", "cpu_by_function").to_pylist()[0]["function"]
+    top = read_table(run, "aggregated", "cpu_by_function").to_pylist()[0]
     scale_function(run, top, 1000)
     warehouse.ingest(db, run)
     assert q(db, "SELECT count(*), sum(self_samples) FROM cpu_by_function")[0] == (before[0], before[1] + 1000)
@@ -120,10 +122,11 @@ def test_regressions_against_the_previous_run_of_the_job(etl_run, tmp_path):
     slower = copy_run(etl_run, tmp_path / "nightly-20260103-010000")
     other = copy_run(etl_run, tmp_path / "demo-20260104-010000")
     functions = read_table(etl_run, "aggregated", "cpu_by_function").to_pylist()
-    big = functions[0]
-    small = next(f for f in functions if 50 <= f["inclusive_samples"] <= 200 and f["function"] != big["function"])
-    scale_function(slower, big["function"], big["self_samples"] // 2)   # +50%: a regression
-    scale_function(slower, small["function"], 2)                        # +2 samples: noise
+    names = [f["function"] for f in functions]
+    big = next(f for f in functions if names.count(f["function"]) == 1)    # one key in the metrics
+    small = next(f for f in functions if 50 <= f["inclusive_samples"] <= 200 and names.count(f["function"]) == 1)
+    scale_function(slower, big, big["self_samples"] // 2)   # +50%: a regression
+    scale_function(slower, small, 2)                        # +2 samples: noise
     for run in (first, same, slower, other):
         # run_time comes from the decoded manifest; keep the copies in name order
         warehouse.ingest(db, run)
@@ -165,7 +168,7 @@ def test_cli_ingest_query_compare(etl_run, tmp_path, capsys):
     a = copy_run(etl_run, tmp_path / "nightly-20260101-010000")
     b = copy_run(etl_run, tmp_path / "nightly-20260102-010000")
     top = read_table(etl_run, "aggregated", "cpu_by_function").to_pylist()[0]
-    scale_function(b, top["function"], top["self_samples"])
+    scale_function(b, top, top["self_samples"])
     for run in (a, b):
         assert cli_main(["warehouse", "--db", str(db), "ingest", "--run", str(run), "--label", "branch=master"]) == 0
     capsys.readouterr()
@@ -175,7 +178,7 @@ def test_cli_ingest_query_compare(etl_run, tmp_path, capsys):
     assert out[2].split() == ["nightly-20260101-010000", "master"] and len(out) == 4
     assert cli_main(["warehouse", "--db", str(db), "compare", "--run", str(b)]) == 0
     out = capsys.readouterr().out
-    assert "vs baseline nightly-20260101-010000" in out and top["function"][:40] in out and "regression" in out
+    assert "vs baseline nightly-20260101-010000" in out and top["function"][:20] in out and "regression" in out
     assert cli_main(["warehouse", "--db", str(db), "compare", "--run", "nightly-20260101-010000"]) == 2
     assert "no earlier run" in capsys.readouterr().err
     assert cli_main(["warehouse", "--db", str(db), "query", "SELECT * FROM no_such_table"]) == 2
