@@ -172,8 +172,11 @@ def _image_ids(con) -> None:
 def _stacks(con) -> dict[str, Any]:
     """Stack pieces -> one frame list per (event_ts, thread) -> deduplicated ``stacks`` + ``stack_index``.
 
-    Per-event work only touches the pieces' 128-bit frame hashes (h1, h2, computed by the partitions);
-    frame lists are concatenated and compared only once per distinct stack.
+    Per-event work only touches the pieces' 128-bit frame hashes (h1, h2, computed by the partitions).
+    A group is normally at most one kernel piece and one user piece, so its identity is the pair of
+    piece hashes (a = kernel, b = user; 0 = none) found with plain aggregates; the rare groups with more
+    pieces of one kind get an ordered hash of all their pieces instead (``multi``). Frame lists are
+    concatenated and compared once per distinct stack.
     """
     con.execute("""
         CREATE TABLE stack_pieces AS
@@ -193,20 +196,41 @@ def _stacks(con) -> dict[str, Any]:
         GROUP BY h1, h2""")
     con.execute("""
         CREATE TABLE stack_groups AS
-        SELECT event_ts, tid, any_value(pid) AS pid, list(DISTINCT cpu) AS cpus,
-               coalesce(list(h1 ORDER BY user, timestamp, cpu, stream_pos) FILTER (h1 IS NOT NULL), []) AS p1,
-               coalesce(list(h2 ORDER BY user, timestamp, cpu, stream_pos) FILTER (h1 IS NOT NULL), []) AS p2
-        FROM stack_pieces GROUP BY event_ts, tid""")
+        WITH g AS (
+            SELECT event_ts, tid, any_value(pid) AS pid,
+                   count(*) FILTER (NOT user AND h1 IS NOT NULL) AS nk, count(*) FILTER (user AND h1 IS NOT NULL) AS nu,
+                   coalesce(max(h1) FILTER (NOT user), 0) AS a1, coalesce(max(h2) FILTER (NOT user), 0) AS a2,
+                   coalesce(max(h1) FILTER (user), 0) AS b1, coalesce(max(h2) FILTER (user), 0) AS b2
+            FROM stack_pieces GROUP BY event_ts, tid),
+        multi AS (
+            SELECT p.event_ts, p.tid, hash(list(p.h1 ORDER BY p.user, p.timestamp, p.cpu, p.stream_pos)) AS m1,
+                   hash(list(p.h2 ORDER BY p.user, p.timestamp, p.cpu, p.stream_pos)) AS m2
+            FROM stack_pieces p SEMI JOIN (SELECT event_ts, tid FROM g WHERE nk > 1 OR nu > 1) x
+                ON p.event_ts = x.event_ts AND p.tid = x.tid
+            WHERE p.h1 IS NOT NULL GROUP BY p.event_ts, p.tid)
+        SELECT g.event_ts, g.tid, g.pid, m.m1 IS NOT NULL AS multi,
+               coalesce(m.m1, g.a1) AS a1, coalesce(m.m2, g.a2) AS a2,
+               CASE WHEN m.m1 IS NULL THEN g.b1 ELSE 0 END AS b1, CASE WHEN m.m1 IS NULL THEN g.b2 ELSE 0 END AS b2
+        FROM g LEFT JOIN multi m USING (event_ts, tid)
+        WHERE g.nk + g.nu > 0""")
     con.execute("""
         CREATE TABLE event_stacks AS
-        WITH distinct_parts AS (
-            SELECT p1, p2, min(event_ts) AS first_ts, arg_min(tid, event_ts) AS first_tid
-            FROM stack_groups WHERE len(p1) > 0 GROUP BY p1, p2),
-        numbered AS (SELECT *, row_number() OVER () AS k FROM distinct_parts),
-        parts AS (SELECT k, unnest(p1) AS h1, unnest(p2) AS h2, generate_subscripts(p1, 1) AS i FROM numbered),
-        joined AS (SELECT k, flatten(list(f.frames ORDER BY i)) AS frames
-                   FROM parts JOIN piece_frames f USING (h1, h2) GROUP BY k)
-        SELECT n.p1, n.p2, n.first_ts, n.first_tid, j.frames FROM numbered n JOIN joined j USING (k)""")
+        WITH keys AS (
+            SELECT multi, a1, a2, b1, b2, min(event_ts) AS first_ts, arg_min(tid, event_ts) AS first_tid
+            FROM stack_groups GROUP BY multi, a1, a2, b1, b2),
+        single AS (
+            SELECT k.*, coalesce(fa.frames, []) || coalesce(fb.frames, []) AS frames FROM keys k
+            LEFT JOIN piece_frames fa ON fa.h1 = k.a1 AND fa.h2 = k.a2
+            LEFT JOIN piece_frames fb ON fb.h1 = k.b1 AND fb.h2 = k.b2
+            WHERE NOT k.multi),
+        several AS (
+            SELECT k.multi, k.a1, k.a2, k.b1, k.b2, any_value(k.first_ts) AS first_ts,
+                   any_value(k.first_tid) AS first_tid,
+                   flatten(list(f.frames ORDER BY p.user, p.timestamp, p.cpu, p.stream_pos)) AS frames
+            FROM keys k JOIN stack_pieces p ON p.event_ts = k.first_ts AND p.tid = k.first_tid
+            JOIN piece_frames f ON f.h1 = p.h1 AND f.h2 = p.h2
+            WHERE k.multi GROUP BY k.multi, k.a1, k.a2, k.b1, k.b2)
+        SELECT * FROM single UNION ALL SELECT * FROM several""")
     con.execute("""
         CREATE TABLE stacks AS
         SELECT (row_number() OVER (ORDER BY first_ts, first_tid) - 1)::BIGINT AS stack_id, frames,
@@ -218,10 +242,10 @@ def _stacks(con) -> dict[str, Any]:
               GROUP BY frames)""")
     con.execute("""
         CREATE TABLE stack_index AS
-        SELECT g.event_ts, g.tid, g.pid, g.cpus, s.stack_id
+        SELECT g.event_ts, g.tid, g.pid, s.stack_id
         FROM stack_groups g
-        JOIN (SELECT e.p1, e.p2, s.stack_id FROM event_stacks e JOIN stacks s ON s.frames = e.frames) s
-            ON g.p1 = s.p1 AND g.p2 = s.p2""")
+        JOIN (SELECT e.multi, e.a1, e.a2, e.b1, e.b2, s.stack_id FROM event_stacks e JOIN stacks s ON s.frames = e.frames) s
+            USING (multi, a1, a2, b1, b2)""")
     unresolved, refs = con.execute(
         "SELECT count(*) FILTER (h1 IS NULL AND kind > 0), count(*) FILTER (kind > 0) FROM stack_pieces").fetchone()
     return {"stack_keys": int(refs), "stack_keys_unresolved": int(unresolved)}
@@ -247,7 +271,9 @@ def _virtual_allocs(con) -> None:
         CREATE TABLE virtual_allocs AS
         SELECT v.timestamp, v.timestamp_ns, v.cpu, v.pid, k.tid, v.base, v.size, v.flags,
                CASE WHEN v.is_free THEN 'free' ELSE 'alloc' END AS kind, k.stack_id
-        FROM _virtual_allocs v LEFT JOIN stack_index k ON k.event_ts = v.timestamp AND list_contains(k.cpus, v.cpu)
+        FROM _virtual_allocs v
+        LEFT JOIN (SELECT DISTINCT event_ts, cpu, tid FROM stack_pieces) p ON p.event_ts = v.timestamp AND p.cpu = v.cpu
+        LEFT JOIN stack_index k ON k.event_ts = p.event_ts AND k.tid = p.tid
         ORDER BY v.timestamp, v.cpu, v.stream_pos""")
 
 
