@@ -214,38 +214,69 @@ SNAPSHOT_SCHEMA = pa.schema([
 
 
 def assemble(scratch: Path, out, errors: list[dict[str, Any]], path: str) -> dict[str, int]:
-    """Write ``heap_snapshots`` and the scratch tables ``_heapsnap_stacks``/``_heapsnap_blocks``."""
+    """Write ``heap_snapshots`` and the scratch tables ``_heapsnap_stacks``/``_heapsnap_blocks``.
+
+    Chunks stream from one ordered query; only the chunks of one (pid, instance) are in memory at a time,
+    and blocks are written as each snapshot is parsed.
+    """
     import duckdb
 
     chunks_dir, ends_dir = scratch / "_heapsnap_chunks.parquet", scratch / "_heapsnap_ends.parquet"
-    rows: list[dict[str, Any]] = []
     con = duckdb.connect()
-    keys: list[tuple] = []
-    if chunks_dir.exists():
-        keys += con.execute(f"SELECT DISTINCT pid, instance FROM read_parquet('{chunks_dir}/*.parquet')").fetchall()
+    ends: dict[tuple, list] = {}
     if ends_dir.exists():
-        keys += con.execute(f"SELECT DISTINCT pid, instance FROM read_parquet('{ends_dir}/*.parquet')").fetchall()
+        for pid, instance, *rest in con.execute(f"""SELECT pid, instance, total, timestamp, timestamp_ns
+                FROM read_parquet('{ends_dir}/*.parquet') ORDER BY pid, instance, timestamp, cpu, stream_pos""").fetchall():
+            ends.setdefault((pid, instance), []).append(tuple(rest))
+    rows: list[dict[str, Any]] = []
     stack_rows: dict[str, list] = {"snapshot_id": [], "stack_ref": [], "frames": []}
-    block_tables = []
-    for pid, instance in sorted(set(keys)):
-        chunks = con.execute(f"""SELECT sequence, data, timestamp, timestamp_ns FROM read_parquet('{chunks_dir}/*.parquet')
-                                 WHERE pid = ? AND instance = ? ORDER BY timestamp, cpu, stream_pos""",
-                             [pid, instance]).fetchall() if chunks_dir.exists() else []
-        ends = con.execute(f"""SELECT total, timestamp, timestamp_ns FROM read_parquet('{ends_dir}/*.parquet')
-                               WHERE pid = ? AND instance = ? ORDER BY timestamp, cpu, stream_pos""",
-                           [pid, instance]).fetchall() if ends_dir.exists() else []
-        for group, group_ends in _split(chunks, ends):
-            row = _snapshot(len(rows), pid, instance, group, group_ends, errors, path, stack_rows, block_tables)
-            rows.append(row)
+    blocks = BlockWriter(scratch / "_heapsnap_blocks.parquet")
+
+    def finish(key, chunks):
+        for group, group_ends in _split(chunks, ends.pop(key, [])):
+            rows.append(_snapshot(len(rows), *key, group, group_ends, errors, path, stack_rows, blocks))
+
+    if chunks_dir.exists():
+        cur = con.execute(f"""SELECT pid, instance, sequence, data, timestamp, timestamp_ns
+                              FROM read_parquet('{chunks_dir}/*.parquet')
+                              ORDER BY pid, instance, timestamp, cpu, stream_pos""")
+        key, chunks = None, []
+        while batch := cur.fetchmany(1024):
+            for pid, instance, *chunk in batch:
+                if (pid, instance) != key:
+                    if key is not None:
+                        finish(key, chunks)
+                    key, chunks = (pid, instance), []
+                chunks.append(tuple(chunk))
+        if key is not None:
+            finish(key, chunks)
+    for key in sorted(ends):  # end events without any chunk
+        finish(key, [])
     con.close()
+    blocks.close()
     out.write_table("heap_snapshots", pa.Table.from_pylist(rows, schema=SNAPSHOT_SCHEMA))
     pq.write_table(pa.table({"snapshot_id": pa.array(stack_rows["snapshot_id"], pa.int64()),
                              "stack_ref": pa.array(stack_rows["stack_ref"], pa.uint64()),
                              "frames": pa.array(stack_rows["frames"], pa.list_(pa.uint64()))}),
                    scratch / "_heapsnap_stacks.parquet")
-    if block_tables:
-        pq.write_table(pa.concat_tables(block_tables), scratch / "_heapsnap_blocks.parquet")
     return {"heap_snapshots": len(rows), "heap_snapshots_incomplete": sum(not r["complete"] for r in rows)}
+
+
+class BlockWriter:
+    """Appends the blocks of each parsed snapshot to one parquet file (opened on the first rows)."""
+
+    def __init__(self, target: Path):
+        self.target = target
+        self.writer = None
+
+    def append(self, table: pa.Table) -> None:
+        if self.writer is None:
+            self.writer = pq.ParquetWriter(self.target, table.schema, compression="zstd")
+        self.writer.write_table(table)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
 
 
 def _split(chunks: list[tuple], ends: list[tuple]) -> list[tuple[list, list]]:
@@ -267,7 +298,7 @@ def _split(chunks: list[tuple], ends: list[tuple]) -> list[tuple[list, list]]:
     return out
 
 
-def _snapshot(snapshot_id, pid, instance, chunks, ends, errors, path, stack_rows, block_tables) -> dict[str, Any]:
+def _snapshot(snapshot_id, pid, instance, chunks, ends, errors, path, stack_rows, blocks) -> dict[str, Any]:
     """Check, assemble and parse one snapshot; returns its ``heap_snapshots`` row."""
     times = [c[2] for c in chunks] + [e[1] for e in ends]
     times_ns = [c[3] for c in chunks] + [e[2] for e in ends]
@@ -298,7 +329,7 @@ def _snapshot(snapshot_id, pid, instance, chunks, ends, errors, path, stack_rows
     stack_rows["stack_ref"] += parts["stk_id"].tolist()
     stack_rows["frames"] += frames
     n = len(blk)
-    block_tables.append(pa.table({
+    blocks.append(pa.table({
         "snapshot_id": pa.array(np.full(n, snapshot_id, np.int64)), "pid": pa.array(np.full(n, pid, np.uint32)),
         "instance": pa.array(np.full(n, instance, np.uint32)),
         "timestamp_ns": pa.array(np.full(n, row["timestamp_ns"], np.int64)),
