@@ -19,11 +19,11 @@ import numba
 import numpy as np
 
 from pipeline.synth import layout as L
-from pipeline.synth.activity import Samples, heap_and_virtual, samples_in
-from pipeline.synth.records import (KINDS, RANK_DBGID, RANK_EVENT, RANK_IMAGE_ID, RANK_KEY_DEF, Batch, OneOff,
+from pipeline.synth import xpress
+from pipeline.synth.activity import Samples, samples_in
+from pipeline.synth.records import (KINDS, RANK_DBGID, RANK_IMAGE_ID, RANK_KEY_DEF, RANK_STACK, Batch, OneOff,
                                     ansiz, fixed_batch, stack_batch, utf16z)
 from pipeline.synth.workload import Workload
-from pipeline.synth import xpress
 
 FILETIME_START = 134_100_000_000_000_000     # 2025-12-11 UTC in 100 ns units since 1601
 WINDOW_BYTES = 24 << 20                      # target bytes of one generation window
@@ -437,8 +437,6 @@ def _system_fill(arr, p, hook, version, t):
 
 
 def _key_batches(p, ev_ts, ev_cpu, ev_pid, ev_tid, ev_tmpl, kernel_only, frames, fstart, fcount, *, def_ts, last):
-    from pipeline.synth.records import fixed_batch as fb
-
     out = []
     order = np.argsort(ev_ts, kind="stable")
     uniq, first = np.unique(ev_tmpl[order], return_index=True)
@@ -449,8 +447,8 @@ def _key_batches(p, ev_ts, ev_cpu, ev_pid, ev_tid, ev_tmpl, kernel_only, frames,
     kern = kernel_only[ev_tmpl]
     for kind, hook, sel in (("StackWalk.KeyKernel", L.HOOK_STACK_KEY_KERNEL, kern),
                             ("StackWalk.KeyUser", L.HOOK_STACK_KEY_USER, ~kern)):
-        arr, done = fb(kind, L.PERFINFO_HEADER, L.stack_key_ref(p), int(sel.sum()), ev_cpu[sel], ev_ts[sel] + 1,
-                       rank=3)
+        arr, done = fixed_batch(kind, L.PERFINFO_HEADER, L.stack_key_ref(p), int(sel.sum()), ev_cpu[sel],
+                                ev_ts[sel] + 1, rank=RANK_STACK)
         arr["h"]["Version"], arr["h"]["HeaderType"], arr["h"]["HookId"] = L.VERSION_PERFINFO, L.HT_PERFINFO[p], hook
         arr["p"]["EventTimeStamp"], arr["p"]["StackProcess"], arr["p"]["StackThread"] = ev_ts[sel], ev_pid[sel], ev_tid[sel]
         arr["p"]["StackKey"] = keys[sel]
