@@ -44,11 +44,16 @@ MEASURES = ["allocs", "commit_bytes", "outstanding_bytes"]
 
 def aggregate(ctx) -> dict[str, Any] | None:
     summary: dict[str, Any] = {}
-    if ctx.has(VIRTUAL):
+    if _rows(ctx, VIRTUAL):
         summary.update(_commit(ctx))
-    if ctx.has(SNAPSHOT_BLOCKS):
+    if ctx.has(SNAPSHOT_BLOCKS) and (_rows(ctx, SNAPSHOTS) or _rows(ctx, SNAPSHOT_BLOCKS)):
         summary.update(_snapshots(ctx))
     return summary or None
+
+
+def _rows(ctx, table: str) -> int:
+    """Rows of a decoded table (0 when absent): traces without memory events get no memory tables."""
+    return int(ctx.decoded.get("tables", {}).get(table, 0)) if ctx.has(table) else 0
 
 
 def _copy(ctx, con, table: str, sql: str, order: str) -> None:

@@ -49,15 +49,25 @@ def aggregate(ctx) -> dict[str, Any] | None:
                      first_seen_ns, last_seen_ns FROM processes) q USING (process_key)
         LEFT JOIN parent USING (process_key) LEFT JOIN procs pr ON pr.process_key = parent.parent_key
         LEFT JOIN own USING (process_key) LEFT JOIN thr USING (process_key)""")
-    # Depth and subtree samples: walk from every root down (a cycle from bad data stops at depth 64).
-    con.execute(f"""
-        COPY (
-        WITH RECURSIVE walk(process_key, depth, root_key, path) AS (
+    # Depth and subtree samples: walk down from every root. Processes the walk does not reach sit on
+    # a parent cycle (rundown processes whose parent pids point at each other after pid reuse); they
+    # become roots, and the walk runs again.
+    walk = """
+        CREATE OR REPLACE TABLE walk AS
+        WITH RECURSIVE w(process_key, depth, root_key, path) AS (
             SELECT process_key, 0, process_key, [process_key] FROM tree WHERE parent_key IS NULL
             UNION ALL
             SELECT t.process_key, w.depth + 1, w.root_key, list_append(w.path, t.process_key)
-            FROM tree t JOIN walk w ON t.parent_key = w.process_key WHERE w.depth < 64),
-        anc AS (SELECT unnest(path) AS ancestor, process_key FROM walk)
+            FROM tree t JOIN w ON t.parent_key = w.process_key WHERE w.depth < 64)
+        SELECT * FROM w"""
+    con.execute(walk)
+    cycles = con.execute("SELECT count(*) FROM tree WHERE process_key NOT IN (SELECT process_key FROM walk)").fetchone()[0]
+    if cycles:
+        con.execute("UPDATE tree SET parent_key = NULL WHERE process_key NOT IN (SELECT process_key FROM walk)")
+        con.execute(walk)
+    con.execute(f"""
+        COPY (
+        WITH anc AS (SELECT unnest(path) AS ancestor, process_key FROM walk)
         SELECT t.*, w.depth::INTEGER AS depth, w.root_key,
                (SELECT sum(t2.samples) FROM anc JOIN tree t2 ON t2.process_key = anc.process_key
                 WHERE anc.ancestor = t.process_key)::BIGINT AS tree_samples
@@ -65,4 +75,4 @@ def aggregate(ctx) -> dict[str, Any] | None:
         ORDER BY coalesce(t.start_ns, t.first_seen_ns), t.process_key)
         TO '{ctx.out.table_path(TREE)}' (FORMAT parquet, COMPRESSION zstd)""")
     n, roots, ended = con.execute("SELECT count(*), count(*) FILTER (parent_key IS NULL), count(end_ns) FROM tree").fetchone()
-    return {"processes": int(n), "roots": int(roots), "ended": int(ended)}
+    return {"processes": int(n), "roots": int(roots), "ended": int(ended), "parent_cycles_broken": int(cycles)}

@@ -4,7 +4,9 @@ Everything is DuckDB over the parquet of ``decoded/`` and ``symbolized/``; no pe
 
 **Process instances.** Windows reuses pids, so a process is (pid, start): ``procs`` numbers every
 row of ``decoded/processes`` as ``process_key``; an event at time t in pid p belongs to the
-instance of p with the latest start at or before t (rundown processes, start NULL, come first).
+instance of p with the latest start at or before t. Processes running when the trace began (start
+NULL) come before all others, in the order the rundown listed them (``first_seen_ns``): Windows
+lists live processes in creation order, so a parent comes before its children there too.
 
 **Units.** Events that share (pid, stack, ip) and see the same loaded images resolve to the same
 frames, so resolution runs once per *unit*, not per event. "The same loaded images" is the
@@ -72,7 +74,7 @@ def connect(ctx, *tables: str):
             SELECT (row_number() OVER (ORDER BY pid, start_ns NULLS FIRST, first_seen_ns) - 1)::BIGINT AS process_key,
                    pid::BIGINT AS pid, parent_pid::BIGINT AS parent_pid, image_name, command_line,
                    {CMD_CRATE_SQL} AS crate, start_ns, end_ns, exit_status,
-                   coalesce(start_ns, {MIN_NS}) AS start_key
+                   coalesce(start_ns, {MIN_NS} + coalesce(first_seen_ns, 0)) AS start_key
             FROM processes""")
     return con
 
