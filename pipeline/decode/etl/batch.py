@@ -142,3 +142,15 @@ def to_ns(raw: np.ndarray, t0: int, freq: int) -> np.ndarray:
 def list_array(offsets: np.ndarray, values: np.ndarray) -> pa.Array:
     """A list<uint64> column from CSR offsets and flat values."""
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, pa.uint64()))
+
+
+def unique_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first index of each distinct (a, b) pair, pair code per element); hashing, sorting as fallback."""
+    if len(a) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int32)
+    first, inverse, n = K.dedupe_pairs(a.astype(np.uint64), b.astype(np.uint64), 16)
+    if n >= 0:
+        return first, inverse
+    pairs = np.stack([a.astype(np.uint64), b.astype(np.uint64)], axis=1)
+    _, first, inverse = np.unique(pairs, axis=0, return_index=True, return_inverse=True)
+    return first, inverse.ravel().astype(np.int32)

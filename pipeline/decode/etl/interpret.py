@@ -16,7 +16,7 @@ import numpy as np
 from pipeline.decode.etl import heapsnap
 from pipeline.decode.etl import kernels as K
 from pipeline.decode.etl import layout as L
-from pipeline.decode.etl.batch import Batch, list_array
+from pipeline.decode.etl.batch import Batch, list_array, unique_pairs
 
 Extractor = Callable[[Batch, np.ndarray], None]
 
@@ -165,7 +165,11 @@ def sampled_profile(b: Batch, idx: np.ndarray) -> None:
 
 # --- StackWalk (§3.5) ------------------------------------------------------------------------------
 def _frames(b: Batch, idx: np.ndarray, skip: np.ndarray) -> dict:
-    """Columns ``frames`` (list<uint64>, leaf first) and their hashes ``h1``, ``h2`` (see kernels)."""
+    """Hashes ``h1``, ``h2`` of each record's frames (pointers from payload byte ``skip``, leaf first).
+
+    The frames themselves go to ``_stack_frames`` once per distinct (h1, h2) in the partition: events
+    carry only the hashes, so the per-event tables stay small and the joins never move frame lists.
+    """
     n = len(idx)
     offs = np.zeros(n + 1, np.int64)
     args = (b.blob, b.c["pay_off"][idx], b.c["pay_len"][idx].astype(np.int64),
@@ -175,7 +179,9 @@ def _frames(b: Batch, idx: np.ndarray, skip: np.ndarray) -> dict:
     K.gather_frames(*args, frames, True)
     h1, h2 = np.empty(n, np.uint64), np.empty(n, np.uint64)
     K.hash_frames(offs, frames, h1, h2)
-    return {"frames": list_array(offs, frames), "h1": h1, "h2": h2}
+    first, _ = unique_pairs(h1, h2)
+    b.emit("_stack_frames", {"h1": h1[first], "h2": h2[first], "frames": list_array(offs, frames).take(first)})
+    return {"h1": h1, "h2": h2}
 
 
 def stack_walk(b: Batch, idx: np.ndarray) -> None:
@@ -199,13 +205,12 @@ def stack_key_ref(b: Batch, idx: np.ndarray) -> None:
     idx = b.require(idx, 16 + P, "StackKey")
     W = L.STACK_WALK
     po = b.c["pay_off"][idx]
-    empty = list_array(np.zeros(len(idx) + 1, np.int64), np.zeros(0, np.uint64))
     zero = np.zeros(len(idx), np.uint64)
     b.emit("_stack_refs", {
         **b.common(idx), "event_ts": b.gather(po + W["event_ts"], 8).view(np.int64),
         "pid": b.gather(po + W["pid"], 4), "tid": b.gather(po + W["tid"], 4),
         "kind": np.where(b.c["opcode"][idx] == 37, 1, 2).astype(np.uint8), "user": b.c["opcode"][idx] == 38,
-        "key": b.pointer(idx, 0x10, 0), "frames": empty, "h1": zero, "h2": zero,
+        "key": b.pointer(idx, 0x10, 0), "h1": zero, "h2": zero,
     }, idx)
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 SCRATCH_TABLES = ("_process_events", "_thread_events", "_image_events", "_image_id_info", "_image_id_dbg",
-                  "_samples", "_stack_refs", "_stack_defs", "_virtual_allocs", "_heap_events",
+                  "_samples", "_stack_refs", "_stack_defs", "_stack_frames", "_virtual_allocs", "_heap_events",
                   "_heapsnap_stacks", "_heapsnap_blocks")
 
 #: Empty shapes of scratch tables, so the SQL below runs on traces that lack some event kinds.
@@ -45,10 +45,10 @@ EMPTY = {
                      "pid UINTEGER, pdb_guid VARCHAR, pdb_age UINTEGER, pdb_name VARCHAR, il BOOLEAN",
     "_samples": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, tid UINTEGER, ip UBIGINT",
     "_stack_refs": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, event_ts BIGINT, "
-                   "pid UINTEGER, tid UINTEGER, kind UTINYINT, user BOOLEAN, key UBIGINT, frames UBIGINT[], "
-                   "h1 UBIGINT, h2 UBIGINT",
+                   "pid UINTEGER, tid UINTEGER, kind UTINYINT, user BOOLEAN, key UBIGINT, h1 UBIGINT, h2 UBIGINT",
     "_stack_defs": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, key UBIGINT, "
-                   "opcode UTINYINT, frames UBIGINT[], h1 UBIGINT, h2 UBIGINT",
+                   "opcode UTINYINT, h1 UBIGINT, h2 UBIGINT",
+    "_stack_frames": "h1 UBIGINT, h2 UBIGINT, frames UBIGINT[]",
     "_virtual_allocs": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, pid UINTEGER, "
                        "base UBIGINT, size UBIGINT, flags UINTEGER, is_free BOOLEAN",
     "_heapsnap_stacks": "snapshot_id BIGINT, stack_ref UBIGINT, frames UBIGINT[]",
@@ -182,7 +182,7 @@ def _stacks(con) -> dict[str, Any]:
         CREATE TABLE stack_pieces AS
         WITH keyed AS (
             SELECT r.timestamp, r.cpu, r.stream_pos, r.event_ts, r.pid, r.tid, r.kind, r.user, d.h1, d.h2
-            FROM (SELECT * EXCLUDE (frames, h1, h2) FROM _stack_refs WHERE kind > 0) r
+            FROM (SELECT * EXCLUDE (h1, h2) FROM _stack_refs WHERE kind > 0) r
             ASOF LEFT JOIN (SELECT key, timestamp, h1, h2 FROM _stack_defs) d
                 ON r.key = d.key AND d.timestamp >= r.timestamp)
         SELECT timestamp, cpu, stream_pos, event_ts, pid, tid, kind, user, h1, h2
@@ -190,10 +190,7 @@ def _stacks(con) -> dict[str, Any]:
         UNION ALL SELECT * FROM keyed""")
     con.execute("""
         CREATE TABLE piece_frames AS
-        SELECT h1, h2, any_value(frames) AS frames
-        FROM (SELECT h1, h2, frames FROM _stack_refs WHERE kind = 0
-              UNION ALL SELECT h1, h2, frames FROM _stack_defs)
-        GROUP BY h1, h2""")
+        SELECT h1, h2, any_value(frames) AS frames FROM _stack_frames GROUP BY h1, h2""")
     con.execute("""
         CREATE TABLE stack_groups AS
         WITH g AS (

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from pipeline.decode.etl import kernels as K
 from pipeline.decode.etl import layout as L
-from pipeline.decode.etl.batch import Batch, record_error, walk
+from pipeline.decode.etl.batch import Batch, record_error, unique_pairs, walk
 from pipeline.decode.etl.buffers import MAX_BUFFER_SIZE
 from pipeline.decode.etl.interpret import lookup
 
@@ -116,8 +116,9 @@ def decode_partition(task: dict[str, Any]) -> dict[str, Any]:
         target = directory / f"part-{part:05d}-{uuid.uuid4().hex[:6]}.parquet"
         data = pa.concat_tables(pieces, promote_options="permissive")
         # Dictionary pages only for text columns: numeric columns compress better and faster without.
+        # Scratch parts live for seconds: the cheaper snappy; final tables: zstd.
         text = [f.name for f in data.schema if pa.types.is_string(f.type) or pa.types.is_dictionary(f.type)]
-        pq.write_table(data, target, compression="zstd", use_dictionary=text)
+        pq.write_table(data, target, compression="snappy" if table.startswith("_") else "zstd", use_dictionary=text)
         written[table] = str(target)
     return {
         "part": part, "tables": written, "records": int(b.n), "bytes": int(hi - lo),
@@ -160,15 +161,3 @@ def event_kinds(b: Batch, code: np.ndarray):
            | c["htype"].astype(np.uint64))
     first, inverse = unique_pairs(key, np.zeros_like(key))
     return key[first], inverse, np.bincount(inverse, minlength=len(first))
-
-
-def unique_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(first index of each distinct (a, b) pair, pair code per element); hashing, sorting as fallback."""
-    if len(a) == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int32)
-    first, inverse, n = K.dedupe_pairs(a.astype(np.uint64), b.astype(np.uint64), 16)
-    if n >= 0:
-        return first, inverse
-    pairs = np.stack([a.astype(np.uint64), b.astype(np.uint64)], axis=1)
-    _, first, inverse = np.unique(pairs, axis=0, return_index=True, return_inverse=True)
-    return first, inverse.ravel().astype(np.int32)
