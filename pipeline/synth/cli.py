@@ -5,6 +5,7 @@ Flags override the ``synth`` section of the config.
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -14,9 +15,10 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, help="random seed (same seed and options -> byte-identical files)")
     p.add_argument("--size", help="approximate uncompressed trace size, e.g. 20MB, 1GB")
     p.add_argument("--cpus", type=int, help="logical CPUs of the simulated machine")
-    p.add_argument("--compress", action="store_true", default=None, help="XPRESS-compress the data buffers")
+    p.add_argument("--compress", action=argparse.BooleanOptionalAction, default=None,
+                   help="XPRESS-compress the data buffers")
     p.add_argument("--pointer-size", type=int, choices=(4, 8), help="pointer size of the simulated system")
-    p.add_argument("--stack-caching", action="store_true", default=None,
+    p.add_argument("--stack-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="stack keys (StackKeyUser/Kernel + KeyDelete/KeyRundown) instead of full StackWalk events")
 
 
