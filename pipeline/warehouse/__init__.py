@@ -183,7 +183,7 @@ def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: s
         labels = {str(k): str(v) for k, v in (labels or {}).items()}
         con.execute("""INSERT INTO runs VALUES (?, ?, ?, ?::TIMESTAMP, make_timestamp(?::BIGINT), ?, ?, ?, MAP(?::VARCHAR[], ?::VARCHAR[]),
                                                 ?, ?, ?::TIMESTAMP, ?, ?, ?)""", [
-            run_id, job or job_of(run_dir), str(run_dir), run_time.replace("T", " ").rstrip("Z"),
+            run_id, job or labels.get("job") or job_of(run_dir), str(run_dir), run_time.replace("T", " ").rstrip("Z"),
             trace_start,
             trace_sha, len(inputs), sum(i.get("size") or 0 for i in inputs),
             list(labels), [labels[k] for k in labels], list(manifests), manifests[AGGREGATED].get("project_version"),
