@@ -130,7 +130,10 @@ def finish(out, scratch: Path, header, memory_limit: str = "2GB") -> dict[str, A
 
 
 def _copy(con, table: str, path: Path) -> None:
-    con.execute(f"COPY (SELECT * FROM {table}) TO '{path}' (FORMAT parquet, COMPRESSION zstd)")
+    """Write ``table`` without its internal ``_``-prefixed columns."""
+    cols = [c for (c,) in con.execute(f"SELECT column_name FROM (DESCRIBE {table})").fetchall() if not c.startswith("_")]
+    select = ", ".join(f'"{c}"' for c in cols)
+    con.execute(f"COPY (SELECT {select} FROM {table}) TO '{path}' (FORMAT parquet, COMPRESSION zstd)")
 
 
 def _lifetime(con, table: str, source: str, key: str, starts: str, ends: str, select: str) -> None:
@@ -208,13 +211,12 @@ def _stacks(con) -> dict[str, Any]:
         SELECT g.event_ts, g.tid, g.pid, m.m1 IS NOT NULL AS multi,
                coalesce(m.m1, g.a1) AS a1, coalesce(m.m2, g.a2) AS a2,
                CASE WHEN m.m1 IS NULL THEN g.b1 ELSE 0 END AS b1, CASE WHEN m.m1 IS NULL THEN g.b2 ELSE 0 END AS b2
-        FROM g LEFT JOIN multi m USING (event_ts, tid)
-        WHERE g.nk + g.nu > 0""")
+        FROM g LEFT JOIN multi m USING (event_ts, tid)""")
     con.execute("""
         CREATE TABLE event_stacks AS
         WITH keys AS (
             SELECT multi, a1, a2, b1, b2, min(event_ts) AS first_ts, arg_min(tid, event_ts) AS first_tid
-            FROM stack_groups GROUP BY multi, a1, a2, b1, b2),
+            FROM stack_groups WHERE a1 <> 0 OR b1 <> 0 GROUP BY multi, a1, a2, b1, b2),
         single AS (
             SELECT k.*, coalesce(fa.frames, []) || coalesce(fb.frames, []) AS frames FROM keys k
             LEFT JOIN piece_frames fa ON fa.h1 = k.a1 AND fa.h2 = k.a2
@@ -237,11 +239,12 @@ def _stacks(con) -> dict[str, Any]:
                   UNION ALL  -- heap snapshot stacks share the table; they sort after the event stacks
                   SELECT frames, 9223372036854775807, snapshot_id FROM _heapsnap_stacks WHERE len(frames) > 0)
               GROUP BY frames)""")
+    # Every (event_ts, thread) with stack records; stack_id is NULL when none of its keys resolved.
     con.execute("""
         CREATE TABLE stack_index AS
         SELECT g.event_ts, g.tid, g.pid, s.stack_id
         FROM stack_groups g
-        JOIN (SELECT e.multi, e.a1, e.a2, e.b1, e.b2, s.stack_id FROM event_stacks e JOIN stacks s ON s.frames = e.frames) s
+        LEFT JOIN (SELECT e.multi, e.a1, e.a2, e.b1, e.b2, s.stack_id FROM event_stacks e JOIN stacks s ON s.frames = e.frames) s
             USING (multi, a1, a2, b1, b2)""")
     unresolved, refs = con.execute(
         "SELECT count(*) FILTER (h1 IS NULL AND kind > 0), count(*) FILTER (kind > 0) FROM stack_pieces").fetchone()
@@ -258,7 +261,7 @@ def _samples(con) -> None:
         owned AS (SELECT s.*, CASE WHEN s.timestamp <= iv.t1 THEN iv.pid END AS thread_pid
                   FROM _samples s ASOF LEFT JOIN iv ON s.tid = iv.tid AND s.timestamp >= iv.t0)
         SELECT s.timestamp, s.timestamp_ns, s.cpu, s.tid, coalesce(s.thread_pid, k.pid)::UINTEGER AS pid,
-               s.ip, k.stack_id, s.stream_pos
+               s.ip, k.stack_id, s.stream_pos, k.event_ts IS NOT NULL AS _has_stack_records
         FROM owned s LEFT JOIN stack_index k ON k.event_ts = s.timestamp AND k.tid = s.tid
         ORDER BY s.timestamp, s.cpu, s.stream_pos""")
 
@@ -269,7 +272,8 @@ def _virtual_allocs(con) -> None:
         SELECT v.timestamp, v.timestamp_ns, v.cpu, v.pid, k.tid, v.base, v.size, v.flags,
                CASE WHEN v.is_free THEN 'free' ELSE 'alloc' END AS kind, k.stack_id
         FROM _virtual_allocs v
-        LEFT JOIN (SELECT DISTINCT event_ts, cpu, tid FROM stack_pieces) p ON p.event_ts = v.timestamp AND p.cpu = v.cpu
+        LEFT JOIN (SELECT DISTINCT p.event_ts, p.cpu, p.tid FROM stack_pieces p
+                   SEMI JOIN _virtual_allocs a ON p.event_ts = a.timestamp) p ON p.event_ts = v.timestamp AND p.cpu = v.cpu
         LEFT JOIN stack_index k ON k.event_ts = p.event_ts AND k.tid = p.tid
         ORDER BY v.timestamp, v.cpu, v.stream_pos""")
 
@@ -297,8 +301,7 @@ def _heap_snapshot_blocks(con) -> None:
 
 def _summary(con) -> dict[str, Any]:
     samples, with_stack = con.execute("SELECT count(*), count(stack_id) FROM samples").fetchone()
-    with_records = con.execute("""SELECT count(*) FROM _samples s SEMI JOIN stack_pieces g
-                                  ON g.event_ts = s.timestamp AND g.tid = s.tid""").fetchone()[0]
+    with_records = con.execute("SELECT count(*) FILTER (_has_stack_records) FROM samples").fetchone()[0]
     stacks = con.execute("SELECT count(*) FROM stacks").fetchone()[0]
     return {"samples": int(samples), "samples_with_stack": int(with_stack),
             "samples_with_stack_records": int(with_records), "stacks": int(stacks)}
