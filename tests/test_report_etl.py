@@ -110,3 +110,45 @@ def test_index_has_the_etl_sections(report_run):
     assert 'src="flamegraph_cpu.html"' in index
     assert (report_run / "report" / "flamegraph_commit.html").exists()
     assert (report_run / "report" / "flamegraph_heap.html").exists() and "flamegraph_heap.html" in index
+
+
+CLICKS = """<script>
+(function () {
+  const svg = document.getElementById("flame"), out = document.body.dataset;
+  const click = (el) => el.dispatchEvent(new MouseEvent("click", {bubbles: true, cancelable: true, view: window}));
+  const frame = (i) => svg.querySelector(`g.frame[data-i="${i}"] rect`);
+  click(frame(%(target)d));
+  out.afterClick = svg.dataset.zoom + "|" + location.hash + "|" + frame(%(target)d).getAttribute("x");
+  click(frame(%(target)d));
+  out.afterSecondClick = svg.dataset.zoom + "|" + location.hash;
+  const input = document.getElementById("flame-search");
+  input.value = "hashbrown";
+  input.dispatchEvent(new Event("input", {bubbles: true}));
+  out.afterSearch = svg.dataset.matched + "|" + location.hash;
+  input.value = "([";
+  input.dispatchEvent(new Event("input", {bubbles: true}));
+  out.badRegex = input.className + "|" + svg.dataset.matched;
+  click(frame(%(target)d));
+  click(document.getElementById("flame-reset"));
+  out.afterReset = svg.dataset.zoom + "|" + (svg.dataset.matched || "none") + "|" + input.value;
+})();
+</script>
+</body>"""
+
+
+def test_flamegraph_click_search_and_reset_handlers(report_run, tmp_path):
+    """The page's own event handlers, driven by DOM events in Chromium: click zooms and toggles back,
+    typing searches, a bad regex is marked and ignored, reset clears both."""
+    page = report_run / "report" / "flamegraph_cpu.html"
+    data = flame_data(page)
+    target = [data["names"][i] for i in data["n"]].index("rustc.exe core")
+    driven = tmp_path / "driven.html"
+    driven.write_text(page.read_text().replace("</body>", CLICKS % {"target": target}))
+    dom = dump_dom(driven.as_uri(), tmp_path / "chrome")
+    body = dict(re.findall(r'data-([a-z-]+)="([^"]*)"', re.search(r"<body([^>]*)>", dom).group(1)))
+    assert body["after-click"] == f"{target}|#zoom={target}|0.0"
+    assert body["after-second-click"] == "0|"
+    matched, hash_ = body["after-search"].split("|")
+    assert float(matched) > 0 and hash_ == "#search=hashbrown"
+    assert body["bad-regex"] == f"bad|{matched}"
+    assert body["after-reset"] == "0|none|"
