@@ -1,6 +1,7 @@
 """Synthesized traces shared by the synth tests: one per variant, made once per test session.
 
-Variants cover each option both ways: compression, pointer size 4/8, full stacks / stack caching.
+Variants cover each option both ways: compression, pointer size 4/8, full stacks / stack caching
+(caching with both pointer sizes). Other stages' tests use these names: keep them stable.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ VARIANTS = {
     "xpress32_cached": SynthConfig(seed=4, size="3MB", cpus=3, compress=True, pointer_size=4, stack_caching=True),
     "xpress64": SynthConfig(seed=5, size="3MB", cpus=5, compress=True),
     "plain32_cached": SynthConfig(seed=6, size="2MB", cpus=2, pointer_size=4, stack_caching=True),
+    "plain64_cached": SynthConfig(seed=7, size="2MB", cpus=3, stack_caching=True),
 }
 
 

@@ -298,3 +298,32 @@ def test_sample_stacks(synth_trace, dissected):  # noqa: F811
     if synth_trace.cfg.stack_caching:
         # keys are reused for other stacks in later windows, as real stack caches do
         assert any(len({f for _, f in v}) > 1 for v in defs.values())
+
+
+def test_buffers_per_cpu_interleaved(synth_trace):  # noqa: F811
+    """Per-CPU buffers: each CPU's records are in time order across its buffers (file order), buffers of
+    different CPUs overlap in time, compressed buffers have their own on-disk size."""
+    streams = defaultdict(list)          # cpu -> [(first ts, last ts)] in file order
+    sizes, flags = set(), Counter()
+    with open(synth_trace.path, "rb") as fh:
+        etl = ETL(fh)
+        for k, buf in enumerate(etl.buffers()):
+            hdr = buf.header
+            if k == 0:
+                assert int(hdr.BufferType) == 4 and hdr.BufferSize == 0x400
+                continue
+            sizes.add(hdr.BufferSize)
+            flags[int(hdr.BufferFlag)] += 1
+            ts = [rec.header.time_delta for rec in buf]
+            assert ts == sorted(ts)
+            streams[hdr.ProcessorIndex].append((ts[0], ts[-1]))
+    assert sorted(streams) == list(range(synth_trace.cfg.cpus))
+    for spans in streams.values():
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    spans = sorted((s, e, cpu) for cpu, v in streams.items() for s, e in v)
+    assert any(b[0] < a[1] and a[2] != b[2] for a, b in zip(spans, spans[1:]))
+    if synth_trace.cfg.compress:
+        assert len(sizes) > 10 and max(sizes) < 0x10000
+        assert all(f & 0x20 for f in flags) and sum(n for f, n in flags.items() if f & 0x40) > 0
+    else:
+        assert sizes == {0x10000} and set(flags) == {0x20, 0x21}

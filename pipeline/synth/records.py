@@ -160,7 +160,8 @@ def stack_batch(kind: str, hook: int, p: int, cpu, ts, tmpl, frames_flat, fstart
     z = np.zeros(n, np.int64)
     write_stack_records(out, offs, sizes, hook, L.HT_PERFINFO[p], np.asarray(ts, np.int64),
                         np.asarray(ev_ts if with_event else z, np.int64), np.asarray(pid if with_event else z, np.int64),
-                        np.asarray(tid if with_event else z, np.int64), np.asarray(key if key is not None else z, np.int64),
+                        np.asarray(tid if with_event else z, np.int64),
+                        np.asarray(key if key is not None else z, np.uint64),
                         np.asarray(tmpl, np.int64), frames_flat, fstart, fcount, p, with_event)
     return Batch(out, offs, lengths, np.broadcast_to(np.asarray(cpu, np.int32), (n,)).copy(),
                  np.asarray(ts, np.int64), np.full(n, rank, np.int8), np.full(n, KIND_INDEX[kind], np.int16))

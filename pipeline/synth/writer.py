@@ -443,7 +443,8 @@ def _key_batches(p, ev_ts, ev_cpu, ev_pid, ev_tid, ev_tmpl, kernel_only, frames,
     by_use = np.argsort(first, kind="stable")
     slot = np.empty(len(uniq), np.int64)
     slot[by_use] = np.arange(len(uniq))
-    keys = KEY_BASE[p] + KEY_STEP * slot[np.searchsorted(uniq, ev_tmpl)]
+    key_of_slot = np.uint64(KEY_BASE[p]) + np.uint64(KEY_STEP) * slot.astype(np.uint64)
+    keys = key_of_slot[np.searchsorted(uniq, ev_tmpl)]
     kern = kernel_only[ev_tmpl]
     for kind, hook, sel in (("StackWalk.KeyKernel", L.HOOK_STACK_KEY_KERNEL, kern),
                             ("StackWalk.KeyUser", L.HOOK_STACK_KEY_USER, ~kern)):
@@ -456,7 +457,7 @@ def _key_batches(p, ev_ts, ev_cpu, ev_pid, ev_tid, ev_tmpl, kernel_only, frames,
     def_cpu = ev_cpu[order][first]
     kind, hook = ("StackWalk.KeyRundown", L.HOOK_STACK_KEY_RUNDOWN) if last else ("StackWalk.KeyDelete", L.HOOK_STACK_KEY_DELETE)
     out.append(stack_batch(kind, hook, p, def_cpu, np.full(len(uniq), def_ts, np.int64), uniq, frames, fstart, fcount,
-                           key=KEY_BASE[p] + KEY_STEP * slot, rank=RANK_KEY_DEF))
+                           key=key_of_slot, rank=RANK_KEY_DEF))
     return out
 
 
