@@ -176,3 +176,13 @@ def test_heap_folded_is_each_process_largest_snapshot(aggregated_run):
         if r["status"] == "ok":
             largest[r["process_key"]] = max(largest[r["process_key"]], r["bytes"])
     assert sum(r["bytes"] for r in rows(run, "heap_folded")) == sum(largest.values())
+
+
+def test_without_symbols_modules_still_equal_truth(tmp_path, dask_pool):
+    """No symbolize stage: frames are module+0xrva from the images loaded at the sample's time (the
+    synthetic system loads different rustc_driver builds at one base in different processes)."""
+    run, truth = synth_run(tmp_path, "plain64", dask_pool, stages=("decode", "aggregate"))
+    assert read_manifest(run, "aggregated")["sections"]["cpu"]["symbolized"] is False
+    assert self_inclusive(rows(run, "cpu_by_module"), lambda r: r["module"]) == truth["samples"]["per_module"]
+    functions = rows(run, "cpu_by_function")
+    assert all(r["raw_name"] is None and r["function"].startswith(f"{r['module']}+0x") for r in functions)

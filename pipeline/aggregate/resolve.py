@@ -135,25 +135,30 @@ def resolve_units(con, ctx, name: str) -> None:
         SELECT unit_id, pid, t, unnest(frames) AS address, unnest(range(len(frames)))::INTEGER AS pos FROM f""")
     con.execute(f"""
         CREATE TEMP TABLE {name}_pick AS
-        SELECT p.unit_id, p.pos, p.pid, p.address, i.pid AS fpid, i.image_load_ns
+        SELECT p.unit_id, p.pos, p.pid, p.address, p.t, i.pid AS fpid, i.image_load_ns
         FROM {name}_pos p LEFT JOIN (SELECT DISTINCT pid::BIGINT AS pid, address, image_load_ns, image_unload_ns
                                      FROM frames) i ON i.pid = p.pid AND i.address = p.address
         QUALIFY row_number() OVER (PARTITION BY p.unit_id, p.pos ORDER BY
             (coalesce(i.image_load_ns, {MIN_NS}) <= p.t AND p.t <= coalesce(i.image_unload_ns, {MAX_NS})) DESC,
             i.image_load_ns DESC NULLS LAST) = 1""")
-    # Addresses symbolize never saw (it resolves the frames of samples) still get their image:
-    # the image of the pid (or of the kernel, pid 0) whose range holds the address, as module+0xrva.
+    # Addresses symbolize never saw (or every address, without a symbolized/ output) still get their
+    # image: the image of the pid (or of the kernel, pid 0) whose range held the address at the unit's
+    # time (else the latest loaded there), named module+0xrva.
     con.execute(f"""
         CREATE TEMP TABLE {name}_img AS
-        WITH k AS (SELECT DISTINCT pid, address FROM {name}_pick WHERE fpid IS NULL),
-             im AS (SELECT pid::BIGINT AS pid, base, size, regexp_extract(file_name, '[^\\\\/]+$') AS module
-                    FROM images)
-        SELECT k.pid, k.address, coalesce(CASE WHEN k.address < a.base + a.size THEN a.module END,
-                                          CASE WHEN k.address < z.base + z.size THEN z.module END) AS module,
-               CASE WHEN k.address < a.base + a.size THEN k.address - a.base
-                    WHEN k.address < z.base + z.size THEN k.address - z.base END AS rva
-        FROM k ASOF LEFT JOIN im a ON a.pid = k.pid AND k.address >= a.base
-               ASOF LEFT JOIN (SELECT * FROM im WHERE pid = 0) z ON k.address >= z.base""")
+        WITH k AS (SELECT DISTINCT pid, address, t FROM {name}_pick WHERE fpid IS NULL),
+             im AS (SELECT pid::BIGINT AS pid, base, size, regexp_extract(file_name, '[^\\\\/]+$') AS module,
+                           coalesce(load_ns, {MIN_NS}) AS load_ns, coalesce(unload_ns, {MAX_NS}) AS unload_ns
+                    FROM images),
+             hits AS (SELECT k.*, im.module, k.address - im.base AS rva, im.load_ns, im.unload_ns, 1 AS own
+                      FROM k JOIN im ON im.pid = k.pid AND k.address >= im.base AND k.address < im.base + im.size
+                      UNION ALL
+                      SELECT k.*, im.module, k.address - im.base, im.load_ns, im.unload_ns, 0
+                      FROM k JOIN (SELECT * FROM im WHERE pid = 0) im
+                        ON k.address >= im.base AND k.address < im.base + im.size)
+        SELECT pid, address, t, module, rva FROM hits
+        QUALIFY row_number() OVER (PARTITION BY pid, address, t ORDER BY (load_ns <= t AND t <= unload_ns) DESC,
+                                   own DESC, load_ns DESC) = 1""")
     con.execute(f"""
         CREATE TABLE {name}_funcs AS
         SELECT unit_id, pos, inline_depth, module, function, raw_name, {CRATE_SQL} AS crate,
@@ -164,7 +169,7 @@ def resolve_units(con, ctx, name: str) -> None:
                                                ELSE printf('0x%x', k.address) END) AS function, f.raw_name
               FROM {name}_pick k LEFT JOIN frames f
                 ON f.pid = k.fpid AND f.address = k.address AND f.image_load_ns IS NOT DISTINCT FROM k.image_load_ns
-              LEFT JOIN {name}_img g ON k.fpid IS NULL AND g.pid = k.pid AND g.address = k.address)""")
+              LEFT JOIN {name}_img g ON k.fpid IS NULL AND g.pid = k.pid AND g.address = k.address AND g.t = k.t)""")
     # The leaf as a struct, because arg_max skips NULL arguments (unresolved leaves have no module).
     con.execute(f"""
         CREATE TABLE {name}_stacks AS
