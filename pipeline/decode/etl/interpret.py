@@ -164,16 +164,16 @@ def sampled_profile(b: Batch, idx: np.ndarray) -> None:
 
 
 # --- StackWalk (§3.5) ------------------------------------------------------------------------------
-def _frames(b: Batch, idx: np.ndarray, skip: np.ndarray) -> dict:
-    """Hashes ``h1``, ``h2`` of each record's frames (pointers from payload byte ``skip``, leaf first).
+def _frames(b: Batch, pos: np.ndarray, length: np.ndarray, width: np.ndarray) -> dict:
+    """Hashes ``h1``, ``h2`` of frame arrays at blob[pos : pos + length] (pointers of ``width`` bytes,
+    leaf first), and ``user`` (leaf frame below the kernel-space boundary of that width).
 
     The frames themselves go to ``_stack_frames`` once per distinct (h1, h2) in the partition: events
     carry only the hashes, so the per-event tables stay small and the joins never move frame lists.
     """
-    n = len(idx)
+    n = len(pos)
     offs = np.zeros(n + 1, np.int64)
-    args = (b.blob, b.c["pay_off"][idx], b.c["pay_len"][idx].astype(np.int64),
-            b.c["ptr"][idx].astype(np.int64), skip.astype(np.int64), offs)
+    args = (b.blob, pos.astype(np.int64), length.astype(np.int64), width.astype(np.int64), np.zeros(n, np.int64), offs)
     total = K.gather_frames(*args, np.zeros(0, np.uint64), False)
     frames = np.empty(total, np.uint64)
     K.gather_frames(*args, frames, True)
@@ -181,22 +181,22 @@ def _frames(b: Batch, idx: np.ndarray, skip: np.ndarray) -> dict:
     K.hash_frames(offs, frames, h1, h2)
     first, _ = unique_pairs(h1, h2)
     b.emit("_stack_frames", {"h1": h1[first], "h2": h2[first], "frames": list_array(offs, frames).take(first)})
-    return {"h1": h1, "h2": h2}
+    has = offs[1:] > offs[:-1]
+    leaf = np.where(has, frames[np.minimum(offs[:-1], max(total - 1, 0))] if total else 0, 0)
+    user = leaf < np.where(width == 8, L.KERNEL_SPACE_64, L.KERNEL_SPACE_32).astype(np.uint64)
+    return {"h1": h1, "h2": h2, "user": user}
 
 
 def stack_walk(b: Batch, idx: np.ndarray) -> None:
     idx = b.require(idx, 16, "StackWalk")
     W = L.STACK_WALK
     po = b.c["pay_off"][idx]
-    P = b.c["ptr"][idx]
     # A record whose leaf frame is a user address is the user half of a stack (or a user-only stack).
-    leaf = np.where(b.c["pay_len"][idx] >= W["frames"] + P, b.pointer(idx, W["frames"], 0), 0)
-    user = leaf < np.where(P == 8, L.KERNEL_SPACE_64, L.KERNEL_SPACE_32).astype(np.uint64)
     b.emit("_stack_refs", {
         **b.common(idx), "event_ts": b.gather(po + W["event_ts"], 8).view(np.int64),
         "pid": b.gather(po + W["pid"], 4), "tid": b.gather(po + W["tid"], 4),
-        "kind": np.zeros(len(idx), np.uint8), "user": user, "key": np.zeros(len(idx), np.uint64),
-        **_frames(b, idx, np.full(len(idx), W["frames"])),
+        "kind": np.zeros(len(idx), np.uint8), "key": np.zeros(len(idx), np.uint64),
+        **_frames(b, po + W["frames"], b.c["pay_len"][idx] - W["frames"], b.c["ptr"][idx]),
     }, idx)
 
 
@@ -218,9 +218,37 @@ def stack_key_def(b: Batch, idx: np.ndarray) -> None:
     P = b.c["ptr"][idx].astype(np.int64)
     idx = b.require(idx, P, "StackKey definition")
     P = b.c["ptr"][idx].astype(np.int64)
+    frames = _frames(b, b.c["pay_off"][idx] + P, b.c["pay_len"][idx] - P, P)
     b.emit("_stack_defs", {
-        **b.common(idx), "key": b.pointer(idx, 0, 0), "opcode": b.c["opcode"][idx], **_frames(b, idx, P),
+        **b.common(idx), "key": b.pointer(idx, 0, 0), "opcode": b.c["opcode"][idx],
+        "h1": frames["h1"], "h2": frames["h2"],
     }, idx)
+
+
+def extended_stacks(b: Batch, idx: np.ndarray) -> None:
+    """Stacks carried inline by EVENT_HEADER records (extended items STACK_TRACE32/64, STACK_KEY32/64).
+
+    Not in the dispatch table: any manifest/TraceLogging event may carry them. They become stack pieces
+    of (the record's timestamp, its thread), and ``_event_stack_links`` lets the joins give those events
+    a ``stack_id`` (table ``event_stacks``). MatchId pairing of halves in separate events is not done.
+    """
+    eo, el = b.c["ext_off"][idx], b.c["ext_len"][idx].astype(np.int64)
+    args = (b.blob, eo, el)
+    n = K.extended_stacks(*args, False, *(np.zeros(0, t) for t in (np.int64, np.uint8, np.int64, np.int64, np.int64)))
+    if n == 0:
+        return
+    rec, kind = np.empty(n, np.int64), np.empty(n, np.uint8)
+    pos, count, width = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+    K.extended_stacks(*args, True, rec, kind, pos, count, width)
+    ridx = idx[rec]
+    common = {**b.common(ridx), "event_ts": b.c["ts"][ridx], "pid": b.c["pid"][ridx], "tid": b.c["tid"][ridx]}
+    full = kind == 0
+    pieces = _frames(b, pos, np.where(full, count * width, 0), width)
+    key = np.where(width == 8, b.gather(pos, 8), b.gather(pos, 4).astype(np.uint64))
+    b.emit("_stack_refs", {**common, "kind": np.where(full, 0, 1).astype(np.uint8), "user": pieces["user"] & full,
+                           "key": np.where(full, 0, key).astype(np.uint64),
+                           "h1": np.where(full, pieces["h1"], 0), "h2": np.where(full, pieces["h2"], 0)})
+    b.emit("_event_stack_links", {**b.common(ridx), "tid": b.c["tid"][ridx]})
 
 
 # --- PageFault VirtualAlloc / VirtualFree (§3.7) ---------------------------------------------------

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 SCRATCH_TABLES = ("_process_events", "_thread_events", "_image_events", "_image_id_info", "_image_id_dbg",
-                  "_samples", "_stack_refs", "_stack_defs", "_stack_frames", "_virtual_allocs", "_heap_events",
+                  "_samples", "_stack_refs", "_stack_defs", "_stack_frames", "_event_stack_links", "_virtual_allocs", "_heap_events",
                   "_heapsnap_stacks", "_heapsnap_blocks")
 
 #: Empty shapes of scratch tables, so the SQL below runs on traces that lack some event kinds.
@@ -49,6 +49,7 @@ EMPTY = {
     "_stack_defs": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, key UBIGINT, "
                    "opcode UTINYINT, h1 UBIGINT, h2 UBIGINT",
     "_stack_frames": "h1 UBIGINT, h2 UBIGINT, frames UBIGINT[]",
+    "_event_stack_links": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, tid UINTEGER",
     "_virtual_allocs": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, pid UINTEGER, "
                        "base UBIGINT, size UBIGINT, flags UINTEGER, is_free BOOLEAN",
     "_heapsnap_stacks": "snapshot_id BIGINT, stack_ref UBIGINT, frames UBIGINT[]",
@@ -120,8 +121,9 @@ def finish(out, scratch: Path, header, memory_limit: str = "2GB") -> dict[str, A
         _virtual_allocs(con)
         _heap_events(con)
         _heap_snapshot_blocks(con)
+        _event_stacks(con)
         for table in ("processes", "threads", "images", "image_ids", "stacks", "samples",
-                      "virtual_allocs", "heap_events", "heap_snapshot_blocks"):
+                      "virtual_allocs", "heap_events", "heap_snapshot_blocks", "event_stacks"):
             _copy(con, table, out.table_path(table))
         stats.update(_summary(con))
         return stats
@@ -213,7 +215,7 @@ def _stacks(con) -> dict[str, Any]:
                CASE WHEN m.m1 IS NULL THEN g.b1 ELSE 0 END AS b1, CASE WHEN m.m1 IS NULL THEN g.b2 ELSE 0 END AS b2
         FROM g LEFT JOIN multi m USING (event_ts, tid)""")
     con.execute("""
-        CREATE TABLE event_stacks AS
+        CREATE TABLE group_stacks AS
         WITH keys AS (
             SELECT multi, a1, a2, b1, b2, min(event_ts) AS first_ts, arg_min(tid, event_ts) AS first_tid
             FROM stack_groups WHERE a1 <> 0 OR b1 <> 0 GROUP BY multi, a1, a2, b1, b2),
@@ -235,7 +237,7 @@ def _stacks(con) -> dict[str, Any]:
         SELECT (row_number() OVER (ORDER BY first_ts, first_tid) - 1)::BIGINT AS stack_id, frames,
                len(frames)::INTEGER AS depth
         FROM (SELECT frames, min(first_ts) AS first_ts, arg_min(first_tid, first_ts) AS first_tid FROM (
-                  SELECT frames, first_ts, first_tid FROM event_stacks WHERE len(frames) > 0
+                  SELECT frames, first_ts, first_tid FROM group_stacks WHERE len(frames) > 0
                   UNION ALL  -- heap snapshot stacks share the table; they sort after the event stacks
                   SELECT frames, 9223372036854775807, snapshot_id FROM _heapsnap_stacks WHERE len(frames) > 0)
               GROUP BY frames)""")
@@ -244,7 +246,7 @@ def _stacks(con) -> dict[str, Any]:
         CREATE TABLE stack_index AS
         SELECT g.event_ts, g.tid, g.pid, s.stack_id
         FROM stack_groups g
-        LEFT JOIN (SELECT e.multi, e.a1, e.a2, e.b1, e.b2, s.stack_id FROM event_stacks e JOIN stacks s ON s.frames = e.frames) s
+        LEFT JOIN (SELECT e.multi, e.a1, e.a2, e.b1, e.b2, s.stack_id FROM group_stacks e JOIN stacks s ON s.frames = e.frames) s
             USING (multi, a1, a2, b1, b2)""")
     unresolved, refs = con.execute(
         "SELECT count(*) FILTER (h1 IS NULL AND kind > 0), count(*) FILTER (kind > 0) FROM stack_pieces").fetchone()
@@ -297,6 +299,17 @@ def _heap_snapshot_blocks(con) -> None:
         LEFT JOIN _heapsnap_stacks h ON h.snapshot_id = b.snapshot_id AND h.stack_ref = b.stack_ref
         LEFT JOIN stacks s ON s.frames = h.frames
         ORDER BY b.snapshot_id, b.heap, b.address""")
+
+
+def _event_stacks(con) -> None:
+    """Stacks of EVENT_HEADER events that carry them inline; join to ``events`` on
+    (timestamp, cpu, stream_pos)."""
+    con.execute("""
+        CREATE TABLE event_stacks AS
+        SELECT l.timestamp, l.timestamp_ns, l.cpu, l.stream_pos, l.tid, k.stack_id
+        FROM (SELECT DISTINCT * FROM _event_stack_links) l
+        LEFT JOIN stack_index k ON k.event_ts = l.timestamp AND k.tid = l.tid
+        ORDER BY l.timestamp, l.cpu, l.stream_pos""")
 
 
 def _summary(con) -> dict[str, Any]:

@@ -448,3 +448,47 @@ def hash_frames(offsets, frames, h1, h2):
             c ^= c >> np.uint64(29)
         h1[i] = a
         h2[i] = c
+
+
+@nb.njit(**JIT)
+def extended_stacks(blob, ext_off, ext_len, fill, rec, kind, data_pos, count, width):
+    """Stack items among the extended data of EVENT_HEADER records (§2.5).
+
+    For record i, items lie in blob[ext_off[i]:ext_off[i]+ext_len[i]] (bounds checked by the record
+    walk). Each STACK_TRACE32/64 item gives kind 0 with ``count`` addresses of ``width`` bytes at
+    ``data_pos`` (after the u64 MatchId); each STACK_KEY32/64 item gives kind 1 with the key at
+    ``data_pos``. Counting pass with ``fill`` False; returns the number of items.
+    """
+    n = 0
+    for i in range(ext_off.shape[0]):
+        q = ext_off[i]
+        end = q + ext_len[i]
+        while q + 8 <= end:
+            size = _u16(blob, q)
+            ext_type = _u16(blob, q + 2)
+            link = _u16(blob, q + 4)
+            dsize = _u16(blob, q + 6)
+            if size < 8 or q + 8 + dsize > end:
+                break
+            d = q + 8
+            if (ext_type == 5 or ext_type == 6) and dsize >= 8:
+                if fill:
+                    w = 4 if ext_type == 5 else 8
+                    rec[n] = i
+                    kind[n] = 0
+                    data_pos[n] = d + 8
+                    count[n] = (dsize - 8) // w
+                    width[n] = w
+                n += 1
+            elif (ext_type == 17 or ext_type == 18) and dsize >= 12:
+                if fill:
+                    rec[n] = i
+                    kind[n] = 1
+                    data_pos[n] = d + 8
+                    count[n] = 1
+                    width[n] = 4 if ext_type == 17 else 8
+                n += 1
+            q += size
+            if link & 1 == 0:
+                break
+    return n

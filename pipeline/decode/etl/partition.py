@@ -19,7 +19,7 @@ from pipeline.decode.etl import kernels as K
 from pipeline.decode.etl import layout as L
 from pipeline.decode.etl.batch import Batch, record_error, unique_pairs, walk
 from pipeline.decode.etl.buffers import MAX_BUFFER_SIZE
-from pipeline.decode.etl.interpret import lookup
+from pipeline.decode.etl.interpret import extended_stacks, lookup
 
 _GROUP_GUIDS = L.group_guid_table()
 
@@ -93,6 +93,9 @@ def decode_partition(task: dict[str, Any]) -> dict[str, Any]:
         idx = np.flatnonzero(np.isin(inverse, js))
         if len(idx):
             fn(b, idx)
+    with_ext = np.flatnonzero(b.c["ext_len"] > 0)
+    if len(with_ext):
+        extended_stacks(b, with_ext)
     event_count_rows = [(providers[k >> 48], (k >> 40) & 0xFF, (k >> 24) & 0xFFFF, (k >> 8) & 0xFFFF, k & 0xFF, n)
                         for k, n in zip(kinds.tolist(), counts.tolist())]
 
