@@ -88,16 +88,19 @@ def has_frames(ctx) -> bool:
 def assign_units(con, ctx, source: str, name: str) -> None:
     """``{name}``: rows of ``source`` (pid, stack_id, ip, timestamp_ns, ...) plus process_key and unit_id;
     ``{name}_units``: one row per unit (unit_id, pid, stack_id, ip, t)."""
-    con.execute("""CREATE TABLE IF NOT EXISTS img_epochs AS
-        SELECT pid::BIGINT AS pid, t, row_number() OVER (PARTITION BY pid ORDER BY t)::BIGINT AS epoch
-        FROM (SELECT pid, load_ns AS t FROM images WHERE load_ns IS NOT NULL
-              UNION SELECT pid, unload_ns FROM images WHERE unload_ns IS NOT NULL)""")
+    # One ASOF join gives both the process instance and the image epoch: the boundaries of a pid are
+    # its process starts and image loads/unloads; at each, the instance then current is looked up once.
+    con.execute("""CREATE TABLE IF NOT EXISTS bounds AS
+        WITH b AS (SELECT pid::BIGINT AS pid, load_ns AS t FROM images WHERE load_ns IS NOT NULL
+                   UNION SELECT pid::BIGINT, unload_ns FROM images WHERE unload_ns IS NOT NULL
+                   UNION SELECT pid, start_key FROM procs)
+        SELECT b.pid, b.t, row_number() OVER (PARTITION BY b.pid ORDER BY b.t)::BIGINT AS epoch, p.process_key
+        FROM b ASOF LEFT JOIN procs p ON b.pid = p.pid AND b.t >= p.start_key""")
     con.execute(f"""
         CREATE TABLE {name}_raw AS
-        SELECT s.*, p.process_key, coalesce(e.epoch, 0) AS epoch
+        SELECT s.*, e.process_key, coalesce(e.epoch, 0) AS epoch
         FROM (SELECT * EXCLUDE (pid), coalesce(pid::BIGINT, -1) AS pid FROM {source}) s
-        ASOF LEFT JOIN procs p ON s.pid = p.pid AND s.timestamp_ns >= p.start_key
-        ASOF LEFT JOIN img_epochs e ON s.pid = e.pid AND s.timestamp_ns >= e.t""")
+        ASOF LEFT JOIN bounds e ON s.pid = e.pid AND s.timestamp_ns >= e.t""")
     con.execute(f"""
         CREATE TABLE {name}_units AS
         SELECT (row_number() OVER (ORDER BY pid, stack_id NULLS FIRST, ip NULLS FIRST, epoch) - 1)::BIGINT AS unit_id,
