@@ -681,3 +681,33 @@ def test_inline_stacks_of_manifest_events(decoded):
     assert {kinds[(r["timestamp"], r["cpu"], r["stream_pos"])] for r in links} == {L.HT_EVENT32, L.HT_EVENT64}
     depth = {r["stack_id"]: r["depth"] for r in read_table(run, "decoded", "stacks").to_pylist()}
     assert min(depth[r["stack_id"]] for r in links) > 1
+
+
+def test_kernels_as_plain_python_equal_the_jit():
+    """The numba kernels run as plain Python (``py_func``, as under NUMBA_DISABLE_JIT) give the same
+    results on a real buffer: the compressed buffer of smallEtlFile.etl, inflated and walked."""
+    from pipeline.decode.etl import kernels as K
+    from pipeline.decode.etl.buffers import walk as walk_chain
+
+    path = fixture_path("etl/perfview-small/smallEtlFile.etl")
+    _, bufs = walk_chain(path)
+    raw = np.frombuffer(path.read_bytes(), np.uint8)
+    (i,) = np.flatnonzero(bufs["compressed"])
+    s0 = int(bufs["file_offset"][i]) + 0x48
+    s1 = int(bufs["file_offset"][i]) + int(bufs["buffer_size"][i])
+    n = int(bufs["data_len"][i])
+    jit_out, py_out = np.zeros(n, np.uint8), np.zeros(n, np.uint8)
+    assert K.xpress_decompress(raw, s0, s1, jit_out, 0, n) == (K.OK, n)
+    assert K.xpress_decompress.py_func(raw, s0, s1, py_out, 0, n) == (K.OK, n)
+    assert (jit_out == py_out).all()
+    from pipeline.decode.etl.batch import RECORD_COLUMNS
+
+    starts, lens = np.array([0], np.int64), np.array([n], np.int64)
+    results = []
+    for fn in (K.walk_records, K.walk_records.py_func):
+        count = fn(jit_out, starts, lens, False, *(np.zeros(0, t) for _, t in RECORD_COLUMNS),
+                   np.zeros(1, np.int32), np.zeros(1, np.int64))
+        cols = [np.zeros(count, t) for _, t in RECORD_COLUMNS]
+        fn(jit_out, starts, lens, True, *cols, np.zeros(1, np.int32), np.zeros(1, np.int64))
+        results.append(cols)
+    assert count >= 1 and all((a == b).all() for a, b in zip(*results))
