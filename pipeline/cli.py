@@ -64,6 +64,8 @@ def run_job(job_path: Path, trace: Path | None, run_dir: Path | None, config_pat
     """Run every stage of a job on one trace; with no trace and a 'synth' stage, make the demo trace."""
     job = load_job(job_path)
     config = load_config(config_path or job.config)
+    # Runs of one job are compared with each other in the warehouse, whatever their directory is called.
+    config.warehouse.labels = {"job": job.name, **config.warehouse.labels}
     if run_dir is None:
         run_dir = job.runs_dir / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=True)
