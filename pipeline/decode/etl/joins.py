@@ -197,30 +197,33 @@ def _stacks(con) -> dict[str, Any]:
         CREATE TABLE piece_frames AS
         SELECT h1, h2, any_value(frames) AS frames FROM _stack_frames GROUP BY h1, h2""")
     con.execute("""
+        CREATE TABLE piece_groups AS
+        SELECT event_ts, tid, any_value(pid) AS pid,
+               count(*) FILTER (NOT user AND h1 IS NOT NULL) AS nk, count(*) FILTER (user AND h1 IS NOT NULL) AS nu,
+               coalesce(max(h1) FILTER (NOT user), 0) AS a1, coalesce(max(h2) FILTER (NOT user), 0) AS a2,
+               coalesce(max(h1) FILTER (user), 0) AS b1, coalesce(max(h2) FILTER (user), 0) AS b2
+        FROM stack_pieces GROUP BY event_ts, tid""")
+    con.execute("""
         CREATE TABLE stack_groups AS
-        WITH g AS (
-            SELECT event_ts, tid, any_value(pid) AS pid,
-                   count(*) FILTER (NOT user AND h1 IS NOT NULL) AS nk, count(*) FILTER (user AND h1 IS NOT NULL) AS nu,
-                   coalesce(max(h1) FILTER (NOT user), 0) AS a1, coalesce(max(h2) FILTER (NOT user), 0) AS a2,
-                   coalesce(max(h1) FILTER (user), 0) AS b1, coalesce(max(h2) FILTER (user), 0) AS b2
-            FROM stack_pieces GROUP BY event_ts, tid),
-        multi AS (
+        WITH multi AS (
             SELECT p.event_ts, p.tid, hash(list(p.h1 ORDER BY p.user, p.timestamp, p.cpu, p.stream_pos)) AS m1,
                    hash(list(p.h2 ORDER BY p.user, p.timestamp, p.cpu, p.stream_pos)) AS m2
-            FROM stack_pieces p SEMI JOIN (SELECT event_ts, tid FROM g WHERE nk > 1 OR nu > 1) x
+            FROM stack_pieces p SEMI JOIN (SELECT event_ts, tid FROM piece_groups WHERE nk > 1 OR nu > 1) x
                 ON p.event_ts = x.event_ts AND p.tid = x.tid
             WHERE p.h1 IS NOT NULL GROUP BY p.event_ts, p.tid)
         SELECT g.event_ts, g.tid, g.pid, m.m1 IS NOT NULL AS multi,
                coalesce(m.m1, g.a1) AS a1, coalesce(m.m2, g.a2) AS a2,
                CASE WHEN m.m1 IS NULL THEN g.b1 ELSE 0 END AS b1, CASE WHEN m.m1 IS NULL THEN g.b2 ELSE 0 END AS b2
-        FROM g LEFT JOIN multi m USING (event_ts, tid)""")
+        FROM piece_groups g LEFT JOIN multi m USING (event_ts, tid)""")
+    con.execute("DROP TABLE piece_groups")
+    con.execute("""
+        CREATE TABLE group_keys AS
+        SELECT multi, a1, a2, b1, b2, min(event_ts) AS first_ts, arg_min(tid, event_ts) AS first_tid
+        FROM stack_groups WHERE a1 <> 0 OR b1 <> 0 GROUP BY multi, a1, a2, b1, b2""")
     con.execute("""
         CREATE TABLE group_stacks AS
-        WITH keys AS (
-            SELECT multi, a1, a2, b1, b2, min(event_ts) AS first_ts, arg_min(tid, event_ts) AS first_tid
-            FROM stack_groups WHERE a1 <> 0 OR b1 <> 0 GROUP BY multi, a1, a2, b1, b2),
-        single AS (
-            SELECT k.*, coalesce(fa.frames, []) || coalesce(fb.frames, []) AS frames FROM keys k
+        WITH single AS (
+            SELECT k.*, coalesce(fa.frames, []) || coalesce(fb.frames, []) AS frames FROM group_keys k
             LEFT JOIN piece_frames fa ON fa.h1 = k.a1 AND fa.h2 = k.a2
             LEFT JOIN piece_frames fb ON fb.h1 = k.b1 AND fb.h2 = k.b2
             WHERE NOT k.multi),
@@ -228,7 +231,7 @@ def _stacks(con) -> dict[str, Any]:
             SELECT k.multi, k.a1, k.a2, k.b1, k.b2, any_value(k.first_ts) AS first_ts,
                    any_value(k.first_tid) AS first_tid,
                    flatten(list(f.frames ORDER BY p.user, p.timestamp, p.cpu, p.stream_pos)) AS frames
-            FROM keys k JOIN stack_pieces p ON p.event_ts = k.first_ts AND p.tid = k.first_tid
+            FROM group_keys k JOIN stack_pieces p ON p.event_ts = k.first_ts AND p.tid = k.first_tid
             JOIN piece_frames f ON f.h1 = p.h1 AND f.h2 = p.h2
             WHERE k.multi GROUP BY k.multi, k.a1, k.a2, k.b1, k.b2)
         SELECT * FROM single UNION ALL SELECT * FROM several""")
