@@ -98,7 +98,7 @@ LIFETIMES = {
 }
 
 
-def finish(out, scratch: Path, header, memory_limit: str = "2GB") -> dict[str, Any]:
+def finish(out, scratch: Path, header, memory_limit: str = "1GB") -> dict[str, Any]:
     """Build the joined tables from the scratch parts; returns counts for the manifest."""
     import duckdb
 
