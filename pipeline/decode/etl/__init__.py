@@ -90,7 +90,6 @@ def decode_etl(path: Path, out, cfg, pool) -> dict[str, Any]:
     events_lost = int(f["events_lost"])
     buffers_lost = int(f["buffers_lost"])
     flagged_events_lost = int(((bufs["buffer_flag"] & L.BUFFER_FLAG_EVENTS_LOST) != 0).sum())
-    end_ts = max((r.get("max_ts", 0) for r in results), default=0)
     trace = {
         "file": str(path), "file_size": header.file_size,
         "os_version": f"{f['version_major']}.{f['version_minor']}", "os_build": f["os_build"],

@@ -25,64 +25,66 @@ _GROUP_GUIDS = L.group_guid_table()
 
 
 def decode_partition(task: dict[str, Any]) -> dict[str, Any]:
-    path = task["path"]
-    bufs = task["buffers"]
-    part = task["part"]
-    errors: list[dict[str, Any]] = []
+    path, bufs, part = task["path"], task["buffers"], task["part"]
+    blob, starts, lens, errors, skipped = read_buffers(path, bufs)
+    cols, rstatus, rpos = walk(blob, starts, lens)
+    for i in np.flatnonzero(rstatus != 0):
+        errors.append(record_error(path, bufs[i], int(rpos[i]), "record",
+                                   f"{K.STATUS_TEXT[int(rstatus[i])]}; rest of the buffer skipped"))
+    b = Batch(blob, cols, bufs, dict(task["consts"], path=path, starts=starts))
+    b.errors = errors
+    counts = interpret(b)
+    written = write_parts(b, part, Path(task["out_dir"]), Path(task["scratch_dir"]))
+    return {
+        "part": part, "tables": written, "records": int(b.n), "bytes": int(bufs["buffer_size"].sum()),
+        "event_counts": counts, "errors": b.errors, "buffers_skipped": int(skipped + (rstatus != 0).sum()),
+    }
 
-    # 1. Bytes: one read covering all buffers of the partition (they are contiguous in the file).
+
+def read_buffers(path: str, bufs: np.ndarray):
+    """Layer 1 for one partition: one read covering its buffers (contiguous in the file), XPRESS buffers
+    inflated in numba. Returns (blob, start and length of each buffer's event data in it, errors,
+    number of buffers skipped)."""
+    errors: list[dict[str, Any]] = []
     lo = int(bufs["file_offset"][0])
     hi = int(bufs["file_offset"][-1]) + int(bufs["buffer_size"][-1])
     raw = np.empty(hi - lo, np.uint8)
     with open(path, "rb") as f:
         f.seek(lo)
-        got = f.readinto(memoryview(raw))
-    raw = raw[:got]
-
+        raw = raw[:f.readinto(memoryview(raw))]
     data_len = bufs["data_len"].astype(np.int64)
-    bad = data_len > MAX_BUFFER_SIZE
     src_start = bufs["file_offset"].astype(np.int64) - lo + L.BUFFER_HEADER_SIZE
     src_end = bufs["file_offset"].astype(np.int64) - lo + bufs["buffer_size"].astype(np.int64)
-    for i in np.flatnonzero(bad | (src_end > len(raw))):
+    bad = (data_len > MAX_BUFFER_SIZE) | (src_end > len(raw))
+    for i in np.flatnonzero(bad):
         errors.append(record_error(path, bufs[i], 0, "bad_buffer_size",
                                    f"{int(data_len[i])} bytes of event data is not plausible; buffer skipped"))
-        data_len[i] = 0
-    data_len[src_end > len(raw)] = 0
+    data_len[bad] = 0
     comp = bufs["compressed"] & (data_len > 0)
-    if comp.any():
-        # Inflated event data of every buffer side by side in one array (uncompressed ones copied).
-        starts = np.zeros(len(bufs), np.int64)
-        starts[1:] = np.cumsum(data_len)[:-1]
-        blob = np.empty(int(data_len.sum()), np.uint8)
-        for i in np.flatnonzero(~comp & (data_len > 0)):
-            blob[starts[i]:starts[i] + data_len[i]] = raw[src_start[i]:src_start[i] + data_len[i]]
-    else:
+    if not comp.any():
         # Nothing to inflate: records are walked where they were read.
-        starts, blob = src_start, raw
+        return raw, src_start, data_len, errors, int(bad.sum())
+    # Inflated event data of every buffer side by side in one array (uncompressed ones copied).
+    starts = np.zeros(len(bufs), np.int64)
+    starts[1:] = np.cumsum(data_len)[:-1]
+    blob = np.empty(int(data_len.sum()), np.uint8)
+    for i in np.flatnonzero(~comp & (data_len > 0)):
+        blob[starts[i]:starts[i] + data_len[i]] = raw[src_start[i]:src_start[i] + data_len[i]]
     status = np.zeros(len(bufs), np.int32)
     produced = np.zeros(len(bufs), np.int64)
-    if blob is not raw:
-        K.decompress_buffers(raw, np.where(comp, src_start, -1), src_end, blob, starts, data_len, status, produced)
-    raw = None
+    K.decompress_buffers(raw, np.where(comp, src_start, -1), src_end, blob, starts, data_len, status, produced)
     for i in np.flatnonzero(status != 0):
         errors.append(record_error(path, bufs[i], int(produced[i]), "decompress",
                                    f"{K.STATUS_TEXT[int(status[i])]} after {int(produced[i])} of "
                                    f"{int(data_len[i])} bytes; buffer skipped"))
-    skipped = status != 0
-    lens = np.where(skipped, 0, data_len)
+    return blob, starts, np.where(status != 0, 0, data_len), errors, int(bad.sum() + (status != 0).sum())
 
-    # 2. Records.
-    cols, rstatus, rpos = walk(blob, starts, lens)
-    for i in np.flatnonzero(rstatus != 0):
-        errors.append(record_error(path, bufs[i], int(rpos[i]), "record",
-                                   f"{K.STATUS_TEXT[int(rstatus[i])]}; rest of the buffer skipped"))
 
-    consts = dict(task["consts"], path=path, starts=starts)
-    b = Batch(blob, cols, bufs, consts)
-    b.errors = errors
+def interpret(b: Batch) -> list[tuple]:
+    """Layer 3 for one partition: run the dispatch table, send the rest to ``events``; returns the
+    partition's event counts [(provider_guid, opcode, event_id, version, header_type, count)]."""
     providers, code = provider_codes(b)
-
-    # 3. Interpretation: one sort of the event-kind key gives the event counts and the dispatch groups.
+    # One pass over the event-kind key gives the event counts and the dispatch groups.
     kinds, inverse, counts = event_kinds(b, code)
     by_extractor: dict = {}
     for j, k in enumerate(kinds.tolist()):
@@ -96,9 +98,6 @@ def decode_partition(task: dict[str, Any]) -> dict[str, Any]:
     with_ext = np.flatnonzero(b.c["ext_len"] > 0)
     if len(with_ext):
         extended_stacks(b, with_ext)
-    event_count_rows = [(providers[k >> 48], (k >> 40) & 0xFF, (k >> 24) & 0xFFFF, (k >> 8) & 0xFFFF, k & 0xFF, n)
-                        for k, n in zip(kinds.tolist(), counts.tolist())]
-
     rest = np.flatnonzero(~b.consumed)
     if len(rest):
         b.emit("events", {
@@ -109,25 +108,24 @@ def decode_partition(task: dict[str, Any]) -> dict[str, Any]:
             "tid": b.c["tid"][rest].view(np.int32), "payload_len": b.c["pay_len"][rest],
             "buffer_index": b.buffer_index[rest],
         })
+    return [(providers[k >> 48], (k >> 40) & 0xFF, (k >> 24) & 0xFFFF, (k >> 8) & 0xFFFF, k & 0xFF, n)
+            for k, n in zip(kinds.tolist(), counts.tolist())]
 
-    # 4. Parquet parts.
+
+def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> dict[str, str]:
+    """One parquet part per table: final tables into the stage directory (zstd), ``_`` scratch tables
+    into the scratch directory (snappy: they live for seconds). Dictionary pages only for text columns:
+    numeric columns compress better and faster without."""
     written: dict[str, str] = {}
     for table, pieces in b.out.items():
-        root = Path(task["out_dir"] if not table.startswith("_") else task["scratch_dir"])
-        directory = root / f"{table}.parquet"
+        directory = (scratch_dir if table.startswith("_") else out_dir) / f"{table}.parquet"
         directory.mkdir(parents=True, exist_ok=True)
         target = directory / f"part-{part:05d}-{uuid.uuid4().hex[:6]}.parquet"
         data = pa.concat_tables(pieces, promote_options="permissive")
-        # Dictionary pages only for text columns: numeric columns compress better and faster without.
-        # Scratch parts live for seconds: the cheaper snappy; final tables: zstd.
         text = [f.name for f in data.schema if pa.types.is_string(f.type) or pa.types.is_dictionary(f.type)]
         pq.write_table(data, target, compression="snappy" if table.startswith("_") else "zstd", use_dictionary=text)
         written[table] = str(target)
-    return {
-        "part": part, "tables": written, "records": int(b.n), "bytes": int(hi - lo),
-        "event_counts": event_count_rows, "errors": b.errors,
-        "buffers_skipped": int(skipped.sum() + (rstatus != 0).sum() + bad.sum()),
-    }
+    return written
 
 
 def provider_codes(b: Batch) -> tuple[list[str], np.ndarray]:
