@@ -352,7 +352,7 @@ def test_user_frames_fall_inside_images_except_jit_code(decoded, rel, floor):
 
 
 # --- TraceEvent baseline ----------------------------------------------------------------------------
-def baseline_events(name: str) -> list[tuple[float, str, dict[str, str]]]:
+def baseline_events(name: str) -> list[tuple[int, str, dict[str, str]]]:
     rows = []
     for line in fixture_path(name).read_text().splitlines():
         if not line.startswith("EVENT "):
@@ -361,7 +361,7 @@ def baseline_events(name: str) -> list[tuple[float, str, dict[str, str]]]:
         kind, _, fields = rest.partition(" PID=")
         fields = "PID=" + fields
         values = dict(kv.split("=", 1) for kv in fields.split("; ") if "=" in kv)
-        rows.append((float(head.replace(",", "")), kind, values))
+        rows.append((int(head.replace(",", "").replace(".", "")), kind, values))  # microseconds
     return rows
 
 
@@ -369,8 +369,9 @@ def _int(text: str) -> int:
     return int(text.replace(",", ""), 0)
 
 
-def _ms(ns: int | None) -> float | None:
-    return None if ns is None else round(ns / 1e6, 3)
+def _ms(ns: int | None) -> int | None:
+    """Nanoseconds as TraceEvent prints milliseconds (3 decimals, half up), in integer microseconds."""
+    return None if ns is None else (ns + 500) // 1000
 
 
 def test_baseline_processes_threads_images_samples(decoded):
@@ -711,3 +712,25 @@ def test_kernels_as_plain_python_equal_the_jit():
         fn(jit_out, starts, lens, True, *cols, np.zeros(1, np.int32), np.zeros(1, np.int64))
         results.append(cols)
     assert count >= 1 and all((a == b).all() for a, b in zip(*results))
+
+
+@pytest.mark.parametrize("rel,baseline", [
+    ("perfview-small/gcevents.etl", "perfview-small/gcevents.baseline.txt"),
+    ("perfview-small/primitive-types.etl", "perfview-small/primitive-types.baseline.txt"),
+    ("perfview-net452-x64/net.4.5.2.x64.etl", "perfview-net452-x64/net.4.5.2.x64.baseline.txt"),
+])
+def test_baseline_events_time_pid_tid_cpu_length(decoded, rel, baseline):
+    """Every user-provider event TraceEvent printed is in ``events`` with the same time (ms since trace
+    start), PID, TID, processor and payload length."""
+    events = read_table(decoded[rel], "decoded", "events",
+                        columns=["timestamp_ns", "pid", "tid", "cpu", "payload_len"]).to_pydict()
+    have = collections.Counter(zip((_ms(t) for t in events["timestamp_ns"]), events["pid"], events["tid"],
+                                   events["cpu"], events["payload_len"]))
+    checked = 0
+    for ms, kind, v in baseline_events("etl/" + baseline):
+        if kind.startswith(("Windows Kernel/", "KernelTraceControl/")):
+            continue  # kernel events: their header PID/TID are rewritten by TraceEvent (checked above)
+        key = (ms, _int(v["PID"]), _int(v["TID"]), _int(v["ProceNum"]), _int(v["DataLen"]))
+        assert have[key] > 0, f"{kind} at {ms} ms not found: {key}"
+        checked += 1
+    assert checked >= 5
