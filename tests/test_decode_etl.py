@@ -734,3 +734,23 @@ def test_baseline_events_time_pid_tid_cpu_length(decoded, rel, baseline):
         assert have[key] > 0, f"{kind} at {ms} ms not found: {key}"
         checked += 1
     assert checked >= 5
+
+
+@pytest.mark.parametrize("rel,seed", [("perfview-net452-x64/net.4.5.2.x64.etl", 1), ("airbus/AMSITrace.etl", 2),
+                                      ("perfview-net45-x86/PerfViewData.etl", 3)])
+def test_random_corruption_never_crashes(tmp_path, rel, seed):
+    """Flip 200 random bytes after the header buffer: the decode finishes, every problem is an error row
+    naming the file, and what still parses is decoded."""
+    src = _copy(rel, tmp_path)
+    data = bytearray(src.read_bytes())
+    rng = np.random.default_rng(seed)
+    first = int.from_bytes(data[0:4], "little")
+    for pos in rng.integers(first, len(data), 200):
+        data[pos] ^= int(rng.integers(1, 256))
+    src.write_bytes(bytes(data))
+    run_dir = _run(src, tmp_path)
+    errors = read_table(run_dir, "decoded", "errors").to_pylist()
+    assert all(str(src) in e["message"] for e in errors)
+    trace = read_table(run_dir, "decoded", "trace").to_pylist()[0]
+    assert trace["records"] > 0 and trace["buffers_skipped"] <= trace["buffers"]
+    assert read_manifest(run_dir, "decoded")["errors_total"] == len(errors)
