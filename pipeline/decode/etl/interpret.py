@@ -172,17 +172,16 @@ def _frames(b: Batch, pos: np.ndarray, length: np.ndarray, width: np.ndarray) ->
     carry only the hashes, so the per-event tables stay small and the joins never move frame lists.
     """
     n = len(pos)
-    offs = np.zeros(n + 1, np.int64)
-    args = (b.blob, pos.astype(np.int64), length.astype(np.int64), width.astype(np.int64), np.zeros(n, np.int64), offs)
-    total = K.gather_frames(*args, np.zeros(0, np.uint64), False)
-    frames = np.empty(total, np.uint64)
-    K.gather_frames(*args, frames, True)
-    h1, h2 = np.empty(n, np.uint64), np.empty(n, np.uint64)
-    K.hash_frames(offs, frames, h1, h2)
+    pos, length, width = pos.astype(np.int64), length.astype(np.int64), width.astype(np.int64)
+    h1, h2, leaf = np.empty(n, np.uint64), np.empty(n, np.uint64), np.empty(n, np.uint64)
+    K.hash_frames_at(b.blob, pos, length, width, h1, h2, leaf)
+    # Frame lists only for the first record of each distinct hash pair.
     first, _ = unique_pairs(h1, h2)
-    b.emit("_stack_frames", {"h1": h1[first], "h2": h2[first], "frames": list_array(offs, frames).take(first)})
-    has = offs[1:] > offs[:-1]
-    leaf = np.where(has, frames[np.minimum(offs[:-1], max(total - 1, 0))] if total else 0, 0)
+    offs = np.zeros(len(first) + 1, np.int64)
+    args = (b.blob, pos[first], length[first], width[first], np.zeros(len(first), np.int64), offs)
+    frames = np.empty(K.gather_frames(*args, np.zeros(0, np.uint64), False), np.uint64)
+    K.gather_frames(*args, frames, True)
+    b.emit("_stack_frames", {"h1": h1[first], "h2": h2[first], "frames": list_array(offs, frames)})
     user = leaf < np.where(width == 8, L.KERNEL_SPACE_64, L.KERNEL_SPACE_32).astype(np.uint64)
     return {"h1": h1, "h2": h2, "user": user}
 

@@ -431,26 +431,6 @@ def read_uints(blob, pos, nbytes, out):
 
 
 @nb.njit(**JIT)
-def hash_frames(offsets, frames, h1, h2):
-    """Two independent 64-bit hashes of each frame list frames[offsets[i]:offsets[i+1]] (order-sensitive).
-
-    Stacks are deduplicated on (h1, h2, depth): 128 bits make a collision between the few million
-    distinct stacks of a trace vanishingly unlikely, and the joins never compare long lists.
-    """
-    for i in range(offsets.shape[0] - 1):
-        a = np.uint64(0x243F6A8885A308D3)
-        c = np.uint64(0x13198A2E03707344)
-        for j in range(offsets[i], offsets[i + 1]):
-            v = frames[j]
-            a = (a ^ v) * np.uint64(0x100000001B3)
-            a ^= a >> np.uint64(32)
-            c = (c + v) * np.uint64(0x9E3779B97F4A7C15)
-            c ^= c >> np.uint64(29)
-        h1[i] = a
-        h2[i] = c
-
-
-@nb.njit(**JIT)
 def extended_stacks(blob, ext_off, ext_len, fill, rec, kind, data_pos, count, width):
     """Stack items among the extended data of EVENT_HEADER records (§2.5).
 
@@ -492,3 +472,34 @@ def extended_stacks(blob, ext_off, ext_len, fill, rec, kind, data_pos, count, wi
             if link & 1 == 0:
                 break
     return n
+
+
+@nb.njit(**JIT)
+def hash_frames_at(blob, pos, nbytes, width, h1, h2, leaf):
+    """Two independent 64-bit hashes of each record's frame list (order-sensitive), read in place: record i
+    has nbytes[i] // width[i] pointers of width[i] bytes at blob[pos[i]:]. Also gives the leaf (first)
+    frame, 0 for an empty stack. A range outside ``blob`` hashes as empty.
+
+    Stacks are deduplicated on (h1, h2): 128 bits make a collision between the few million distinct
+    stacks of a trace vanishingly unlikely, and the joins never compare long lists.
+    """
+    n = blob.shape[0]
+    for i in range(pos.shape[0]):
+        w = width[i]
+        k = nbytes[i] // w if nbytes[i] > 0 and w > 0 else 0
+        p = pos[i]
+        if p < 0 or p + k * w > n:
+            k = 0
+        a = np.uint64(0x243F6A8885A308D3)
+        c = np.uint64(0x13198A2E03707344)
+        leaf[i] = 0
+        for j in range(k):
+            v = _u64(blob, p + 8 * j) if w == 8 else np.uint64(_u32(blob, p + 4 * j))
+            if j == 0:
+                leaf[i] = v
+            a = (a ^ v) * np.uint64(0x100000001B3)
+            a ^= a >> np.uint64(32)
+            c = (c + v) * np.uint64(0x9E3779B97F4A7C15)
+            c ^= c >> np.uint64(29)
+        h1[i] = a
+        h2[i] = c
