@@ -22,6 +22,8 @@ from pipeline.decode.etl.buffers import MAX_BUFFER_SIZE
 from pipeline.decode.etl.interpret import extended_stacks, lookup
 
 _GROUP_GUIDS = L.group_guid_table()
+_SYSTEM_KIND = np.zeros(256, bool)
+_SYSTEM_KIND[list(L.SYSTEM_KINDS)] = True
 
 
 def decode_partition(task: dict[str, Any]) -> dict[str, Any]:
@@ -92,7 +94,9 @@ def interpret(b: Batch) -> list[tuple]:
         if fn is not None:
             by_extractor.setdefault(fn, []).append(j)
     for fn, js in by_extractor.items():
-        idx = np.flatnonzero(np.isin(inverse, js))
+        mine = np.zeros(len(kinds), bool)
+        mine[js] = True
+        idx = np.flatnonzero(mine[inverse])
         if len(idx):
             fn(b, idx)
     with_ext = np.flatnonzero(b.c["ext_len"] > 0)
@@ -139,10 +143,11 @@ def provider_codes(b: Batch) -> tuple[list[str], np.ndarray]:
 
     c = b.c
     code = (c["hook"] >> 8).astype(np.int32)
-    code[(c["hook"] == L.IMAGE_LOAD_HOOK) & np.isin(c["htype"], list(L.SYSTEM_KINDS))] = 0x14
+    system = _SYSTEM_KIND[c["htype"]]
+    code[(c["hook"] == L.IMAGE_LOAD_HOOK) & system] = 0x14
     providers = [str(_uuid.UUID(bytes_le=bytes(g))) for g in _GROUP_GUIDS]
     has = c["guid_off"] >= 0
-    code[~has & ~np.isin(c["htype"], list(L.SYSTEM_KINDS))] = 256  # MESSAGE records without a GUID
+    code[~has & ~system] = 256  # MESSAGE records without a GUID
     providers.append(L.NULL_GUID)
     if has.any():
         off = c["guid_off"][has]
