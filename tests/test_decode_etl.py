@@ -754,3 +754,12 @@ def test_random_corruption_never_crashes(tmp_path, rel, seed):
     trace = read_table(run_dir, "decoded", "trace").to_pylist()[0]
     assert trace["records"] > 0 and trace["buffers_skipped"] <= trace["buffers"]
     assert read_manifest(run_dir, "decoded")["errors_total"] == len(errors)
+
+
+def test_kernel_header_table_matches_layout():
+    from pipeline.decode.etl import kernels as K
+
+    for htype, (size, ptr) in L.HEADER_KINDS.items():
+        assert K._header_kind(htype) == (size, ptr, htype in L.SYSTEM_KINDS)
+    assert K._header_kind(0x0C)[0] == 0 and K._header_kind(0x90)[0] == 0
+    assert (L.EH_TID, L.EH_PID, L.EH_TS, L.EH_GUID) == (L.FULL_TID, L.FULL_PID, L.FULL_TS, L.FULL_GUID)

@@ -145,7 +145,8 @@ def decompress_buffers(raw, src_start, src_end, dst, dst_start, dst_len, status,
 
 @nb.njit(**JIT)
 def _header_kind(htype):
-    """(header size, pointer size, size field at +4) of a 0xC0 header type; size 0 if unknown."""
+    """(header size, pointer size, size field at +4) of a 0xC0 header type; size 0 if unknown.
+    A numba-side copy of ``layout.HEADER_KINDS`` (a test checks that they agree)."""
     if htype == 0x01:
         return 0x20, 4, True
     if htype == 0x02:
@@ -226,19 +227,19 @@ def walk_records(blob, starts, lens, fill, rbuf, roff, rsize, htype, ptr, hook, 
             po = p + hsize
             eo = np.int64(-1)
             el = 0
-            if ht == 0x10 or ht == 0x11:
-                v = _u16(blob, p)
-                extra = 8 * ((v >> 8) & 7) + (8 if (v & 0x8000) else 0)
+            if ht == L.HT_PERFINFO32 or ht == L.HT_PERFINFO64:
+                v = _u16(blob, p + L.SYS_VERSION)
+                extra = 8 * ((v >> L.PERFINFO_PMC_SHIFT) & L.PERFINFO_PMC_MASK) + (8 if (v & L.PERFINFO_PEBS_FLAG) else 0)
                 po += extra
-            elif ht == 0x12 or ht == 0x13:
-                if _u16(blob, p + 4) & 1:
+            elif ht == L.HT_EVENT32 or ht == L.HT_EVENT64:
+                if _u16(blob, p + L.EH_FLAGS) & L.EH_FLAG_EXTENDED_INFO:
                     eo = po
                     q = po
                     ok = False
-                    while q + 8 <= p + size:
+                    while q + L.EXT_ITEM_HEADER_SIZE <= p + size:
                         isz = _u16(blob, q)
                         link = _u16(blob, q + 4)
-                        if isz < 8:
+                        if isz < L.EXT_ITEM_HEADER_SIZE:
                             break
                         q += isz
                         if link & 1 == 0:
@@ -250,18 +251,18 @@ def walk_records(blob, starts, lens, fill, rbuf, roff, rsize, htype, ptr, hook, 
                         break
                     el = q - eo
                     po = q
-            elif ht == 0x90:
-                mf = _u16(blob, p + 6)
+            elif ht == L.HT_MESSAGE:
+                mf = _u16(blob, p + L.MSG_FLAGS)
                 extra = 0
-                if mf & 0x1:
+                if mf & L.MSG_OPT_SEQUENCE:
                     extra += 4
-                if mf & 0x2:
+                if mf & L.MSG_OPT_GUID:
                     extra += 16
-                elif mf & 0x4:
+                elif mf & L.MSG_OPT_COMPONENT:
                     extra += 4
-                if mf & 0x8:
+                if mf & L.MSG_OPT_TIMESTAMP:
                     extra += 8
-                if mf & 0x20:
+                if mf & L.MSG_OPT_SYSTEMINFO:
                     extra += 8
                 po += extra
             if po > p + size:
@@ -280,55 +281,55 @@ def walk_records(blob, starts, lens, fill, rbuf, roff, rsize, htype, ptr, hook, 
                 ext_len[n] = el
                 guid_off[n] = -1
                 event_id[n] = 0
-                if ht <= 0x04 or ht == 0x10 or ht == 0x11:
-                    hk = _u16(blob, p + 6)
+                if ht <= L.HT_COMPACT64 or ht == L.HT_PERFINFO32 or ht == L.HT_PERFINFO64:
+                    hk = _u16(blob, p + L.SYS_HOOK)
                     hook[n] = hk
                     opcode[n] = hk & 0xFF
-                    version[n] = _u16(blob, p) & 0xFF
-                    if ht <= 0x04:
-                        tid[n] = _u32(blob, p + 8)
-                        pid[n] = _u32(blob, p + 12)
-                        ts[n] = np.int64(_u64(blob, p + 16))
-                    else:
+                    version[n] = _u16(blob, p + L.SYS_VERSION) & 0xFF
+                    if ht <= L.HT_COMPACT64:
+                        tid[n] = _u32(blob, p + L.SYS_TID)
+                        pid[n] = _u32(blob, p + L.SYS_PID)
+                        ts[n] = np.int64(_u64(blob, p + L.SYS_TS))
+                    else:  # PERFINFO: no thread/process in the header
                         tid[n] = np.uint32(0xFFFFFFFF)
                         pid[n] = np.uint32(0xFFFFFFFF)
-                        ts[n] = np.int64(_u64(blob, p + 8))
-                elif ht == 0x90:
-                    mf = _u16(blob, p + 6)
+                        ts[n] = np.int64(_u64(blob, p + L.PERFINFO_TS))
+                elif ht == L.HT_MESSAGE:
+                    mf = _u16(blob, p + L.MSG_FLAGS)
                     hook[n] = 0
                     opcode[n] = 0
                     version[n] = 0
-                    event_id[n] = _u16(blob, p + 4)
-                    q = p + 8
-                    if mf & 0x1:
+                    event_id[n] = _u16(blob, p + L.MSG_NUMBER)
+                    q = p + L.MSG_HEADER_SIZE
+                    if mf & L.MSG_OPT_SEQUENCE:
                         q += 4
-                    if mf & 0x2:
+                    if mf & L.MSG_OPT_GUID:
                         guid_off[n] = q
                         q += 16
-                    elif mf & 0x4:
+                    elif mf & L.MSG_OPT_COMPONENT:
                         q += 4
                     ts[n] = 0
-                    if mf & 0x8:
+                    if mf & L.MSG_OPT_TIMESTAMP:
                         ts[n] = np.int64(_u64(blob, q))
                         q += 8
                     tid[n] = np.uint32(0xFFFFFFFF)
                     pid[n] = np.uint32(0xFFFFFFFF)
-                    if mf & 0x20:
+                    if mf & L.MSG_OPT_SYSTEMINFO:
                         tid[n] = _u32(blob, q)
                         pid[n] = _u32(blob, q + 4)
                 else:  # EVENT_HEADER, or FULL_HEADER/INSTANCE with Class {u8 Type; u8 Level; u16 Version} at +4
                     hook[n] = 0
-                    if ht == 0x12 or ht == 0x13:
-                        opcode[n] = blob[p + 0x2D]
-                        version[n] = blob[p + 0x2A]
-                        event_id[n] = _u16(blob, p + 0x28)
+                    if ht == L.HT_EVENT32 or ht == L.HT_EVENT64:
+                        opcode[n] = blob[p + L.EH_OPCODE]
+                        version[n] = blob[p + L.EH_VERSION]
+                        event_id[n] = _u16(blob, p + L.EH_ID)
                     else:
-                        opcode[n] = blob[p + 4]
-                        version[n] = _u16(blob, p + 6)
-                    tid[n] = _u32(blob, p + 8)
-                    pid[n] = _u32(blob, p + 12)
-                    ts[n] = np.int64(_u64(blob, p + 16))
-                    guid_off[n] = p + 0x18
+                        opcode[n] = blob[p + L.FULL_TYPE]
+                        version[n] = _u16(blob, p + L.FULL_VERSION)
+                    tid[n] = _u32(blob, p + L.FULL_TID)  # same offsets in EVENT_HEADER
+                    pid[n] = _u32(blob, p + L.FULL_PID)
+                    ts[n] = np.int64(_u64(blob, p + L.FULL_TS))
+                    guid_off[n] = p + L.FULL_GUID
             n += 1
             p += (size + 7) & ~7
     return n
