@@ -7,6 +7,7 @@ on-disk size). The result is a table of buffer descriptors that later layers han
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ BUFFER_DESC = np.dtype(
 
 #: Largest buffer accepted (ETW caps buffers at 16 MiB; anything larger is corruption, not data).
 MAX_BUFFER_SIZE = 1 << 26
-CHUNK = 1 << 20
+_FIELDS = L.BUFFER_HEADER.names
 
 
 @dataclass
@@ -114,18 +115,15 @@ def walk(path: Path) -> tuple[TraceHeader, np.ndarray]:
         descs: list[tuple] = []
         offset = 0
         index = 0
-        # Read the file in large chunks and parse headers from memory: one syscall per MB, not per buffer.
-        chunk_start, chunk = 0, b""
+        fd = f.fileno()
         while offset < file_size:
             if offset + L.BUFFER_HEADER_SIZE > file_size:
                 header.walk_errors.append(_err(path, index, offset, "truncated",
                                                f"{file_size - offset} trailing bytes: too short for a buffer header"))
                 break
-            if not (chunk_start <= offset and offset + L.BUFFER_HEADER_SIZE <= chunk_start + len(chunk)):
-                f.seek(offset)
-                chunk_start, chunk = offset, f.read(CHUNK)
-            h = np.frombuffer(chunk, dtype=L.BUFFER_HEADER, count=1, offset=offset - chunk_start)[0]
-            size = int(h["buffer_size"])
+            # One 0x48-byte read per buffer: the walk touches headers only, never the event data.
+            h = dict(zip(_FIELDS, L.BUFFER_HEADER_STRUCT.unpack(os.pread(fd, L.BUFFER_HEADER_SIZE, offset))))
+            size = h["buffer_size"]
             if size < L.BUFFER_HEADER_SIZE or size > MAX_BUFFER_SIZE:
                 header.walk_errors.append(_err(path, index, offset, "bad_buffer_size",
                                                f"BufferSize {size} outside [0x48, {MAX_BUFFER_SIZE}]; chain ends here"))

@@ -6,6 +6,7 @@ of the record (4 or 8), which comes from each record's header type, never from t
 
 from __future__ import annotations
 
+import struct
 import uuid
 
 import numpy as np
@@ -30,6 +31,8 @@ BUFFER_HEADER = np.dtype(
     ]
 )
 BUFFER_HEADER_SIZE = 0x48
+#: The same layout for one-at-a-time reads in the buffer walk (fields in BUFFER_HEADER order).
+BUFFER_HEADER_STRUCT = struct.Struct("<IIIiqqQHHIIHH16s")
 PROCESSOR_INDEX_MASK = 0x07FF
 
 BUFFER_FLAG_EVENTS_LOST = 0x0002
