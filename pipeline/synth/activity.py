@@ -45,7 +45,7 @@ def samples_in(w: Workload, rng, t_lo: int, t_hi: int) -> Samples:
         starts = np.array([s.start for s in segs], dtype=np.int64)
         ends = np.array([s.end for s in segs], dtype=np.int64)
         j = np.searchsorted(starts, ts, side="right") - 1
-        inside = (j >= 0) & (ts < ends[np.maximum(j, 0)])
+        inside = (j >= 0) & (ts < ends[np.maximum(j, 0)]) if segs else np.zeros(n, bool)  # a CPU may stay idle
         proc = np.full(n, -1, dtype=np.int64)
         pid = np.zeros(n, dtype=np.uint32)
         tid = np.zeros(n, dtype=np.uint32)

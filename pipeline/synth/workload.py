@@ -505,9 +505,25 @@ class Workload:
     pools: Pools
     procs: list[Proc]
     segments: list[Segment]
+    duration_s: float = 0.0                    # simulated duration the schedule was scaled to
 
 
-def build_workload(seed: int, cpus: int, p: int, target_bytes: int) -> Workload:
+def build_workload(seed: int, cpus: int, p: int, target_bytes: int, stack_caching: bool = False) -> Workload:
+    """Schedule the build so that the trace comes out near ``target_bytes``: a first pass with an
+    estimated duration, then a second one scaled by what the first pass's schedule would write."""
+    w, per_busy_s, per_idle_s = _build(seed, cpus, p, target_bytes, stack_caching, None)
+    span_s = (w.t_end - w.t0) / L.PERF_FREQ
+    busy_s = sum(s.end - s.start for s in w.segments) / L.PERF_FREQ
+    estimate = busy_s * per_busy_s + max(0.0, cpus * span_s - busy_s) * per_idle_s
+    # bytes that do not scale with time: process/thread/image records with their ImageID/DbgID, heap
+    # snapshots, and the part-filled last buffer of every CPU in each of the (at least 3) windows
+    fixed = sum(600 * len(q.images) + 250 * len(q.tids) + 1200 for q in w.procs) + \
+        sum(12_000 for q in w.procs if q.kind == "rustc") + 3 * cpus * 32_768
+    scaled = max(target_bytes - fixed, target_bytes / 4)
+    return _build(seed, cpus, p, target_bytes, stack_caching, w.duration_s * scaled / max(estimate, 1.0))[0]
+
+
+def _build(seed: int, cpus: int, p: int, target_bytes: int, stack_caching: bool, duration: float | None):
     rng = np.random.default_rng(seed)
     scale = int(np.clip(target_bytes // (64 << 20), 1, 8))
     cat, ids = build_catalog(rng, p)
@@ -525,9 +541,10 @@ def build_workload(seed: int, cpus: int, p: int, target_bytes: int) -> Workload:
                 build_imgs[crate] = img
     # bytes per CPU-second: one sample (profile + stack) per ms plus heap and VirtualAlloc events
     mean_frames = int(np.mean([len(f) for f in st.frames]))
-    per_sample = 32 + L.aligned(16 + 16 + p * mean_frames)
-    per_cpu_second = 1000 * per_sample + (HEAP_RATE + VA_RATE) * (40 + L.aligned(16 + 16 + p * (mean_frames + 6)))
-    duration_s = max(0.5, target_bytes / (cpus * per_cpu_second * 1.1))
+    # (with stack caching an event carries a 24-byte key reference; definitions are few)
+    per_stack = L.aligned(16 + 16 + p) if stack_caching else L.aligned(16 + 16 + p * mean_frames)
+    per_sample = 32 + per_stack
+    per_cpu_second = 1000 * per_sample + (HEAP_RATE + VA_RATE) * (40 + per_stack + 6 * p * (not stack_caching))
     t0 = 40_000_000 + int(rng.integers(0, 1_000_000)) * 4
     start = t0 + 20_000
     # nominal schedule (arbitrary units), then scaled to the duration
@@ -546,7 +563,17 @@ def build_workload(seed: int, cpus: int, p: int, target_bytes: int) -> Workload:
             if "build" in kind:
                 jobs.append((k, "build", crate, 0.3 * float(rng.uniform(0.5, 1.5)), kind))
             jobs.append((k, "rustc", crate, weight * float(rng.uniform(0.6, 1.4)), kind))
-    nominal = sum(j[3] for j in jobs) / cpus
+    # makespan of the list schedule in weight units; with more CPUs than the build can use, lanes idle
+    nominal = 0.0
+    for k in range(len(PHASES)):
+        lanes = np.zeros(cpus)
+        for job in (j for j in jobs if j[0] == k):
+            lanes[int(np.argmin(lanes))] += job[3]
+        nominal += float(lanes.max())
+    busy = sum(j[3] for j in jobs) / nominal            # mean busy CPUs
+    idle_sample = 32 + (L.aligned(16 + 16 + p) if stack_caching else L.aligned(16 + 16 + 4 * p))
+    rate = busy * per_cpu_second + max(0.0, cpus - busy) * 1000 * idle_sample
+    duration_s = max(0.5, target_bytes / (rate * 1.1)) if duration is None else max(0.5, duration)
     unit = (duration_s * L.PERF_FREQ) / (nominal * 1.25)
     procs: list[Proc] = []
     segments: list[Segment] = []
@@ -634,8 +661,9 @@ def build_workload(seed: int, cpus: int, p: int, target_bytes: int) -> Workload:
     for seg in segments:
         seg.proc = old[seg.proc].index
     segments.sort(key=lambda s_: (s_.cpu, s_.start))
-    return Workload(cpus=cpus, pointer_size=p, t0=t0, t_end=t_end, catalog=cat, ids=ids, stacks=st,
-                    pools=pools, procs=procs, segments=segments)
+    w = Workload(cpus=cpus, pointer_size=p, t0=t0, t_end=t_end, catalog=cat, ids=ids, stacks=st,
+                 pools=pools, procs=procs, segments=segments, duration_s=duration_s)
+    return w, per_cpu_second, 1000 * idle_sample
 
 
 HEAP_RATE = 300          # heap operations per second of rustc CPU time
