@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import collections
 import shutil
+import struct
 import uuid
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 
-from pipeline.config import ClusterConfig, Config, DecodeConfig
+from pipeline.config import Config, DecodeConfig
 from pipeline.cluster import Pool
 from pipeline.decode import run as decode_run
 from pipeline.decode.etl import layout as L
@@ -460,7 +460,6 @@ def test_x86_image_ids_match_the_symbol_store(decoded):
 # --- VirtualAlloc and classic heap events: no fixture holds them, so build a tiny ETL byte by byte ----
 # Offsets below are written from docs/etl-format.md (§1.2, §1.3, §2.2, §2.3, §3.2, §3.5, §3.7, §3.8),
 # not taken from the decoder's layout module, so the test checks the decoder against the notes.
-import struct  # noqa: E402
 
 
 def _record(kind: str, hook: int, ts: int, payload: bytes, *, P: int = 8, tid: int = 0, pid: int = 0,
