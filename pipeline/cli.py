@@ -91,6 +91,9 @@ def run_job(job_path: Path, trace: Path | None, run_dir: Path | None, config_pat
             t0 = time.perf_counter()
             summary = mod.run(run_dir, config, pool, inputs=[trace])
             print(f"  {stage:<10} {time.perf_counter() - t0:7.2f} s  {summary or ''}")
+    index = run_dir / "report" / "index.html"
+    if "report" in stages and index.exists():
+        print(f"report: {index}")
     return 0
 
 

@@ -8,6 +8,7 @@ statistics, never bulk bytes. ``map_tasks`` is the one place that fans work out,
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from typing import Any, Callable, Iterable, Iterator
 
@@ -43,6 +44,11 @@ def connect(cfg: ClusterConfig | None = None) -> Iterator[Pool]:
         yield Pool(None)
         return
     from distributed import Client, LocalCluster
+
+    # distributed logs every scheduler/nanny step at INFO on its own handler; keep the CLI quiet
+    # unless -vv asked for debug output.
+    if logging.getLogger().level > logging.DEBUG:
+        logging.getLogger("distributed").setLevel(logging.WARNING)
 
     if cfg.mode == "address":
         if not cfg.address:
