@@ -84,7 +84,7 @@ def dissected(synth_traces):  # noqa: F811
                 elif kind == "PerfInfo.SampledProfile":
                     e = rec.event._struct
                     ips[e.InstructionPointer] += 1
-                    tids[e.ThreadId] += 1
+                    tids[(e.ThreadId, h.time_delta)] += 1
                 elif kind == "ImageID.DbgID_RSDS":
                     pl = bytes(h.payload)
                     base = int.from_bytes(pl[:p], "little")
@@ -183,10 +183,17 @@ def test_sampled_profile_fields(synth_trace, dissected):  # noqa: F811
     for stack, n in t["samples"]["per_stack"].items():
         want_ips[int(t["stacks"][stack]["frames"][0], 16)] += n
     assert d["ips"] == want_ips
-    tid_pid = {tid: q["pid"] for q in t["processes"] for tid in q["threads"]}
+    # thread ids are reused: a sample's thread belongs to the process alive at the sample's time
+    lives = defaultdict(list)
+    for q in t["processes"]:
+        for tid in q["threads"]:
+            lives[tid].append((q["start_raw"] or 0, q["end_raw"] or 1 << 62, q["pid"]))
+    assert any(len(v) > 1 for v in lives.values())
     per_pid = Counter()
-    for tid, n in d["tids"].items():
-        per_pid[tid_pid.get(tid, 0) if tid else 0] += n
+    for (tid, ts), n in d["tids"].items():
+        owners = [pid for lo, hi, pid in lives[tid] if lo <= ts < hi] if tid else [0]
+        assert len(owners) == 1, (tid, ts, lives[tid])
+        per_pid[owners[0]] += n
     want = Counter()
     for q in t["samples"]["per_process"]:
         want[q["pid"]] += q["samples"]

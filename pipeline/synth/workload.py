@@ -551,11 +551,23 @@ def _build(seed: int, cpus: int, p: int, target_bytes: int, stack_caching: bool,
     sys_images = [ids[n] for n in ("ntdll.dll", "kernel32.dll", "KernelBase.dll", "ucrtbase.dll", "vcruntime140.dll")]
     pid_pool = iter(rng.permutation(np.arange(1000, 40000, 4)).tolist())
     tid_next = [60000]
+    exited_tids: list[tuple[int, int]] = []     # (tid, exit time) of finished processes' threads
 
-    def tids(n):
-        out = list(range(tid_next[0], tid_next[0] + 4 * n, 4))
-        tid_next[0] += 4 * n + 4 * int(rng.integers(1, 20))
+    def tids(n, at=0):
+        """Thread ids for a process starting at ``at``; like process ids, ids of threads that exited
+        earlier come back now and then (the decoder must map a thread to its process by time)."""
+        out = []
+        for _ in range(n):
+            i = next((k for k, (_, when) in enumerate(exited_tids) if when + 100_000 < at), None)
+            if i is not None and rng.random() < 0.15:
+                out.append(exited_tids.pop(i)[0])
+            else:
+                out.append(tid_next[0])
+                tid_next[0] += 4 * int(rng.integers(1, 6))
         return out
+
+    def exits(q):
+        exited_tids.extend((tid, q.end) for tid in q.tids)
 
     jobs = []           # (phase_index, kind, crate, weight)
     for k, (phase, stage, crates) in enumerate(PHASES):
@@ -604,7 +616,7 @@ def _build(seed: int, cpus: int, p: int, target_bytes: int, stack_caching: bool,
                      cmdline=f"C:\\src\\rust\\build\\{HOST}\\stage0\\bin\\cargo.exe build --release --target {HOST} "
                              f"-Zbinary-dep-depinfo -j {cpus} --manifest-path "
                              f"C:\\src\\rust\\{manifest_dir}\\Cargo.toml",
-                     start=t, end=0, tids=tids(3), images=[ids["cargo.exe"]] + sys_images, kind="cargo", cpu=0,
+                     start=t, end=0, tids=tids(3, t), images=[ids["cargo.exe"]] + sys_images, kind="cargo", cpu=0,
                      stage=stage)
         procs.append(cargo)
         segments.append(Segment(0, t + MARGIN, t + resolve - MARGIN, len(procs) - 1, "cargo"))
@@ -618,14 +630,14 @@ def _build(seed: int, cpus: int, p: int, target_bytes: int, stack_caching: bool,
                 img = build_imgs[crate]
                 pr = Proc(pid=new_pid(s), ppid=cargo.pid, name="build-script-build.exe",
                           cmdline=cat.images[img].path.replace("\\Device\\HarddiskVolume3\\", "C:\\"),
-                          start=s, end=s + dur, tids=tids(1), images=[img] + sys_images, kind="build", cpu=c,
+                          start=s, end=s + dur, tids=tids(1, s), images=[img] + sys_images, kind="build", cpu=c,
                           stage=stage, crate=crate)
                 procs.append(pr)
                 segments.append(Segment(c, s + MARGIN, s + dur - MARGIN, len(procs) - 1, f"build/{crate}"))
             else:
                 pr = Proc(pid=new_pid(s), ppid=cargo.pid, name="rustc.exe",
                           cmdline=_cmdline_rustc(crate, ckind, stage, phase, h), start=s, end=s + dur,
-                          tids=tids(int(rng.integers(2, 5))),
+                          tids=tids(int(rng.integers(2, 5)), s),
                           images=[ids[f"rustc.exe/{stage}"], ids[f"rustc_driver/{stage}"], ids[f"std/{stage}"]]
                           + sys_images, kind="rustc", cpu=c, stage=stage, crate=crate)
                 procs.append(pr)
@@ -641,15 +653,18 @@ def _build(seed: int, cpus: int, p: int, target_bytes: int, stack_caching: bool,
                               cmdline=f"link.exe /NOLOGO /NXCOMPAT /LARGEADDRESSAWARE \"/OUT:C:\\src\\rust\\build\\"
                                       f"{HOST}\\{phase}\\release\\deps\\{crate}-{h:016x}."
                                       f"{'exe' if ckind == 'bin' else 'dll'}\" /DEBUG /OPT:REF,ICF",
-                              start=ls, end=le, tids=tids(1), images=[ids["link.exe"]] + sys_images, kind="link",
+                              start=ls, end=le, tids=tids(1, ls), images=[ids["link.exe"]] + sys_images, kind="link",
                               cpu=c, stage=stage, crate=crate)
                     procs.append(lk)
                     segments.append(Segment(c, ls + MARGIN, le - MARGIN, len(procs) - 1, "link"))
                     exited.append((lk.pid, le))
+                    exits(lk)
             exited.append((pr.pid, pr.end))
+            exits(pr)
             lane_free[c] = s + dur
         cargo.end = int(lane_free.max()) + 4 * 500
         exited.append((cargo.pid, cargo.end))
+        exits(cargo)
         t = cargo.end
     t_end = t + 40_000
     python.end = t_end + 10_000_000       # still running when the trace stops (DCEnd)
