@@ -52,6 +52,10 @@ def test_payload_sizes(p):
     assert L.STACK_WALK_PREFIX.itemsize == 16
 
 
+def test_header_extension():
+    assert L.HEADER_EXTENSION.itemsize == 36     # u32 GroupMask1..8 + u32 KernelEventVersion (§5.2)
+
+
 def test_heap_snapshot_layouts():
     assert L.STACKDB_HEADER.itemsize == 12
     assert L.HEAP_SNAPSHOT_CHUNK_PREFIX.itemsize == 12

@@ -18,6 +18,9 @@ from pipeline.synth import layout as L
 # kind name -> (provider guid, opcode or event id, header family); the ground truth counts records by kind
 KINDS: dict[str, tuple[str, int, str]] = {
     "EventTrace.Header": ("68fdd900-4a3e-11d1-84f4-0000f80464e3", 0, "system"),
+    "EventTrace.HeaderExtension": ("68fdd900-4a3e-11d1-84f4-0000f80464e3", 5, "system"),
+    "EventTrace.RundownComplete": ("68fdd900-4a3e-11d1-84f4-0000f80464e3", 8, "system"),
+    "EventTrace.EndExtension": ("68fdd900-4a3e-11d1-84f4-0000f80464e3", 32, "system"),
     "Process.Start": ("3d6fa8d0-fe05-11d0-9dda-00c04fd7ba7c", 1, "system"),
     "Process.End": ("3d6fa8d0-fe05-11d0-9dda-00c04fd7ba7c", 2, "system"),
     "Process.DCStart": ("3d6fa8d0-fe05-11d0-9dda-00c04fd7ba7c", 3, "system"),

@@ -106,6 +106,13 @@ class Structure:
                 self._process(L.HOOK_PROCESS_END, "Process.End", q, q.cpu, q.end, main, q.pid, exit_status=0)
         # the kernel and the idle/system processes, as rundown
         self._system_processes()
+        # kernel session bookkeeping (etl-format §5.2): group masks at start and stop, rundown done (no payload)
+        ext = np.zeros(1, L.HEADER_EXTENSION)
+        ext["GroupMask"][0, :2] = (0x2000_0207, 0x0000_1000)
+        ext["KernelEventVersion"] = 60
+        self.rec.system("EventTrace.HeaderExtension", L.HOOK_HEADER_EXTENSION, 2, 0, w.t0 + 20, 0, 0, ext.tobytes())
+        self.rec.system("EventTrace.RundownComplete", L.HOOK_RUNDOWN_COMPLETE, 2, 0, w.t_end + 2900, 0, 0, b"")
+        self.rec.system("EventTrace.EndExtension", L.HOOK_END_EXTENSION, 2, 0, w.t_end + 2904, 0, 0, ext.tobytes())
         for (q, inst, ts, blob, stack_bytes) in snapshots_blobs:
             self._snapshot(q, inst, ts, blob, stack_bytes)
         cfg = np.zeros(1, L.sysconfig_cpu(p))
