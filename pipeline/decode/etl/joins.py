@@ -258,13 +258,20 @@ def _stacks(con) -> dict[str, Any]:
 
 def _samples(con) -> None:
     """Samples with their stack and the process owning the thread at that time: the thread instance with
-    the latest start at or before the sample (ASOF join), if it had not ended; else the stack's pid."""
+    the latest start at or before the sample, if it had not ended; else the stack's pid.
+
+    The instances of one tid are turned into back-to-back intervals [start, next start), so "latest start
+    at or before" is a hash join on tid with a range check: the same answer as an ASOF join, without the
+    ASOF join's sort of every sample by (tid, timestamp). A tid has few instances, so the join fans out
+    little before the range check."""
     con.execute("""
         CREATE TABLE samples AS
         WITH iv AS (SELECT tid, pid, coalesce(start_timestamp, -9223372036854775807) AS t0,
                            coalesce(end_timestamp, 9223372036854775807) AS t1 FROM threads),
+        slots AS (SELECT *, lead(t0) OVER (PARTITION BY tid ORDER BY t0) AS t_next FROM iv),
         owned AS (SELECT s.*, CASE WHEN s.timestamp <= iv.t1 THEN iv.pid END AS thread_pid
-                  FROM _samples s ASOF LEFT JOIN iv ON s.tid = iv.tid AND s.timestamp >= iv.t0)
+                  FROM _samples s LEFT JOIN slots iv
+                  ON s.tid = iv.tid AND s.timestamp >= iv.t0 AND (iv.t_next IS NULL OR s.timestamp < iv.t_next))
         SELECT s.timestamp, s.timestamp_ns, s.cpu, s.tid, coalesce(s.thread_pid, k.pid)::UINTEGER AS pid,
                s.ip, k.stack_id, s.stream_pos, k.event_ts IS NOT NULL AS _has_stack_records
         FROM owned s LEFT JOIN stack_index k ON k.event_ts = s.timestamp AND k.tid = s.tid
