@@ -7,6 +7,8 @@ dispatch table and writes one parquet part per table. It returns the part paths 
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import uuid
 from pathlib import Path
 from typing import Any
@@ -26,8 +28,32 @@ _SYSTEM_KIND = np.zeros(256, bool)
 _SYSTEM_KIND[list(L.SYSTEM_KINDS)] = True
 
 
+#: glibc malloc settings for the decode tasks (see :func:`keep_freed_memory`).
+MMAP_THRESHOLD = 32 << 20
+TRIM_THRESHOLD = 128 << 20
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3     # mallopt parameter numbers (malloc.h)
+
+
+@functools.cache
+def keep_freed_memory() -> bool:
+    """Let glibc reuse freed memory for the next column instead of returning it to the kernel.
+
+    dask's nanny starts workers with ``MALLOC_TRIM_THRESHOLD_=65536``. Setting any threshold turns off
+    glibc's adaptive mmap threshold, so every array above 128 KiB becomes its own mmap and every use of
+    it page-faults fresh zeroed pages: on the 1 GB synth trace the interpretation took 1.8x longer
+    (3.3 s instead of 1.8 s, mostly kernel time). Arrays up to 32 MiB now come from the heap, and up to
+    128 MiB of freed memory stays there for the next partition; the peak of a task is unchanged.
+    No-op where glibc is absent. Returns whether the settings were applied."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    except (OSError, AttributeError):
+        return False
+
+
 def decode_partition(task: dict[str, Any]) -> dict[str, Any]:
     path, bufs, part = task["path"], task["buffers"], task["part"]
+    keep_freed_memory()
     blob, starts, lens, errors, skipped = read_buffers(path, bufs)
     cols, rstatus, rpos = walk(blob, starts, lens)
     for i in np.flatnonzero(rstatus != 0):
