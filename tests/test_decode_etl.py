@@ -763,3 +763,17 @@ def test_kernel_header_table_matches_layout():
         assert K._header_kind(htype) == (size, ptr, htype in L.SYSTEM_KINDS)
     assert K._header_kind(0x0C)[0] == 0 and K._header_kind(0x90)[0] == 0
     assert (L.EH_TID, L.EH_PID, L.EH_TS, L.EH_GUID) == (L.FULL_TID, L.FULL_PID, L.FULL_TS, L.FULL_GUID)
+
+
+@pytest.mark.parametrize("freq", [10_000_000, 1_000_000_000, 3_579_545, 2_648_441_000])
+def test_to_ns_equals_the_general_formula(freq):
+    """The one-multiply path for clocks with whole nanoseconds per tick gives the exact general result."""
+    from pipeline.decode.etl.batch import to_ns
+
+    rng = np.random.default_rng(7)
+    raw = np.concatenate([rng.integers(-10**12, 10**14, 10_000), [0, 1, -1, freq - 1, freq, -freq]]).astype(np.int64)
+    t0 = 123_456_789
+    d = raw - t0
+    q, r = np.divmod(d, freq)
+    expected = q * 1_000_000_000 + (r * 1_000_000_000) // freq
+    assert np.array_equal(to_ns(raw, t0, freq), expected)

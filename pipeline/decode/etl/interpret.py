@@ -192,7 +192,7 @@ def stack_walk(b: Batch, idx: np.ndarray) -> None:
     po = b.c["pay_off"][idx]
     # A record whose leaf frame is a user address is the user half of a stack (or a user-only stack).
     b.emit("_stack_refs", {
-        **b.common(idx), "event_ts": b.gather(po + W["event_ts"], 8).view(np.int64),
+        **b.common(idx, ns=False), "event_ts": b.gather(po + W["event_ts"], 8).view(np.int64),
         "pid": b.gather(po + W["pid"], 4), "tid": b.gather(po + W["tid"], 4),
         "kind": np.zeros(len(idx), np.uint8), "key": np.zeros(len(idx), np.uint64),
         **_frames(b, po + W["frames"], b.c["pay_len"][idx] - W["frames"], b.c["ptr"][idx]),
@@ -206,7 +206,7 @@ def stack_key_ref(b: Batch, idx: np.ndarray) -> None:
     po = b.c["pay_off"][idx]
     zero = np.zeros(len(idx), np.uint64)
     b.emit("_stack_refs", {
-        **b.common(idx), "event_ts": b.gather(po + W["event_ts"], 8).view(np.int64),
+        **b.common(idx, ns=False), "event_ts": b.gather(po + W["event_ts"], 8).view(np.int64),
         "pid": b.gather(po + W["pid"], 4), "tid": b.gather(po + W["tid"], 4),
         "kind": np.where(b.c["opcode"][idx] == 37, 1, 2).astype(np.uint8), "user": b.c["opcode"][idx] == 38,
         "key": b.pointer(idx, 0x10, 0), "h1": zero, "h2": zero,
@@ -240,7 +240,7 @@ def extended_stacks(b: Batch, idx: np.ndarray) -> None:
     pos, count, width = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
     K.extended_stacks(*args, True, rec, kind, pos, count, width)
     ridx = idx[rec]
-    common = {**b.common(ridx), "event_ts": b.c["ts"][ridx], "pid": b.c["pid"][ridx], "tid": b.c["tid"][ridx]}
+    common = {**b.common(ridx, ns=False), "event_ts": b.c["ts"][ridx], "pid": b.c["pid"][ridx], "tid": b.c["tid"][ridx]}
     full = kind == 0
     pieces = _frames(b, pos, np.where(full, count * width, 0), width)
     key = np.where(width == 8, b.gather(pos, 8), b.gather(pos, 4).astype(np.uint64))

@@ -44,7 +44,7 @@ EMPTY = {
     "_image_id_dbg": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, base UBIGINT, "
                      "pid UINTEGER, pdb_guid VARCHAR, pdb_age UINTEGER, pdb_name VARCHAR, il BOOLEAN",
     "_samples": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, tid UINTEGER, ip UBIGINT",
-    "_stack_refs": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, event_ts BIGINT, "
+    "_stack_refs": "timestamp BIGINT, cpu USMALLINT, stream_pos BIGINT, event_ts BIGINT, "
                    "pid UINTEGER, tid UINTEGER, kind UTINYINT, user BOOLEAN, key UBIGINT, h1 UBIGINT, h2 UBIGINT",
     "_stack_defs": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, key UBIGINT, "
                    "opcode UTINYINT, h1 UBIGINT, h2 UBIGINT",

@@ -119,10 +119,12 @@ def interpret(b: Batch) -> list[tuple]:
         fn = lookup(providers[k >> 48], (k >> 40) & 0xFF, (k >> 24) & 0xFFFF, (k >> 8) & 0xFFFF, k & 0xFF)
         if fn is not None:
             by_extractor.setdefault(fn, []).append(j)
+    # Records grouped by kind once (stable: ascending inside a kind); an extractor gets the records of
+    # its kinds back in record order.
+    by_kind = np.argsort(inverse, kind="stable")
+    bounds = np.concatenate([[0], np.cumsum(counts)])
     for fn, js in by_extractor.items():
-        mine = np.zeros(len(kinds), bool)
-        mine[js] = True
-        idx = np.flatnonzero(mine[inverse])
+        idx = np.sort(np.concatenate([by_kind[bounds[j]:bounds[j + 1]] for j in js]))
         if len(idx):
             fn(b, idx)
     with_ext = np.flatnonzero(b.c["ext_len"] > 0)
