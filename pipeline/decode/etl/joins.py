@@ -253,6 +253,14 @@ def _stacks(con) -> dict[str, Any]:
             USING (multi, a1, a2, b1, b2)""")
     unresolved, refs = con.execute(
         "SELECT count(*) FILTER (h1 IS NULL AND kind > 0), count(*) FILTER (kind > 0) FROM stack_pieces").fetchone()
+    # VirtualAlloc events find their piece by (timestamp, cpu): keep just those pieces. Then every
+    # per-piece and per-group table goes, so the joins over all samples have DuckDB's memory to themselves.
+    con.execute("""
+        CREATE TABLE virtual_alloc_pieces AS
+        SELECT DISTINCT p.event_ts, p.cpu, p.tid FROM stack_pieces p
+        SEMI JOIN _virtual_allocs a ON p.event_ts = a.timestamp""")
+    for table in ("stack_pieces", "stack_groups", "group_keys", "group_stacks", "piece_frames"):
+        con.execute(f"DROP TABLE {table}")
     return {"stack_keys": int(refs), "stack_keys_unresolved": int(unresolved)}
 
 
@@ -284,8 +292,7 @@ def _virtual_allocs(con) -> None:
         SELECT v.timestamp, v.timestamp_ns, v.cpu, v.pid, k.tid, v.base, v.size, v.flags,
                CASE WHEN v.is_free THEN 'free' ELSE 'alloc' END AS kind, k.stack_id
         FROM _virtual_allocs v
-        LEFT JOIN (SELECT DISTINCT p.event_ts, p.cpu, p.tid FROM stack_pieces p
-                   SEMI JOIN _virtual_allocs a ON p.event_ts = a.timestamp) p ON p.event_ts = v.timestamp AND p.cpu = v.cpu
+        LEFT JOIN virtual_alloc_pieces p ON p.event_ts = v.timestamp AND p.cpu = v.cpu
         LEFT JOIN stack_index k ON k.event_ts = p.event_ts AND k.tid = p.tid
         ORDER BY v.timestamp, v.cpu, v.stream_pos""")
 
