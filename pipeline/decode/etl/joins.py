@@ -124,18 +124,33 @@ def finish(out, scratch: Path, header, memory_limit: str = "1GB") -> dict[str, A
         _event_stacks(con)
         for table in ("processes", "threads", "images", "image_ids", "stacks", "samples",
                       "virtual_allocs", "heap_events", "heap_snapshot_blocks", "event_stacks"):
-            _copy(con, table, out.table_path(table))
-        stats.update(_summary(con))
+            _copy(con, table, out.table_path(table), ORDER.get(table))
+        stats.update(_summary(con, out.table_path("samples")))
         return stats
     finally:
         con.close()
 
 
-def _copy(con, table: str, path: Path) -> None:
-    """Write ``table`` without its internal ``_``-prefixed columns."""
+#: Row order of the written tables. The per-event tables are views, computed once by the COPY that
+#: writes them: a table in between is one more pass over every sample, and once the samples no longer
+#: fit in ``join_memory_limit`` it is a spill to disk and back. ``_``-prefixed columns are sort keys
+#: that are not written.
+ORDER = {
+    "stacks": "stack_id",
+    "samples": "timestamp, cpu, stream_pos",
+    "virtual_allocs": "timestamp, cpu, _stream_pos",
+    "heap_events": "timestamp, cpu, _stream_pos",
+    "heap_snapshot_blocks": "snapshot_id, heap, address",
+    "event_stacks": "timestamp, cpu, stream_pos",
+}
+
+
+def _copy(con, table: str, path: Path, order: str | None = None) -> None:
+    """Write ``table`` (in ``order``) without its internal ``_``-prefixed columns."""
     cols = [c for (c,) in con.execute(f"SELECT column_name FROM (DESCRIBE {table})").fetchall() if not c.startswith("_")]
     select = ", ".join(f'"{c}"' for c in cols)
-    con.execute(f"COPY (SELECT {select} FROM {table}) TO '{path}' (FORMAT parquet, COMPRESSION zstd)")
+    order_by = f" ORDER BY {order}" if order else ""
+    con.execute(f"COPY (SELECT {select} FROM {table}{order_by}) TO '{path}' (FORMAT parquet, COMPRESSION zstd)")
 
 
 def _lifetime(con, table: str, source: str, key: str, starts: str, ends: str, select: str) -> None:
@@ -183,16 +198,20 @@ def _stacks(con) -> dict[str, Any]:
     pieces of one kind get an ordered hash of all their pieces instead (``multi``). Frame lists are
     concatenated and compared once per distinct stack.
     """
+    # Only the key references are resolved into a table (the ASOF join is not repeated at every use);
+    # full StackWalk pieces are read from the scratch parts each time, which costs less than holding
+    # (and, on big traces, spilling) a copy of them.
     con.execute("""
-        CREATE TABLE stack_pieces AS
-        WITH keyed AS (
-            SELECT r.timestamp, r.cpu, r.stream_pos, r.event_ts, r.pid, r.tid, r.kind, r.user, d.h1, d.h2
-            FROM (SELECT * EXCLUDE (h1, h2) FROM _stack_refs WHERE kind > 0) r
-            ASOF LEFT JOIN (SELECT key, timestamp, h1, h2 FROM _stack_defs) d
-                ON r.key = d.key AND d.timestamp >= r.timestamp)
+        CREATE TABLE keyed_pieces AS
+        SELECT r.timestamp, r.cpu, r.stream_pos, r.event_ts, r.pid, r.tid, r.kind, r.user, d.h1, d.h2
+        FROM (SELECT * EXCLUDE (h1, h2) FROM _stack_refs WHERE kind > 0) r
+        ASOF LEFT JOIN (SELECT key, timestamp, h1, h2 FROM _stack_defs) d
+            ON r.key = d.key AND d.timestamp >= r.timestamp""")
+    con.execute("""
+        CREATE VIEW stack_pieces AS
         SELECT timestamp, cpu, stream_pos, event_ts, pid, tid, kind, user, h1, h2
         FROM _stack_refs WHERE kind = 0
-        UNION ALL SELECT * FROM keyed""")
+        UNION ALL SELECT * FROM keyed_pieces""")
     con.execute("""
         CREATE TABLE piece_frames AS
         SELECT h1, h2, any_value(frames) AS frames FROM _stack_frames GROUP BY h1, h2""")
@@ -203,6 +222,9 @@ def _stacks(con) -> dict[str, Any]:
                coalesce(max(h1) FILTER (NOT user), 0) AS a1, coalesce(max(h2) FILTER (NOT user), 0) AS a2,
                coalesce(max(h1) FILTER (user), 0) AS b1, coalesce(max(h2) FILTER (user), 0) AS b2
         FROM stack_pieces GROUP BY event_ts, tid""")
+    # A group of several pieces of one kind needs its pieces again; without such groups (the usual
+    # case) that pass over every piece is skipped.
+    multi_groups = con.execute("SELECT count(*) FROM piece_groups WHERE nk > 1 OR nu > 1").fetchone()[0]
     con.execute("""
         CREATE TABLE stack_groups AS
         WITH multi AS (
@@ -210,7 +232,7 @@ def _stacks(con) -> dict[str, Any]:
                    hash(list(p.h2 ORDER BY p.user, p.timestamp, p.cpu, p.stream_pos)) AS m2
             FROM stack_pieces p SEMI JOIN (SELECT event_ts, tid FROM piece_groups WHERE nk > 1 OR nu > 1) x
                 ON p.event_ts = x.event_ts AND p.tid = x.tid
-            WHERE p.h1 IS NOT NULL GROUP BY p.event_ts, p.tid)
+            WHERE p.h1 IS NOT NULL AND """ + ("true" if multi_groups else "false") + """ GROUP BY p.event_ts, p.tid)
         SELECT g.event_ts, g.tid, g.pid, m.m1 IS NOT NULL AS multi,
                coalesce(m.m1, g.a1) AS a1, coalesce(m.m2, g.a2) AS a2,
                CASE WHEN m.m1 IS NULL THEN g.b1 ELSE 0 END AS b1, CASE WHEN m.m1 IS NULL THEN g.b2 ELSE 0 END AS b2
@@ -259,7 +281,8 @@ def _stacks(con) -> dict[str, Any]:
         CREATE TABLE virtual_alloc_pieces AS
         SELECT DISTINCT p.event_ts, p.cpu, p.tid FROM stack_pieces p
         SEMI JOIN _virtual_allocs a ON p.event_ts = a.timestamp""")
-    for table in ("stack_pieces", "stack_groups", "group_keys", "group_stacks", "piece_frames"):
+    con.execute("DROP VIEW stack_pieces")
+    for table in ("keyed_pieces", "stack_groups", "group_keys", "group_stacks", "piece_frames"):
         con.execute(f"DROP TABLE {table}")
     return {"stack_keys": int(refs), "stack_keys_unresolved": int(unresolved)}
 
@@ -273,7 +296,7 @@ def _samples(con) -> None:
     ASOF join's sort of every sample by (tid, timestamp). A tid has few instances, so the join fans out
     little before the range check."""
     con.execute("""
-        CREATE TABLE samples AS
+        CREATE VIEW samples AS
         WITH iv AS (SELECT tid, pid, coalesce(start_timestamp, -9223372036854775807) AS t0,
                            coalesce(end_timestamp, 9223372036854775807) AS t1 FROM threads),
         slots AS (SELECT *, lead(t0) OVER (PARTITION BY tid ORDER BY t0) AS t_next FROM iv),
@@ -281,57 +304,59 @@ def _samples(con) -> None:
                   FROM _samples s LEFT JOIN slots iv
                   ON s.tid = iv.tid AND s.timestamp >= iv.t0 AND (iv.t_next IS NULL OR s.timestamp < iv.t_next))
         SELECT s.timestamp, s.timestamp_ns, s.cpu, s.tid, coalesce(s.thread_pid, k.pid)::UINTEGER AS pid,
-               s.ip, k.stack_id, s.stream_pos, k.event_ts IS NOT NULL AS _has_stack_records
-        FROM owned s LEFT JOIN stack_index k ON k.event_ts = s.timestamp AND k.tid = s.tid
-        ORDER BY s.timestamp, s.cpu, s.stream_pos""")
+               s.ip, k.stack_id, s.stream_pos
+        FROM owned s LEFT JOIN stack_index k ON k.event_ts = s.timestamp AND k.tid = s.tid""")
 
 
 def _virtual_allocs(con) -> None:
     con.execute("""
-        CREATE TABLE virtual_allocs AS
+        CREATE VIEW virtual_allocs AS
         SELECT v.timestamp, v.timestamp_ns, v.cpu, v.pid, k.tid, v.base, v.size, v.flags,
-               CASE WHEN v.is_free THEN 'free' ELSE 'alloc' END AS kind, k.stack_id
+               CASE WHEN v.is_free THEN 'free' ELSE 'alloc' END AS kind, k.stack_id, v.stream_pos AS _stream_pos
         FROM _virtual_allocs v
         LEFT JOIN virtual_alloc_pieces p ON p.event_ts = v.timestamp AND p.cpu = v.cpu
-        LEFT JOIN stack_index k ON k.event_ts = p.event_ts AND k.tid = p.tid
-        ORDER BY v.timestamp, v.cpu, v.stream_pos""")
+        LEFT JOIN stack_index k ON k.event_ts = p.event_ts AND k.tid = p.tid""")
 
 
 def _heap_events(con) -> None:
     con.execute("""
-        CREATE TABLE heap_events AS
+        CREATE VIEW heap_events AS
         SELECT h.timestamp, h.timestamp_ns, h.cpu, h.pid, h.tid, h.kind, h.heap, h.address, h.size,
-               h.old_address, h.old_size, h.flags, h.source, k.stack_id
-        FROM _heap_events h LEFT JOIN stack_index k ON k.event_ts = h.timestamp AND k.tid = h.tid
-        ORDER BY h.timestamp, h.cpu, h.stream_pos""")
+               h.old_address, h.old_size, h.flags, h.source, k.stack_id, h.stream_pos AS _stream_pos
+        FROM _heap_events h LEFT JOIN stack_index k ON k.event_ts = h.timestamp AND k.tid = h.tid""")
 
 
 def _heap_snapshot_blocks(con) -> None:
     """Busy blocks of complete heap snapshots; stack_id is NULL for StackRef 0 (allocated before the
     process enabled stack tracking)."""
     con.execute("""
-        CREATE TABLE heap_snapshot_blocks AS
+        CREATE VIEW heap_snapshot_blocks AS
         SELECT b.snapshot_id, b.pid, b.instance, b.timestamp_ns, b.heap, b.address, b.size, b.stack_ref, s.stack_id
         FROM _heapsnap_blocks b
         LEFT JOIN _heapsnap_stacks h ON h.snapshot_id = b.snapshot_id AND h.stack_ref = b.stack_ref
-        LEFT JOIN stacks s ON s.frames = h.frames
-        ORDER BY b.snapshot_id, b.heap, b.address""")
+        LEFT JOIN stacks s ON s.frames = h.frames""")
 
 
 def _event_stacks(con) -> None:
     """Stacks of EVENT_HEADER events that carry them inline; join to ``events`` on
     (timestamp, cpu, stream_pos)."""
     con.execute("""
-        CREATE TABLE event_stacks AS
+        CREATE VIEW event_stacks AS
         SELECT l.timestamp, l.timestamp_ns, l.cpu, l.stream_pos, l.tid, k.stack_id
         FROM (SELECT DISTINCT * FROM _event_stack_links) l
-        LEFT JOIN stack_index k ON k.event_ts = l.timestamp AND k.tid = l.tid
-        ORDER BY l.timestamp, l.cpu, l.stream_pos""")
+        LEFT JOIN stack_index k ON k.event_ts = l.timestamp AND k.tid = l.tid""")
 
 
-def _summary(con) -> dict[str, Any]:
-    samples, with_stack = con.execute("SELECT count(*), count(stack_id) FROM samples").fetchone()
-    with_records = con.execute("SELECT count(*) FILTER (_has_stack_records) FROM samples").fetchone()[0]
+def _summary(con, samples_path: Path) -> dict[str, Any]:
+    """Counts for the manifest, from the written ``samples`` file (the view would redo the joins). A sample
+    has stack records when its (timestamp, thread) is in ``stack_index``: it has a stack, or its group's
+    keys did not resolve (few groups, so that is a small join)."""
+    samples, with_stack = con.execute(
+        f"SELECT count(*), count(stack_id) FROM read_parquet('{samples_path}')").fetchone()
+    unresolved = con.execute("""
+        SELECT count(*) FROM _samples s
+        SEMI JOIN (SELECT event_ts, tid FROM stack_index WHERE stack_id IS NULL) k
+            ON k.event_ts = s.timestamp AND k.tid = s.tid""").fetchone()[0]
     stacks = con.execute("SELECT count(*) FROM stacks").fetchone()[0]
     return {"samples": int(samples), "samples_with_stack": int(with_stack),
-            "samples_with_stack_records": int(with_records), "stacks": int(stacks)}
+            "samples_with_stack_records": int(with_stack + unresolved), "stacks": int(stacks)}
