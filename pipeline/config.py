@@ -39,7 +39,7 @@ class DecodeConfig(Section):
         description="Bytes of ETL buffers handed to one dask task (inflated size for compressed buffers).",
     )
     join_memory_limit: str = Field(
-        "1GB", description="DuckDB memory limit of the ETL cross-buffer joins (stacks, lifetimes); beyond it "
+        "768MB", description="DuckDB memory limit of the ETL cross-buffer joins (stacks, lifetimes); beyond it "
         "DuckDB spills to a temporary directory inside the stage output.",
     )
     max_error_rows: int = Field(10_000, ge=0, description="At most this many rows in the `errors` table per input.")
