@@ -78,15 +78,17 @@ def reuse_freed_memory():
         yield
     finally:
         with _trim_lock:
-            _trim_timer = threading.Timer(IDLE_TRIM_S, _release_freed_memory, (libc,))
+            _trim_timer = threading.Timer(IDLE_TRIM_S, release_freed_memory)
             _trim_timer.daemon = True
             _trim_timer.start()
 
 
-def _release_freed_memory(libc) -> None:
+def release_freed_memory() -> None:
     """Free memory back to the kernel: glibc's heap and Arrow's own allocator (which keeps freed buffers
     of concat_tables and the parquet writer for reuse)."""
-    libc.malloc_trim(0)
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
     pa.default_memory_pool().release_unused()
 
 
