@@ -35,11 +35,11 @@ class ClusterConfig(Section):
 
 class DecodeConfig(Section):
     partition_bytes: int = Field(
-        64 << 20, ge=1 << 16,
+        32 << 20, ge=1 << 16,
         description="Bytes of ETL buffers handed to one dask task (inflated size for compressed buffers).",
     )
     join_memory_limit: str = Field(
-        "768MB", description="DuckDB memory limit of the ETL cross-buffer joins (stacks, lifetimes); beyond it "
+        "512MB", description="DuckDB memory limit of the ETL cross-buffer joins (stacks, lifetimes); beyond it "
         "DuckDB spills to a temporary directory inside the stage output.",
     )
     max_error_rows: int = Field(10_000, ge=0, description="At most this many rows in the `errors` table per input.")
