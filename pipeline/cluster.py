@@ -64,7 +64,9 @@ def connect(cfg: ClusterConfig | None = None) -> Iterator[Pool]:
         threads_per_worker=cfg.threads_per_worker,
         processes=True,
         host="127.0.0.1",
-        dashboard_address=None,
+        # The scheduler serves HTTP (health, metrics) even without a dashboard: a free loopback port
+        # keeps clusters that run side by side from fighting over :8787.
+        dashboard_address="127.0.0.1:0",
         memory_limit=cfg.memory_limit,
         silence_logs=40,
     ) as cluster, Client(cluster) as client:
