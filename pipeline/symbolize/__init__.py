@@ -283,6 +283,12 @@ def run(run_dir: Path, config, pool, inputs: list[Path] | None = None) -> dict[s
     cfg = config.symbolize
     t0 = time.perf_counter()
     decoded = read_manifest(run_dir, DECODED)
+    if not (has_table(run_dir, DECODED, "samples") and has_table(run_dir, DECODED, "images")):
+        # A run of self-profiles only has no stacks: the stage finishes with nothing to resolve, so a
+        # job's later stages run as usual.
+        with stage_output(run_dir, STAGE, inputs=decoded.get("inputs", []), config=config.resolved()) as out:
+            out.manifest["skipped"] = "no ETL samples or images in decoded/"
+        return {"frames": 0, "skipped": "no ETL samples or images in decoded/"}
     cache_dir = Path(cfg.cache_dir).expanduser()
     symbol_path = cfg.symbol_path if cfg.symbol_path is not None else os.environ.get("_NT_SYMBOL_PATH", "")
     entries = parse_symbol_path(symbol_path, cache_dir)
