@@ -195,6 +195,11 @@ def table_path(run_dir: Path, stage: str, table: str) -> Path:
     return stage_dir(run_dir, stage) / f"{table}.parquet"
 
 
+def parquet_glob(path: Path) -> str:
+    """What DuckDB's ``read_parquet`` takes for a table: the file, or every part of a dataset directory."""
+    return f"{path}/**/*.parquet" if Path(path).is_dir() else str(path)
+
+
 def has_table(run_dir: Path, stage: str, table: str) -> bool:
     return table_path(run_dir, stage, table).exists()
 

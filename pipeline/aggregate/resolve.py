@@ -26,7 +26,7 @@ so the *leaf function* of a unit is (pos 0, largest inline_depth).
 
 from __future__ import annotations
 
-from pathlib import Path
+from pipeline.runs import parquet_glob
 
 SYMBOLIZED = "symbolized"
 FRAMES = "frames"
@@ -47,11 +47,6 @@ CRATE_SQL = """CASE WHEN coalesce(raw_name, '') LIKE '?%' THEN NULL
 
 #: ``--crate-name X`` (or ``--crate-name=X``, either part quoted) of a command line; NULL when absent.
 CMD_CRATE_SQL = """nullif(regexp_extract(command_line, '--crate-name"?[ =]+"?([^ "]+)', 1), '')"""
-
-
-def parquet_glob(path: Path) -> str:
-    """A table is a file or a dataset directory of parts."""
-    return f"{path}/**/*.parquet" if Path(path).is_dir() else str(path)
 
 
 def connect(ctx, *tables: str):

@@ -111,12 +111,13 @@ class Writer:
         """``<table>.csv`` of a whole parquet table (DuckDB COPY, no rows through Python)."""
         import duckdb
 
-        from pipeline.runs import table_path
+        from pipeline.runs import parquet_glob, table_path
 
-        src = table_path(self.ctx.run_dir, stage, table)
-        glob = f"{src}/**/*.parquet" if src.is_dir() else str(src)
+        glob = parquet_glob(table_path(self.ctx.run_dir, stage, table))
         name = f"{table}.csv"
-        duckdb.sql(f"COPY (SELECT * FROM read_parquet('{glob}')) TO '{self.ctx.out.path / name}' (HEADER, DELIMITER ',')")
+        # its own connection: the module-level default one is shared with whatever else ran in this process
+        with duckdb.connect() as con:
+            con.execute(f"COPY (SELECT * FROM read_parquet('{glob}')) TO '{self.ctx.out.path / name}' (HEADER, DELIMITER ',')")
         self.files.append(name)
         return name
 

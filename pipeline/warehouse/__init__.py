@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import InputError, ManifestError
-from pipeline.runs import MANIFEST, read_manifest, stage_dir
+from pipeline.runs import MANIFEST, parquet_glob, read_manifest, stage_dir
 from pipeline.warehouse.significance import significant_sql, z_sql
 
 STAGES = ("capture", "decoded", "symbolized", "aggregated", "report")
@@ -133,10 +133,6 @@ def _manifests(run_dir: Path) -> dict[str, dict]:
     return out
 
 
-def _parquet(path: Path) -> str:
-    return f"{path}/**/*.parquet" if path.is_dir() else str(path)
-
-
 def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: str | None = None) -> dict[str, Any]:
     """Put one run into the warehouse (replacing an earlier ingestion of the same run_id)."""
     run_dir = Path(run_dir).resolve()
@@ -163,7 +159,7 @@ def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: s
         counts = {}
         for path in tables:
             name = path.name[: -len(".parquet")]
-            src = f"read_parquet('{_parquet(path)}')"
+            src = f"read_parquet('{parquet_glob(path)}')"
             if name not in existing:
                 con.execute(f'CREATE TABLE "{name}" AS SELECT ?::VARCHAR AS run_id, * FROM {src} LIMIT 0', [run_id])
             have = {r[0] for r in con.execute(f"DESCRIBE \"{name}\"").fetchall()}
@@ -174,7 +170,7 @@ def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: s
             counts[name] = con.execute(f'SELECT count(*) FROM "{name}" WHERE run_id = ?', [run_id]).fetchone()[0]
         trace_start = None
         if (stage_dir(run_dir, "decoded") / "trace.parquet").exists():
-            trace = _parquet(stage_dir(run_dir, "decoded") / "trace.parquet")
+            trace = parquet_glob(stage_dir(run_dir, "decoded") / "trace.parquet")
             # epoch microseconds: a TIMESTAMPTZ would need pytz on the way through Python
             trace_start = con.execute(f"SELECT epoch_us(min(start_utc)) FROM read_parquet('{trace}')").fetchone()[0]
         sections = manifests[AGGREGATED].get("sections", {})
