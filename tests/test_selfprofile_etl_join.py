@@ -74,7 +74,15 @@ def test_join_by_pid_command_line_and_time(tmp_path, dask_pool):
 
 
 def test_join_without_etl_leaves_columns_empty():
-    from pipeline.aggregate.queries import crate_token, join_etl
+    import duckdb
+
+    from pipeline.aggregate.queries import join_etl
+    from pipeline.aggregate.resolve import CMD_CRATE_SQL
+
+    def crate_token(command_line):
+        with duckdb.connect() as con:
+            return con.execute(f"select {CMD_CRATE_SQL} from (select ?::varchar as command_line)",
+                               [command_line]).fetchone()[0]
 
     assert crate_token('"C:\\rustc.exe" --crate-name core --edition=2021') == "core"
     assert crate_token("cargo build") is None

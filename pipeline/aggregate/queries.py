@@ -26,6 +26,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pipeline.aggregate.resolve import CMD_CRATE_SQL
+from pipeline.runs import parquet_glob
+
 EVENTS = "query_events"
 FILES = "self_profiles"
 ETL_PROCESSES = "processes"
@@ -123,8 +126,8 @@ def aggregate(ctx) -> dict[str, Any] | None:
     import duckdb
 
     con = duckdb.connect()
-    con.execute(f"create view ev as select * from read_parquet('{_parquet_glob(ctx.source(EVENTS))}')")
-    con.execute(f"create view sp as select * from read_parquet('{_parquet_glob(ctx.source(FILES))}') where status = 'ok'")
+    con.execute(f"create view ev as select * from read_parquet('{parquet_glob(ctx.source(EVENTS))}')")
+    con.execute(f"create view sp as select * from read_parquet('{parquet_glob(ctx.source(FILES))}') where status = 'ok'")
 
     con.execute(f"create table file_totals as {_TOTALS_FILE}")
     totals_sql = _scoped("select * from file_totals", [], ["total_ns", "gap_ns", "threads"])
@@ -256,19 +259,10 @@ def _stacks(ctx, con):
 # Processes, and the join with an ETL trace's processes
 
 
-def crate_token(command_line: str | None) -> str | None:
-    """The value of ``--crate-name`` in a command line (Windows or Unix quoting), or None."""
-    if not command_line:
-        return None
-    tokens = command_line.replace('"', " ").split()
-    for i, tok in enumerate(tokens[:-1]):
-        if tok == "--crate-name":
-            return tokens[i + 1]
-    return None
-
-
 def join_etl(profiles: list[dict], etl: list[dict], tolerance_ns: int) -> list[dict]:
     """Match each self-profile to one ETL process by pid, command line (crate name) and start time.
+
+    ETL rows carry ``crate``, read from their command line by ``resolve.CMD_CRATE_SQL``.
 
     A candidate must share the pid, or else the crate name and a start within ``tolerance_ns``.
     Among candidates, one that satisfies more of (pid, crate, time) wins, then the closest start.
@@ -279,13 +273,13 @@ def join_etl(profiles: list[dict], etl: list[dict], tolerance_ns: int) -> list[d
         best, best_key, best_how = None, None, None
         for p in etl:
             same_pid = p["pid"] == sp["pid"]
-            same_cmd = sp["crate"] is not None and crate_token(p.get("command_line")) == sp["crate"]
+            same_cmd = sp["crate"] is not None and p.get("crate") == sp["crate"]
             dt = (abs(p["start_ns"] - sp["start_time_ns"])
                   if p.get("start_ns") is not None and sp.get("start_time_ns") is not None else None)
             close = dt is not None and dt <= tolerance_ns
             if not (same_pid or (same_cmd and close)):
                 continue
-            if same_pid and sp["crate"] is not None and crate_token(p.get("command_line")) not in (None, sp["crate"]):
+            if same_pid and sp["crate"] is not None and p.get("crate") not in (None, sp["crate"]):
                 continue  # a reused pid running another crate
             key = (-(same_pid + same_cmd + close), dt if dt is not None else float("inf"))
             if best_key is None or key < best_key:
@@ -316,11 +310,12 @@ def _processes(ctx, con):
         # ETL times are ns since the trace start; the trace table's start FILETIME makes them absolute.
         base = 0
         if ctx.has(ETL_TRACE):
-            ft = con.sql(f"select start_filetime from read_parquet('{_parquet_glob(ctx.source(ETL_TRACE))}')").fetchall()
+            ft = con.sql(f"select start_filetime from read_parquet('{parquet_glob(ctx.source(ETL_TRACE))}')").fetchall()
             base = (int(ft[0][0]) - FILETIME_UNIX_EPOCH) * 100 if ft and ft[0][0] else 0
-        etl = con.sql(f"select pid, parent_pid, image_name, command_line, start_ns + {base} as start_ns, "
+        etl = con.sql(f"select pid, parent_pid, image_name, command_line, {CMD_CRATE_SQL} as crate, "
+                      f"start_ns + {base} as start_ns, "
                       f"end_ns + {base} as end_ns "
-                      f"from read_parquet('{_parquet_glob(ctx.source(ETL_PROCESSES))}')").to_arrow_table().to_pylist()
+                      f"from read_parquet('{parquet_glob(ctx.source(ETL_PROCESSES))}')").to_arrow_table().to_pylist()
     tolerance = int(ctx.config.aggregate.etl_join_tolerance_ms * 1_000_000)
     for row, match in zip(rows, join_etl(rows, etl, tolerance)):
         row.update(match)
@@ -332,8 +327,3 @@ def _processes(ctx, con):
         ("etl_start_ns", pa.int64()), ("etl_end_ns", pa.int64()), ("etl_match", pa.string()),
     ])
     return pa.Table.from_pylist(rows, schema=schema)
-
-
-def _parquet_glob(path: Path) -> str:
-    """A table is a file or a dataset directory of parts."""
-    return f"{path}/**/*.parquet" if path.is_dir() else str(path)
