@@ -42,6 +42,11 @@ class DecodeConfig(Section):
         "512MB", description="DuckDB memory limit of the ETL cross-buffer joins (stacks, lifetimes); beyond it "
         "DuckDB spills to a temporary directory inside the stage output.",
     )
+    bucket_rows: int = Field(
+        4_000_000, ge=1000, description="Rows (samples, stack pieces, VirtualAlloc and heap events) per time bucket "
+        "of the ETL per-event joins; one dask task joins one bucket, so this bounds a worker's memory "
+        "(about 100 bytes per row). There are at least as many buckets as workers.",
+    )
     max_error_rows: int = Field(10_000, ge=0, description="At most this many rows in the `errors` table per input.")
     skip_cargo_probe: bool = Field(
         True, description="Ignore cargo's tiny probe self-profiles (`___-<pid>.mm_profdata`)."

@@ -1,15 +1,17 @@
-"""ETL joins: the rewritten SQL gives the same answers as the plain formulation it replaced.
+"""ETL joins: the bucket tasks' thread-owner lookup gives the answers of the plain SQL formulation.
 
-The joins run on real DuckDB over small tables built here (the edge cases a synthetic or real trace
-rarely has: reused thread ids, samples before a thread's first start, after its end, on a thread
-nobody knows).
+The expected answer is an ASOF join in real DuckDB over small tables built here (the edge cases a
+synthetic or real trace rarely has: reused thread ids, samples before a thread's first start, after its
+end, on a thread nobody knows); the lookup under test is the one the event tasks run, on the slots
+``joins._thread_slots`` saves.
 """
 
 from __future__ import annotations
 
 import duckdb
+import numpy as np
 
-from pipeline.decode.etl import joins
+from pipeline.decode.etl import buckets, joins
 
 #: The owner of a sample as first written: an ASOF join on (tid, latest start at or before).
 ASOF_OWNER = """
@@ -20,32 +22,29 @@ ASOF_OWNER = """
     ORDER BY s.stream_pos"""
 
 
-def test_sample_owner_equals_asof_join():
+def test_sample_owner_equals_asof_join(tmp_path):
     con = duckdb.connect()
     con.execute("CREATE TABLE threads (pid UINTEGER, tid UINTEGER, start_timestamp BIGINT, end_timestamp BIGINT)")
     con.execute("""INSERT INTO threads VALUES
         (1, 5, 100, 200), (2, 5, 300, NULL), (3, 5, 250, 260),  -- tid 5 used three times
         (4, 7, NULL, 150),                                       -- tid 7 existed before the trace
         (6, 9, 50, NULL), (8, 9, 50, 70)                         -- two starts at the same time""")
-    con.execute("CREATE TABLE stack_index (event_ts BIGINT, tid UINTEGER, pid UINTEGER, stack_id BIGINT)")
-    con.execute("INSERT INTO stack_index VALUES (120, 5, 1, 0), (400, 42, 11, 1)")
-    con.execute("CREATE TABLE _samples (timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, "
-                "tid UINTEGER, ip UBIGINT)")
+    con.execute("CREATE TABLE _samples (timestamp BIGINT, stream_pos BIGINT, tid UINTEGER)")
     times = [0, 50, 99, 100, 120, 200, 201, 250, 255, 260, 261, 299, 300, 400, 10**12]
-    rows = [(t, t, 0, i * 10 + j, tid, 0) for i, t in enumerate(times) for j, tid in enumerate((5, 7, 9, 42))]
-    con.executemany("INSERT INTO _samples VALUES (?, ?, ?, ?, ?, ?)", rows)
+    rows = [(t, i * 10 + j, tid) for i, t in enumerate(times) for j, tid in enumerate((5, 7, 9, 42))]
+    con.executemany("INSERT INTO _samples VALUES (?, ?, ?)", rows)
     expected = con.execute(ASOF_OWNER).fetchall()
+    np.savez(tmp_path / "combos.npz", c1=np.zeros(0, np.uint64), c2=np.zeros(0, np.uint64),
+             stack_id=np.zeros(0, np.int64))
+    ctx = buckets.Context(joins._thread_slots(con, tmp_path / "threads.npz"), str(tmp_path / "combos.npz"))
+    pid, has = ctx.pids(np.array([r[0] for r in rows], np.int64), np.array([r[2] for r in rows], np.uint32))
+    got = [(int(p) if h else None) for p, h in zip(pid, has)]
     # tid 9 has two instances starting together; which one the ASOF join picks is not defined, so
     # only the others are compared exactly, and tid 9 must get one of its two pids.
-    joins._samples(con)
-    got = con.execute("SELECT stream_pos, pid, stack_id, tid, timestamp FROM samples ORDER BY stream_pos").fetchall()
-    assert len(got) == len(rows)
-    for (pos, want), (pos2, pid, stack_id, tid, ts) in zip(expected, got):
+    for (pos, want), (ts, pos2, tid), p in zip(expected, rows, got):
         assert pos == pos2
         if tid == 9 and ts >= 50:
-            assert pid in (6, 8) if ts <= 70 else pid in (6, None)
-        elif tid == 42 and ts == 400:
-            assert pid == 11 and stack_id == 1      # unknown thread: the stack's pid
+            assert p in (6, 8) if ts <= 70 else p in (6, None)
         else:
-            assert pid == want, (tid, ts)
-    assert [r[2] for r in got if r[3] == 5 and r[4] == 120] == [0]
+            assert p == want, (tid, ts)
+    assert [p for (ts, _, tid), p in zip(rows, got) if tid == 42] == [None] * len(times)   # unknown thread

@@ -416,6 +416,26 @@ def dedupe_pairs(a, b, table_bits):
 
 
 @nb.njit(**JIT)
+def group_by_code(code, ncodes):
+    """Stable counting sort of indices by ``code`` (0 .. ncodes-1; negative codes are left out):
+    returns (indices, bounds) with the indices of code c in indices[bounds[c]:bounds[c + 1]], ascending."""
+    bounds = np.zeros(ncodes + 1, np.int64)
+    for i in range(code.shape[0]):
+        if code[i] >= 0:
+            bounds[code[i] + 1] += 1
+    for c in range(ncodes):
+        bounds[c + 1] += bounds[c]
+    fill = bounds[:-1].copy()
+    out = np.empty(bounds[ncodes], np.int64)
+    for i in range(code.shape[0]):
+        c = code[i]
+        if c >= 0:
+            out[fill[c]] = i
+            fill[c] += 1
+    return out, bounds
+
+
+@nb.njit(**JIT)
 def read_uints(blob, pos, nbytes, out):
     """out[i] = little-endian unsigned integer of ``nbytes`` (1, 2, 4, 8) at blob[pos[i]]; 0 if it would
     not fit inside ``blob`` (callers bound reads by payload length; this keeps the kernel safe anyway)."""

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 from pipeline.decode.etl import kernels as K
 from pipeline.decode.etl import layout as L
 from pipeline.decode.etl.batch import Batch, record_error, unique_pairs, walk
+from pipeline.decode.etl.buckets import BUCKETED, write_scratch
 from pipeline.decode.etl.buffers import MAX_BUFFER_SIZE
 from pipeline.decode.etl.interpret import extended_stacks, lookup
 
@@ -107,9 +108,9 @@ def _decode_partition(task: dict[str, Any]) -> dict[str, Any]:
     b = Batch(blob, cols, bufs, dict(task["consts"], path=path, starts=starts))
     b.errors = errors
     counts = interpret(b)
-    written = write_parts(b, part, Path(task["out_dir"]), Path(task["scratch_dir"]))
+    written, times = write_parts(b, part, Path(task["out_dir"]), Path(task["scratch_dir"]))
     return {
-        "part": part, "tables": written, "records": int(b.n), "bytes": int(bufs["buffer_size"].sum()),
+        "part": part, "tables": written, "times": times, "records": int(b.n), "bytes": int(bufs["buffer_size"].sum()),
         "event_counts": counts, "errors": b.errors, "buffers_skipped": int(skipped + (rstatus != 0).sum()),
     }
 
@@ -159,17 +160,18 @@ def interpret(b: Batch) -> list[tuple]:
     providers, code = provider_codes(b)
     # One pass over the event-kind key gives the event counts and the dispatch groups.
     kinds, inverse, counts = event_kinds(b, code)
-    by_extractor: dict = {}
+    extractors: list = []
+    ext_of_kind = np.full(len(kinds) + 1, -1, np.int32)
     for j, k in enumerate(kinds.tolist()):
         fn = lookup(providers[k >> 48], (k >> 40) & 0xFF, (k >> 24) & 0xFFFF, (k >> 8) & 0xFFFF, k & 0xFF)
         if fn is not None:
-            by_extractor.setdefault(fn, []).append(j)
-    # Records grouped by kind once (stable: ascending inside a kind); an extractor gets the records of
-    # its kinds back in record order.
-    by_kind = np.argsort(inverse, kind="stable")
-    bounds = np.concatenate([[0], np.cumsum(counts)])
-    for fn, js in by_extractor.items():
-        idx = np.sort(np.concatenate([by_kind[bounds[j]:bounds[j + 1]] for j in js]))
+            if fn not in extractors:
+                extractors.append(fn)
+            ext_of_kind[j] = extractors.index(fn)
+    # Records grouped by extractor with one counting sort; each extractor gets its records in record order.
+    order, bounds = K.group_by_code(ext_of_kind[inverse], len(extractors))
+    for e, fn in enumerate(extractors):
+        idx = order[bounds[e]:bounds[e + 1]]
         if len(idx):
             fn(b, idx)
     with_ext = np.flatnonzero(b.c["ext_len"] > 0)
@@ -189,21 +191,44 @@ def interpret(b: Batch) -> list[tuple]:
             for k, n in zip(kinds.tolist(), counts.tolist())]
 
 
-def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> dict[str, str]:
-    """One parquet part per table: final tables into the stage directory (zstd), ``_`` scratch tables
-    into the scratch directory uncompressed (they live for seconds; on the 1 GB synth trace, snappy made
-    the files 2.5x smaller but the whole decode ~10 % slower, in the writes and in the joins' reads).
-    Dictionary pages only for text columns: numeric columns compress better and faster without."""
+def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> tuple[dict[str, str], np.ndarray]:
+    """One file per table: final tables into the stage directory (parquet, zstd); the event-like scratch
+    tables of the bucket joins (``buckets.BUCKETED``) as Arrow IPC files; other ``_`` scratch
+    tables into the scratch directory as uncompressed parquet (they live for seconds). Dictionary pages
+    only for text columns: numeric columns compress better and faster without. Returns the paths and
+    the sample of times the bucket planner cuts."""
     written: dict[str, str] = {}
+    times = []
     for table, pieces in b.out.items():
+        data = pa.concat_tables(pieces, promote_options="permissive")
+        if table == "_stack_refs":
+            # Full stacks (kind 0) are pieces as they are; key references wait for their definitions.
+            kind = data.column("kind").to_numpy()
+            full = kind == 0
+            if full.any():
+                times.append(_write_bucketed(data.filter(pa.array(full)).drop_columns(["kind", "key"]).append_column(
+                    "valid", pa.array(np.ones(int(full.sum()), np.uint8))), "_pieces", part, scratch_dir, written))
+            if full.all():
+                continue
+            data = data.filter(pa.array(~full))
+        if table in BUCKETED:
+            times.append(_write_bucketed(data, table, part, scratch_dir, written))
+            continue
         directory = (scratch_dir if table.startswith("_") else out_dir) / f"{table}.parquet"
         directory.mkdir(parents=True, exist_ok=True)
         target = directory / f"part-{part:05d}-{uuid.uuid4().hex[:6]}.parquet"
-        data = pa.concat_tables(pieces, promote_options="permissive")
         text = [f.name for f in data.schema if pa.types.is_string(f.type) or pa.types.is_dictionary(f.type)]
         pq.write_table(data, target, compression="none" if table.startswith("_") else "zstd", use_dictionary=text)
         written[table] = str(target)
-    return written
+    return written, (np.concatenate(times) if times else np.zeros(0, np.int64))
+
+
+def _write_bucketed(data: pa.Table, table: str, part: int, scratch_dir: Path, written: dict[str, str]) -> np.ndarray:
+    directory = scratch_dir / f"{table}.arrow"
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / f"part-{part:05d}.arrow"
+    written[table] = str(target)
+    return write_scratch(data, BUCKETED[table], target)
 
 
 def provider_codes(b: Batch) -> tuple[list[str], np.ndarray]:
