@@ -34,10 +34,8 @@ def test_sample_owner_equals_asof_join(tmp_path):
     rows = [(t, i * 10 + j, tid) for i, t in enumerate(times) for j, tid in enumerate((5, 7, 9, 42))]
     con.executemany("INSERT INTO _samples VALUES (?, ?, ?)", rows)
     expected = con.execute(ASOF_OWNER).fetchall()
-    np.savez(tmp_path / "combos.npz", c1=np.zeros(0, np.uint64), c2=np.zeros(0, np.uint64),
-             stack_id=np.zeros(0, np.int64))
-    ctx = buckets.Context(joins._thread_slots(con, tmp_path / "threads.npz"), str(tmp_path / "combos.npz"))
-    pid, has = ctx.pids(np.array([r[0] for r in rows], np.int64), np.array([r[2] for r in rows], np.uint32))
+    slots = joins._thread_slots(con, tmp_path / "threads.npz")
+    pid, has = buckets.owners(slots, np.array([r[0] for r in rows], np.int64), np.array([r[2] for r in rows], np.uint32))
     got = [(int(p) if h else None) for p, h in zip(pid, has)]
     # tid 9 has two instances starting together; which one the ASOF join picks is not defined, so
     # only the others are compared exactly, and tid 9 must get one of its two pids.

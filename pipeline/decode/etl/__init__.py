@@ -82,7 +82,7 @@ def decode_etl(path: Path, out, cfg, pool) -> dict[str, Any]:
     write_event_counts(out, results)
     joined = heapsnap.assemble(scratch, out, errors, str(path))
     release_freed_memory()  # what the assembly freed, before DuckDB takes its share (peak RSS -150 MB)
-    joined.update(joins.finish(out, scratch, header, cfg, pool, results))
+    joined.update(joins.finish(out, scratch, header, cfg, pool, results, errors))
     shutil.rmtree(scratch, ignore_errors=True)
 
     skipped = sum(r["buffers_skipped"] for r in results) + len(header.walk_errors)

@@ -66,17 +66,14 @@ class Batch:
 
     def field(self, idx, off32: int, nptr: int, nbytes: int) -> np.ndarray:
         """A fixed-size field at payload offset off32 + (P-4)*nptr of records ``idx``."""
-        P = self.c["ptr"][idx].astype(np.int64)
-        return self.gather(self.c["pay_off"][idx] + off32 + (P - 4) * nptr, nbytes)
+        out = np.empty(len(idx), f"<u{nbytes}")
+        K.read_fields(self.blob, self.c["pay_off"], self.c["ptr"], np.asarray(idx, np.int64), off32, nptr, nbytes, out)
+        return out
 
     def pointer(self, idx, off32: int, nptr: int) -> np.ndarray:
         """A pointer-sized field (4 or 8 bytes by each record's header) as uint64."""
-        P = self.c["ptr"][idx]
-        pos = self.c["pay_off"][idx] + off32 + (P.astype(np.int64) - 4) * nptr
-        out = np.zeros(len(idx), np.uint64)
-        wide = P == 8
-        out[wide] = self.gather(pos[wide], 8)
-        out[~wide] = self.gather(pos[~wide], 4)
+        out = np.empty(len(idx), np.uint64)
+        K.read_fields(self.blob, self.c["pay_off"], self.c["ptr"], np.asarray(idx, np.int64), off32, nptr, 0, out)
         return out
 
     def offset_of(self, idx, off32: int, nptr: int) -> np.ndarray:

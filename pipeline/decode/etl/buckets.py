@@ -9,16 +9,17 @@ bucket joined on its own, in parallel, in memory bounded by the bucket's size:
    range, and return a sample of their times. ``plan`` cuts the merged sample into buckets of about
    ``rows_per_bucket`` rows; a bucket task reads its time range of every partition's file that overlaps
    it, through a memory map.
-2. ``group_task`` (per bucket): stack pieces sorted by (event time, thread, user, time, cpu, stream
-   position) become one group per (event time, thread). The group's stack is the ordered list of its
-   pieces' 128-bit frame hashes, itself hashed to a "combo" (c1, c2). It writes the groups, the distinct
-   combos with their pieces (for the global ``stacks`` table, built once from frames), and the pieces
-   that VirtualAlloc events will need (their cpu).
-3. ``joins`` maps combos to dense stack ids (deduplicated on frames, in SQL, once per distinct stack).
-4. ``event_task`` (per bucket): samples, VirtualAlloc, heap and stack-link rows sorted by (time, cpu,
-   stream position), matched to their group by a merge join in numba, given the owning thread's pid,
-   and written as the bucket's part of the final table. Parts are named by bucket, so each table's
-   dataset is in global time order.
+2. ``bucket_task`` (one per bucket, on the workers): stack pieces sorted by (event time, thread, user,
+   time, cpu, stream position) become one group per (event time, thread). A piece carries polynomial
+   hashes of its frames (``kernels.hash_frames_at``), so the group's stack id, a content hash of the
+   concatenated frames, follows from its pieces' hashes without the frames: equal frame lists get equal
+   ids however they were cut into pieces, and no global id map is needed. Then the samples,
+   VirtualAlloc, heap and stack-link rows of the bucket, sorted by (time, cpu, stream position), find
+   their group by a merge join in numba, get the owning thread's pid, and are written as the bucket's
+   part of the final table. Parts are named by bucket, so each table's dataset is in global time order.
+   The task also writes its distinct stacks with the pieces they are made of.
+3. ``joins`` builds the ``stacks`` table once per distinct stack from those pieces' frames, and reports
+   any two different frame lists that share an id (a hash collision).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.decode.etl.kernels import JIT, dedupe_pairs
+from pipeline.decode.etl.kernels import JIT, POLY_B1, POLY_B2, dedupe_pairs, poly_pow, stack_ids
 
 #: Scratch tables that partitions write for the bucket joins: table -> time column.
 BUCKETED = {"_samples": "timestamp", "_pieces": "event_ts", "_virtual_allocs": "timestamp",
@@ -141,16 +142,11 @@ def sort_order(ts: np.ndarray, *keys: np.ndarray) -> np.ndarray:
 
 
 @nb.njit(**JIT)
-def _mix(h, v):
-    h = (h ^ v) * np.uint64(0x9E3779B97F4A7C15)
-    return h ^ (h >> np.uint64(31))
-
-
-@nb.njit(**JIT)
-def group_pieces(ev_ts, tid, pid, valid, h1, h2, g_start, g_ts, g_tid, g_pid, g_c1, g_c2, g_n):
+def group_pieces(ev_ts, tid, pid, valid, h1, h2, count, g_start, g_ts, g_tid, g_pid, g_h1, g_h2, g_count, g_valid):
     """Pieces sorted by (event time, thread, user, time, cpu, stream position) -> one group per
-    (event time, thread): its first piece, pid (of its first piece), combo hash of its valid pieces'
-    frame hashes in order, and number of valid pieces (0: no stack, combo 0). Returns the group count."""
+    (event time, thread): its first piece, pid (of its first piece), the hashes and frame count of the
+    concatenation of its valid pieces (``kernels.hash_frames_at``) and its number of valid pieces.
+    Returns the group count."""
     n = ev_ts.shape[0]
     g = -1
     for i in range(n):
@@ -160,19 +156,17 @@ def group_pieces(ev_ts, tid, pid, valid, h1, h2, g_start, g_ts, g_tid, g_pid, g_
             g_ts[g] = ev_ts[i]
             g_tid[g] = tid[i]
             g_pid[g] = pid[i]
-            g_c1[g] = np.uint64(0x6A09E667F3BCC908)
-            g_c2[g] = np.uint64(0xBB67AE8584CAA73B)
-            g_n[g] = 0
+            g_h1[g] = 0
+            g_h2[g] = 0
+            g_count[g] = 0
+            g_valid[g] = 0
         if valid[i]:
-            g_c1[g] = _mix(_mix(g_c1[g], h1[i]), h2[i])
-            g_c2[g] = _mix(_mix(g_c2[g] + np.uint64(0x3C6EF372FE94F82B), h2[i]), h1[i])
-            g_n[g] += 1
-    ng = g + 1
-    for k in range(ng):
-        if g_n[k] == 0:
-            g_c1[k] = 0
-            g_c2[k] = 0
-    return ng
+            k = count[i]
+            g_h1[g] = g_h1[g] * poly_pow(POLY_B1, k) + h1[i]
+            g_h2[g] = g_h2[g] * poly_pow(POLY_B2, k) + h2[i]
+            g_count[g] += k
+            g_valid[g] += 1
+    return g + 1
 
 
 @nb.njit(**JIT)
@@ -278,122 +272,160 @@ def _np(t: pa.Table, name: str, dtype=None) -> np.ndarray:
     return a if dtype is None else a.astype(dtype, copy=False)
 
 
-def group_task(task: dict[str, Any]) -> dict[str, Any]:
+def bucket_task(task: dict[str, Any]) -> dict[str, Any]:
     from pipeline.decode.etl.partition import reuse_freed_memory
 
     with reuse_freed_memory():
-        return _group_task(task)
+        return _bucket_task(task)
 
 
-PIECE_COLUMNS = ["event_ts", "tid", "pid", "cpu", "timestamp", "stream_pos", "user", "valid", "h1", "h2"]
-GROUP_SCHEMA = pa.schema([("event_ts", pa.int64()), ("tid", pa.uint32()), ("pid", pa.uint32()),
-                          ("combo", pa.int32())])
-LINK_SCHEMA = pa.schema([("event_ts", pa.int64()), ("cpu", pa.uint16()), ("tid", pa.uint32())])
+PIECE_COLUMNS = ["event_ts", "tid", "pid", "cpu", "timestamp", "stream_pos", "user", "valid", "h1", "h2", "n"]
 
 
-def _group_task(task: dict[str, Any]) -> dict[str, Any]:
-    lo, hi, k, scratch = task["lo"], task["hi"], task["bucket"], Path(task["scratch_dir"])
+class Groups:
+    """The stack groups of one bucket, sorted by (event time, thread)."""
+
+    def __init__(self, ts, tid, pid, stack):
+        self.ts, self.tid, self.pid, self.stack = ts, tid, pid, stack
+
+    def match(self, ts: np.ndarray, tid: np.ndarray) -> np.ndarray:
+        return match_groups(ts, tid, self.ts, self.tid)
+
+
+def _groups(task: dict[str, Any], lo: int, hi: int, k: int, scratch: Path, result: dict[str, Any]):
+    """Group the bucket's stack pieces; write its distinct stacks with the pieces they are made of (for
+    the ``stacks`` table); returns the groups and the pieces' (event time, cpu, thread), sorted."""
+    empty = Groups(*(np.zeros(0, t) for t in (np.int64, np.uint32, np.uint32, np.int64)))
     pieces = read_bucket(task["sources"]["_pieces"], "event_ts", lo, hi, PIECE_COLUMNS)
-    result = {"bucket": k, "groups": None, "va_links": None, "combos": None, "groups_n": 0}
     if pieces is None:
-        return result
-    ev = _np(pieces, "event_ts")
-    tid = _np(pieces, "tid")
-    user = _np(pieces, "user", np.uint8)
-    ts = _np(pieces, "timestamp")
-    cpu = _np(pieces, "cpu")
-    spos = _np(pieces, "stream_pos")
-    order = sort_order(ev, tid, user, ts, cpu, spos)
-    ev, tid, cpu = ev[order], tid[order], cpu[order]
+        return empty, None
+    ev, tid = _np(pieces, "event_ts"), _np(pieces, "tid")
+    order = sort_order(ev, tid, _np(pieces, "user", np.uint8), _np(pieces, "timestamp"), _np(pieces, "cpu"),
+                       _np(pieces, "stream_pos"))
+    ev, tid, cpu = ev[order], tid[order], _np(pieces, "cpu")[order]
     pid = _np(pieces, "pid")[order]
     valid = _np(pieces, "valid", np.uint8)[order]
-    h1, h2 = _np(pieces, "h1")[order], _np(pieces, "h2")[order]
+    h1, h2, count = _np(pieces, "h1")[order], _np(pieces, "h2")[order], _np(pieces, "n", np.int64)[order]
     n = len(ev)
-    g_start = np.empty(n, np.int64)
-    g_ts, g_tid, g_pid = np.empty(n, np.int64), np.empty(n, np.uint32), np.empty(n, np.uint32)
-    g_c1, g_c2, g_n = np.empty(n, np.uint64), np.empty(n, np.uint64), np.empty(n, np.int32)
-    ng = group_pieces(ev, tid, pid, valid, h1, h2, g_start, g_ts, g_tid, g_pid, g_c1, g_c2, g_n)
-    # Distinct combos of the bucket (their index in the group file, -1 for a group without frames) and
-    # the valid pieces of each one's first group, for the stacks table.
-    combo = np.full(ng, -1, np.int32)
-    has = np.flatnonzero(g_n[:ng] > 0)
+    g_start, g_ts = np.empty(n, np.int64), np.empty(n, np.int64)
+    g_tid, g_pid = np.empty(n, np.uint32), np.empty(n, np.uint32)
+    g_h1, g_h2, g_count, g_valid = np.empty(n, np.uint64), np.empty(n, np.uint64), np.empty(n, np.int64), np.empty(n, np.int32)
+    ng = group_pieces(ev, tid, pid, valid, h1, h2, count, g_start, g_ts, g_tid, g_pid, g_h1, g_h2, g_count, g_valid)
+    g_start, g_ts, g_tid, g_pid = g_start[:ng], g_ts[:ng], g_tid[:ng], g_pid[:ng]
+    sid, check = np.empty(ng, np.int64), np.empty(ng, np.uint64)
+    stack_ids(g_h1[:ng], g_h2[:ng], g_count[:ng], sid, check)
+    has = np.flatnonzero(g_count[:ng] > 0)
+    sid_out = np.full(ng, -1, np.int64)
+    sid_out[has] = sid[has]
+    # One group per distinct stack: its valid pieces in order build the stack's frames, once, globally.
     if len(has):
         bits = max(16, int(np.ceil(np.log2(len(has) * 2 + 1))))
-        first, inverse, nu = dedupe_pairs(g_c1[has], g_c2[has], bits)
+        first, _, nu = dedupe_pairs(sid[has].view(np.uint64), check[has], bits)
         assert nu >= 0
-        combo[has] = inverse
         gi = has[first]
-        starts, counts = g_start[gi], np.diff(np.append(g_start[:ng], n))[gi]
+        ends = np.append(g_start[1:], n)
+        starts, counts = g_start[gi], ends[gi] - g_start[gi]
         rows = np.repeat(starts, counts) + (np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts))
         owner = np.repeat(np.arange(len(gi)), counts)
         keep = valid[rows] != 0
         rows, owner = rows[keep], owner[keep]
         ordinal = np.arange(len(rows)) - np.searchsorted(owner, owner, side="left")
-        result["combos"] = str(scratch / "_combos.parquet" / f"part-{k:05d}.parquet")
-        Path(result["combos"]).parent.mkdir(exist_ok=True)
-        pq.write_table(pa.table({"c1": g_c1[gi], "c2": g_c2[gi], "first_ts": g_ts[gi], "first_tid": g_tid[gi]}),
-                       result["combos"], compression="none")
-        path = scratch / "_combo_pieces.parquet" / f"part-{k:05d}.parquet"
-        path.parent.mkdir(exist_ok=True)
-        pq.write_table(pa.table({"c1": g_c1[gi][owner], "c2": g_c2[gi][owner], "ord": ordinal.astype(np.int32),
-                                 "h1": h1[rows], "h2": h2[rows]}), path, compression="none")
-    groups = pa.table([g_ts[:ng], g_tid[:ng], g_pid[:ng], combo], schema=GROUP_SCHEMA)
-    result["groups"] = str(scratch / f"groups-{k:05d}.arrow")
-    write_scratch(groups, "event_ts", Path(result["groups"]))
-    result["groups_n"] = ng
+        for name, table in (
+                ("_bucket_stacks", {"stack_id": sid[gi], "id_check": check[gi], "bucket": np.full(len(gi), k, np.int32)}),
+                ("_bucket_stack_pieces", {"stack_id": sid[gi][owner], "id_check": check[gi][owner],
+                                          "bucket": np.full(len(rows), k, np.int32),
+                                          "ord": ordinal.astype(np.int32), "h1": h1[rows], "h2": h2[rows]})):
+            path = scratch / f"{name}.parquet" / f"part-{k:05d}.parquet"
+            path.parent.mkdir(exist_ok=True)
+            pq.write_table(pa.table(table), path, compression="none")
+    result["groups"] = ng
+    return Groups(g_ts, g_tid, g_pid, sid_out), (ev, cpu, tid)
 
-    # Pieces whose (event time, cpu) a VirtualAlloc event of this bucket will look for.
-    va = read_bucket(task["sources"].get("_virtual_allocs", []), "timestamp", lo, hi, ["timestamp"])
-    if va is not None:
-        wanted = member(ev, np.unique(_np(va, "timestamp")))
-        if wanted.any():
-            links = pa.table([ev[wanted], cpu[wanted], tid[wanted]], schema=LINK_SCHEMA)
-            o = sort_order(ev[wanted], cpu[wanted].astype(np.int64), tid[wanted].astype(np.int64))
-            result["va_links"] = str(scratch / f"va-links-{k:05d}.arrow")
-            write_scratch(links.take(o), "event_ts", Path(result["va_links"]))
+
+def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
+    lo, hi, k = task["lo"], task["hi"], task["bucket"]
+    out_dir, src, scratch = Path(task["out_dir"]), task["sources"], Path(task["scratch_dir"])
+    result: dict[str, Any] = {"bucket": k, "tables": {}, "groups": 0, "samples": 0, "samples_with_stack": 0,
+                              "samples_with_stack_records": 0}
+    groups, piece_cpus = _groups(task, lo, hi, k, scratch, result)
+    written = result["tables"]
+    threads = thread_slots(task["threads"])
+
+    s = _sorted_rows(src.get("_samples", []), lo, hi)
+    if s is not None:
+        ts, tid = _np(s, "timestamp"), _np(s, "tid")
+        gi = groups.match(ts, tid)
+        stack = np.where(gi >= 0, groups.stack[gi], -1)
+        tpid, has = np.zeros(len(ts), np.uint32), np.zeros(len(ts), np.bool_)
+        thread_pids(ts, tid, *threads, tpid, has)
+        pid = np.where(has, tpid, np.where(gi >= 0, groups.pid[gi], 0)).astype(np.uint32)
+        table = pa.table({
+            "timestamp": s.column("timestamp"), "timestamp_ns": s.column("timestamp_ns"), "cpu": s.column("cpu"),
+            "tid": s.column("tid"), "pid": pa.array(pid, pa.uint32(), mask=~has & (gi < 0)), "ip": s.column("ip"),
+            "stack_id": _stack_column(stack), "stream_pos": s.column("stream_pos"),
+        })
+        written["samples"] = _write(table, out_dir / "samples.parquet", k)
+        result["samples"] = len(ts)
+        result["samples_with_stack"] = int((stack >= 0).sum())
+        result["samples_with_stack_records"] = int((gi >= 0).sum())
+
+    v = _sorted_rows(src.get("_virtual_allocs", []), lo, hi)
+    if v is not None:
+        ts, cpu = _np(v, "timestamp"), _np(v, "cpu")
+        vtid = np.full(len(ts), -1, np.int64)
+        if piece_cpus is not None:
+            # The thread of a piece logged on the event's cpu for the event's time (several: the lowest).
+            ev, pcpu, ptid = piece_cpus
+            wanted = member(ev, np.unique(ts))
+            o = sort_order(ev[wanted], pcpu[wanted].astype(np.int64), ptid[wanted].astype(np.int64))
+            vtid = match_cpu(ts, cpu, ev[wanted][o], pcpu[wanted][o], ptid[wanted][o])
+        gi = groups.match(ts, np.maximum(vtid, 0).astype(np.uint32))
+        gi[vtid < 0] = -1
+        stack = np.where(gi >= 0, groups.stack[gi], -1)
+        free = _np(v, "is_free", np.bool_)
+        table = pa.table({
+            "timestamp": v.column("timestamp"), "timestamp_ns": v.column("timestamp_ns"), "cpu": v.column("cpu"),
+            "pid": v.column("pid"), "tid": pa.array(np.maximum(vtid, 0).astype(np.uint32), mask=vtid < 0),
+            "base": v.column("base"), "size": v.column("size"), "flags": v.column("flags"),
+            "kind": pa.array(np.where(free, "free", "alloc").astype(object), pa.string()),
+            "stack_id": _stack_column(stack),
+        })
+        written["virtual_allocs"] = _write(table, out_dir / "virtual_allocs.parquet", k)
+
+    h = _sorted_rows(src.get("_heap_events", []), lo, hi)
+    if h is not None:
+        gi = groups.match(_np(h, "timestamp"), _np(h, "tid"))
+        stack = np.where(gi >= 0, groups.stack[gi], -1)
+        cols = ["timestamp", "timestamp_ns", "cpu", "pid", "tid", "kind", "heap", "address", "size",
+                "old_address", "old_size", "flags", "source"]
+        table = h.select(cols).append_column("stack_id", _stack_column(stack))
+        written["heap_events"] = _write(table, out_dir / "heap_events.parquet", k)
+
+    e = _sorted_rows(src.get("_event_stack_links", []), lo, hi)
+    if e is not None:
+        ts, cpu, spos = _np(e, "timestamp"), _np(e, "cpu"), _np(e, "stream_pos")
+        # One row per event: an event with several stack items has several identical links.
+        dup = np.zeros(len(ts), np.bool_)
+        dup[1:] = (ts[1:] == ts[:-1]) & (cpu[1:] == cpu[:-1]) & (spos[1:] == spos[:-1])
+        e = e.filter(pa.array(~dup))
+        gi = groups.match(_np(e, "timestamp"), _np(e, "tid"))
+        stack = np.where(gi >= 0, groups.stack[gi], -1)
+        table = e.select(["timestamp", "timestamp_ns", "cpu", "stream_pos", "tid"]).append_column(
+            "stack_id", _stack_column(stack))
+        written["event_stacks"] = _write(table, out_dir / "event_stacks.parquet", k)
     return result
 
 
-def event_task(task: dict[str, Any]) -> dict[str, Any]:
-    from pipeline.decode.etl.partition import reuse_freed_memory
-
-    with reuse_freed_memory():
-        return _event_task(task)
+def thread_slots(threads_path: str):
+    t = np.load(threads_path)
+    return (t["u_tid"], t["u_start"], t["t0"], t["t1"], t["next"], t["pid"])
 
 
-class Context:
-    """What an event task needs besides its bucket: thread slots and the combo -> stack id map."""
-
-    def __init__(self, threads_path: str, combos_path: str):
-        t = np.load(threads_path)
-        self.threads = (t["u_tid"], t["u_start"], t["t0"], t["t1"], t["next"], t["pid"])
-        c = np.load(combos_path)
-        self.c1, self.c2, self.stack_id = c["c1"], c["c2"], c["stack_id"]
-
-    def stack_ids(self, c1: np.ndarray, c2: np.ndarray) -> np.ndarray:
-        """Stack id of each combo, -1 for none (c1 = 0) or unknown."""
-        out = np.full(len(c1), -1, np.int64)
-        if len(self.c1) == 0 or len(c1) == 0:
-            return out
-        pos = np.searchsorted(self.c1, c1)
-        pos = np.minimum(pos, len(self.c1) - 1)
-        hit = (self.c1[pos] == c1) & (self.c2[pos] == c2)
-        out[hit] = self.stack_id[pos[hit]]
-        miss = np.flatnonzero(~hit & (c1 != 0) & (self.c1[pos] == c1))
-        for i in miss.tolist():       # c1 shared by several combos (a 64-bit collision): scan the run
-            j = int(pos[i])
-            while j < len(self.c1) and self.c1[j] == c1[i]:
-                if self.c2[j] == c2[i]:
-                    out[i] = self.stack_id[j]
-                    break
-                j += 1
-        return out
-
-    def pids(self, ts: np.ndarray, tid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        out = np.zeros(len(ts), np.uint32)
-        has = np.zeros(len(ts), np.bool_)
-        thread_pids(ts, tid, *self.threads, out, has)
-        return out, has
+def owners(threads_path: str, ts: np.ndarray, tid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The pid owning each (time, thread) per the saved thread slots, and whether one does."""
+    out, has = np.zeros(len(ts), np.uint32), np.zeros(len(ts), np.bool_)
+    thread_pids(ts, tid, *thread_slots(threads_path), out, has)
+    return out, has
 
 
 def _sorted_rows(paths: list[str], lo: int, hi: int) -> pa.Table | None:
@@ -417,84 +449,3 @@ def _write(table: pa.Table, directory: Path, k: int) -> str:
 
 def _stack_column(ids: np.ndarray) -> pa.Array:
     return pa.array(ids, pa.int64(), mask=ids < 0)
-
-
-def _event_task(task: dict[str, Any]) -> dict[str, Any]:
-    lo, hi, k = task["lo"], task["hi"], task["bucket"]
-    out_dir, src = Path(task["out_dir"]), task["sources"]
-    ctx = Context(task["threads"], task["combos"])
-    if task["groups"]:
-        g = pa.ipc.open_file(pa.memory_map(task["groups"])).get_batch(0)
-        g_ts, g_tid, g_pid = _np(g, "event_ts"), _np(g, "tid"), _np(g, "pid")
-        # Stack id of each distinct combo of the bucket, then of each group (-1: none).
-        local = np.full(1, -1, np.int64)
-        if task["combos_local"]:
-            c = pq.read_table(task["combos_local"], columns=["c1", "c2"])
-            local = np.append(ctx.stack_ids(_np(c, "c1"), _np(c, "c2")), -1)
-        g_stack = local[_np(g, "combo")]     # combo -1 picks the appended -1
-    else:
-        g_ts, g_tid, g_pid, g_stack = (np.zeros(0, t) for t in (np.int64, np.uint32, np.uint32, np.int64))
-    counts = {"samples": 0, "samples_with_stack": 0, "samples_with_stack_records": 0}
-    written: dict[str, str] = {}
-
-    s = _sorted_rows(src.get("_samples", []), lo, hi)
-    if s is not None:
-        ts, tid = _np(s, "timestamp"), _np(s, "tid")
-        gi = match_groups(ts, tid, g_ts, g_tid)
-        stack = np.where(gi >= 0, g_stack[gi], -1)
-        tpid, has = ctx.pids(ts, tid)
-        pid = np.where(has, tpid, np.where(gi >= 0, g_pid[gi], 0)).astype(np.uint32)
-        pid_mask = ~has & (gi < 0)
-        table = pa.table({
-            "timestamp": s.column("timestamp"), "timestamp_ns": s.column("timestamp_ns"), "cpu": s.column("cpu"),
-            "tid": s.column("tid"), "pid": pa.array(pid, pa.uint32(), mask=pid_mask), "ip": s.column("ip"),
-            "stack_id": _stack_column(stack), "stream_pos": s.column("stream_pos"),
-        })
-        written["samples"] = _write(table, out_dir / "samples.parquet", k)
-        counts["samples"] = len(ts)
-        counts["samples_with_stack"] = int((stack >= 0).sum())
-        counts["samples_with_stack_records"] = int((gi >= 0).sum())
-
-    v = _sorted_rows(src.get("_virtual_allocs", []), lo, hi)
-    if v is not None:
-        ts, cpu = _np(v, "timestamp"), _np(v, "cpu")
-        if task["va_links"]:
-            lk = pa.ipc.open_file(pa.memory_map(task["va_links"])).get_batch(0)
-            vtid = match_cpu(ts, cpu, _np(lk, "event_ts"), _np(lk, "cpu"), _np(lk, "tid"))
-        else:
-            vtid = np.full(len(ts), -1, np.int64)
-        gi = match_groups(ts, np.where(vtid >= 0, vtid, 0).astype(np.uint32), g_ts, g_tid)
-        gi[vtid < 0] = -1
-        stack = np.where(gi >= 0, g_stack[gi], -1)
-        free = _np(v, "is_free", np.bool_)
-        table = pa.table({
-            "timestamp": v.column("timestamp"), "timestamp_ns": v.column("timestamp_ns"), "cpu": v.column("cpu"),
-            "pid": v.column("pid"), "tid": pa.array(np.maximum(vtid, 0).astype(np.uint32), mask=vtid < 0),
-            "base": v.column("base"), "size": v.column("size"), "flags": v.column("flags"),
-            "kind": pa.array(np.where(free, "free", "alloc").astype(object), pa.string()),
-            "stack_id": _stack_column(stack),
-        })
-        written["virtual_allocs"] = _write(table, out_dir / "virtual_allocs.parquet", k)
-
-    h = _sorted_rows(src.get("_heap_events", []), lo, hi)
-    if h is not None:
-        gi = match_groups(_np(h, "timestamp"), _np(h, "tid"), g_ts, g_tid)
-        stack = np.where(gi >= 0, g_stack[gi], -1)
-        cols = ["timestamp", "timestamp_ns", "cpu", "pid", "tid", "kind", "heap", "address", "size",
-                "old_address", "old_size", "flags", "source"]
-        table = h.select(cols).append_column("stack_id", _stack_column(stack))
-        written["heap_events"] = _write(table, out_dir / "heap_events.parquet", k)
-
-    e = _sorted_rows(src.get("_event_stack_links", []), lo, hi)
-    if e is not None:
-        ts, cpu, spos = _np(e, "timestamp"), _np(e, "cpu"), _np(e, "stream_pos")
-        # One row per event: an event with several stack items has several identical links.
-        dup = np.zeros(len(ts), np.bool_)
-        dup[1:] = (ts[1:] == ts[:-1]) & (cpu[1:] == cpu[:-1]) & (spos[1:] == spos[:-1])
-        e = e.filter(pa.array(~dup))
-        gi = match_groups(_np(e, "timestamp"), _np(e, "tid"), g_ts, g_tid)
-        stack = np.where(gi >= 0, g_stack[gi], -1)
-        table = e.select(["timestamp", "timestamp_ns", "cpu", "stream_pos", "tid"]).append_column(
-            "stack_id", _stack_column(stack))
-        written["event_stacks"] = _write(table, out_dir / "event_stacks.parquet", k)
-    return {"bucket": k, "tables": written, **counts}

@@ -165,8 +165,9 @@ def sampled_profile(b: Batch, idx: np.ndarray) -> None:
 
 # --- StackWalk (§3.5) ------------------------------------------------------------------------------
 def _frames(b: Batch, pos: np.ndarray, length: np.ndarray, width: np.ndarray) -> dict:
-    """Hashes ``h1``, ``h2`` of frame arrays at blob[pos : pos + length] (pointers of ``width`` bytes,
-    leaf first), and ``user`` (leaf frame below the kernel-space boundary of that width).
+    """Hashes ``h1``, ``h2`` and frame count ``n`` of frame arrays at blob[pos : pos + length] (pointers
+    of ``width`` bytes, leaf first; see ``kernels.hash_frames_at``), and ``user`` (leaf frame below the
+    kernel-space boundary of that width).
 
     The frames themselves go to ``_stack_frames`` once per distinct (h1, h2) in the partition: events
     carry only the hashes, so the per-event tables stay small and the joins never move frame lists.
@@ -174,7 +175,8 @@ def _frames(b: Batch, pos: np.ndarray, length: np.ndarray, width: np.ndarray) ->
     n = len(pos)
     pos, length, width = pos.astype(np.int64), length.astype(np.int64), width.astype(np.int64)
     h1, h2, leaf = np.empty(n, np.uint64), np.empty(n, np.uint64), np.empty(n, np.uint64)
-    K.hash_frames_at(b.blob, pos, length, width, h1, h2, leaf)
+    count = np.empty(n, np.int32)
+    K.hash_frames_at(b.blob, pos, length, width, h1, h2, leaf, count)
     # Frame lists only for the first record of each distinct hash pair.
     first, _ = unique_pairs(h1, h2)
     offs = np.zeros(len(first) + 1, np.int64)
@@ -183,7 +185,7 @@ def _frames(b: Batch, pos: np.ndarray, length: np.ndarray, width: np.ndarray) ->
     K.gather_frames(*args, frames, True)
     b.emit("_stack_frames", {"h1": h1[first], "h2": h2[first], "frames": list_array(offs, frames)})
     user = leaf < np.where(width == 8, L.KERNEL_SPACE_64, L.KERNEL_SPACE_32).astype(np.uint64)
-    return {"h1": h1, "h2": h2, "user": user}
+    return {"h1": h1, "h2": h2, "n": count, "user": user}
 
 
 def stack_walk(b: Batch, idx: np.ndarray) -> None:
@@ -192,8 +194,8 @@ def stack_walk(b: Batch, idx: np.ndarray) -> None:
     po = b.c["pay_off"][idx]
     # A record whose leaf frame is a user address is the user half of a stack (or a user-only stack).
     b.emit("_stack_refs", {
-        **b.common(idx, ns=False), "event_ts": b.gather(po + W["event_ts"], 8).view(np.int64),
-        "pid": b.gather(po + W["pid"], 4), "tid": b.gather(po + W["tid"], 4),
+        **b.common(idx, ns=False), "event_ts": b.field(idx, W["event_ts"], 0, 8).view(np.int64),
+        "pid": b.field(idx, W["pid"], 0, 4), "tid": b.field(idx, W["tid"], 0, 4),
         "kind": np.zeros(len(idx), np.uint8), "key": np.zeros(len(idx), np.uint64),
         **_frames(b, po + W["frames"], b.c["pay_len"][idx] - W["frames"], b.c["ptr"][idx]),
     }, idx)
@@ -203,13 +205,12 @@ def stack_key_ref(b: Batch, idx: np.ndarray) -> None:
     P = b.c["ptr"][idx].astype(np.int64)
     idx = b.require(idx, 16 + P, "StackKey")
     W = L.STACK_WALK
-    po = b.c["pay_off"][idx]
     zero = np.zeros(len(idx), np.uint64)
     b.emit("_stack_refs", {
-        **b.common(idx, ns=False), "event_ts": b.gather(po + W["event_ts"], 8).view(np.int64),
-        "pid": b.gather(po + W["pid"], 4), "tid": b.gather(po + W["tid"], 4),
+        **b.common(idx, ns=False), "event_ts": b.field(idx, W["event_ts"], 0, 8).view(np.int64),
+        "pid": b.field(idx, W["pid"], 0, 4), "tid": b.field(idx, W["tid"], 0, 4),
         "kind": np.where(b.c["opcode"][idx] == 37, 1, 2).astype(np.uint8), "user": b.c["opcode"][idx] == 38,
-        "key": b.pointer(idx, 0x10, 0), "h1": zero, "h2": zero,
+        "key": b.pointer(idx, 0x10, 0), "h1": zero, "h2": zero, "n": np.zeros(len(idx), np.int32),
     }, idx)
 
 
@@ -220,7 +221,7 @@ def stack_key_def(b: Batch, idx: np.ndarray) -> None:
     frames = _frames(b, b.c["pay_off"][idx] + P, b.c["pay_len"][idx] - P, P)
     b.emit("_stack_defs", {
         **b.common(idx), "key": b.pointer(idx, 0, 0), "opcode": b.c["opcode"][idx],
-        "h1": frames["h1"], "h2": frames["h2"],
+        "h1": frames["h1"], "h2": frames["h2"], "n": frames["n"],
     }, idx)
 
 
@@ -246,7 +247,8 @@ def extended_stacks(b: Batch, idx: np.ndarray) -> None:
     key = np.where(width == 8, b.gather(pos, 8), b.gather(pos, 4).astype(np.uint64))
     b.emit("_stack_refs", {**common, "kind": np.where(full, 0, 1).astype(np.uint8), "user": pieces["user"] & full,
                            "key": np.where(full, 0, key).astype(np.uint64),
-                           "h1": np.where(full, pieces["h1"], 0), "h2": np.where(full, pieces["h2"], 0)})
+                           "h1": np.where(full, pieces["h1"], 0), "h2": np.where(full, pieces["h2"], 0),
+                           "n": np.where(full, pieces["n"], 0).astype(np.int32)})
     b.emit("_event_stack_links", {**b.common(ridx), "tid": b.c["tid"][ridx]})
 
 

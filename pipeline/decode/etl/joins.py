@@ -50,9 +50,10 @@ EMPTY = {
     "_image_id_dbg": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, base UBIGINT, "
                      "pid UINTEGER, pdb_guid VARCHAR, pdb_age UINTEGER, pdb_name VARCHAR, il BOOLEAN",
     "_stack_refs": "timestamp BIGINT, cpu USMALLINT, stream_pos BIGINT, event_ts BIGINT, "
-                   "pid UINTEGER, tid UINTEGER, kind UTINYINT, user BOOLEAN, key UBIGINT, h1 UBIGINT, h2 UBIGINT",
+                   "pid UINTEGER, tid UINTEGER, kind UTINYINT, user BOOLEAN, key UBIGINT, h1 UBIGINT, h2 UBIGINT, "
+                   "n INTEGER",
     "_stack_defs": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, key UBIGINT, "
-                   "opcode UTINYINT, h1 UBIGINT, h2 UBIGINT",
+                   "opcode UTINYINT, h1 UBIGINT, h2 UBIGINT, n INTEGER",
     "_stack_frames": "h1 UBIGINT, h2 UBIGINT, frames UBIGINT[]",
     "_heapsnap_stacks": "snapshot_id BIGINT, stack_ref UBIGINT, frames UBIGINT[]",
     "_heapsnap_blocks": "snapshot_id BIGINT, pid UINTEGER, instance UINTEGER, timestamp_ns BIGINT, heap UBIGINT, address UBIGINT, "
@@ -97,7 +98,8 @@ LIFETIMES = {
 }
 
 
-def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]]) -> dict[str, Any]:
+def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
+           errors: list[dict[str, Any]]) -> dict[str, Any]:
     """Build the joined tables from the partitions' scratch files; returns counts for the manifest."""
     import duckdb
 
@@ -135,29 +137,22 @@ def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]])
         lap()
 
         buckets = B.plan(times, cfg.bucket_rows, pool.n_workers)
-        common = {"sources": sources, "scratch_dir": str(scratch), "out_dir": str(out.path)}
-        grouped = pool.map(B.group_task, [{**common, "bucket": k, "lo": lo, "hi": hi}
-                                          for k, (lo, hi) in enumerate(buckets)])
+        done = pool.map(B.bucket_task, [{"sources": sources, "scratch_dir": str(scratch), "out_dir": str(out.path),
+                                         "threads": threads, "bucket": k, "lo": lo, "hi": hi}
+                                        for k, (lo, hi) in enumerate(buckets)])
         lap()
-        combos = _stacks(con, scratch)
+        stats.update(_stacks(con, scratch, errors, str(out.path)))
         _copy(con, "stacks", out.table_path("stacks"), "stack_id")
         _heap_snapshot_blocks(con)
         _copy(con, "heap_snapshot_blocks", out.table_path("heap_snapshot_blocks"), ORDER["heap_snapshot_blocks"])
-        stats["stacks"] = con.execute("SELECT count(*) FROM stacks").fetchone()[0]
-        con.execute("DROP TABLE stacks")
         lap()
-        done = pool.map(B.event_task, [{**common, "bucket": g["bucket"], "lo": lo, "hi": hi, "groups": g["groups"],
-                                        "va_links": g["va_links"], "combos_local": g["combos"], "threads": threads,
-                                        "combos": combos}
-                                       for g, (lo, hi) in zip(grouped, buckets)])
         for table, schema in B.OUTPUT_SCHEMAS.items():
             if not out.table_path(table).exists():
                 pq.write_table(schema.empty_table(), out.table_path(table))
         for key in ("samples", "samples_with_stack", "samples_with_stack_records"):
             stats[key] = sum(d[key] for d in done)
         stats["join_buckets"] = len(buckets)
-        lap()
-        stats["join_phases_s"] = dict(zip(("lifetimes", "stack_keys", "groups", "stacks", "events"),
+        stats["join_phases_s"] = dict(zip(("lifetimes", "stack_keys", "buckets", "stacks"),
                                           np.round(np.diff(clock), 3).tolist()))
         return stats
     finally:
@@ -245,9 +240,9 @@ def _keyed_pieces(con, scratch: Path, pieces: list[str], times: list) -> dict[st
     rel = cursor.sql("""
         SELECT r.event_ts, r.tid, r.pid, r.cpu, r.timestamp, r.stream_pos, r.user,
                coalesce(d.h1, 0::UBIGINT) AS h1, coalesce(d.h2, 0::UBIGINT) AS h2,
-               (d.h1 IS NOT NULL)::UTINYINT AS valid
+               coalesce(d.n, 0)::INTEGER AS n, (d.h1 IS NOT NULL)::UTINYINT AS valid
         FROM (SELECT * EXCLUDE (h1, h2) FROM _stack_refs) r
-        ASOF LEFT JOIN (SELECT key, timestamp, h1, h2 FROM _stack_defs) d
+        ASOF LEFT JOIN (SELECT key, timestamp, h1, h2, n FROM _stack_defs) d
             ON r.key = d.key AND d.timestamp >= r.timestamp
         ORDER BY r.event_ts""")
     reader = rel.to_arrow_reader(KEYED_FILE_ROWS)
@@ -278,46 +273,54 @@ def _keyed_pieces(con, scratch: Path, pieces: list[str], times: list) -> dict[st
 KEYED_FILE_ROWS = 1 << 20
 
 
-def _stacks(con, scratch: Path) -> str:
-    """Distinct combos of all buckets -> frame lists -> deduplicated ``stacks`` (dense ids in order of
-    first use; heap-snapshot stacks share the table and sort after the event stacks). Saves the map
-    combo -> stack id for the event tasks and returns its path.
+def _stacks(con, scratch: Path, errors: list[dict[str, Any]], where: str) -> dict[str, Any]:
+    """``stacks``: one row per distinct stack id of the buckets (frames from the pieces of the first
+    bucket that has it) and of the heap snapshots (ids from the same hash of their frame lists). Two
+    different frame lists with one id (a 62-bit collision, or a hostile file) keep the first list and
+    are reported in ``errors``; their events cannot be told apart."""
+    from pipeline.decode.etl import kernels as K
 
-    A combo is an ordered list of piece hashes; two combos with the same frames (a stack cut into pieces
-    differently) get one stack id. Combos with no frames at all get none."""
-    for name, cols in (("_combos", "c1 UBIGINT, c2 UBIGINT, first_ts BIGINT, first_tid UINTEGER"),
-                       ("_combo_pieces", "c1 UBIGINT, c2 UBIGINT, ord INTEGER, h1 UBIGINT, h2 UBIGINT")):
+    for name, cols in (("_bucket_stacks", "stack_id BIGINT, id_check UBIGINT, bucket INTEGER"),
+                       ("_bucket_stack_pieces", "stack_id BIGINT, id_check UBIGINT, bucket INTEGER, ord INTEGER, h1 UBIGINT, "
+                                                 "h2 UBIGINT")):
         parts = scratch / f"{name}.parquet"
         if parts.is_dir():
             con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{parts}/*.parquet')")
         else:
             con.execute(f"CREATE TABLE {name} ({cols})")
+    snap = con.sql("SELECT snapshot_id, stack_ref, frames FROM _heapsnap_stacks").to_arrow_table()
+    frames = snap.column("frames").combine_chunks() if snap.num_rows else pa.array([], pa.list_(pa.uint64()))
+    n = len(frames)
+    h1, h2, count = np.empty(n, np.uint64), np.empty(n, np.uint64), np.empty(n, np.int64)
+    K.hash_frame_lists(frames.offsets.to_numpy().astype(np.int64), frames.values.to_numpy(zero_copy_only=False).astype(np.uint64),
+                       h1, h2, count)
+    sid, check = np.empty(n, np.int64), np.empty(n, np.uint64)
+    K.stack_ids(h1, h2, count, sid, check)
+    con.register("snapshot_stacks", pa.table({
+        "snapshot_id": snap.column("snapshot_id"), "stack_ref": snap.column("stack_ref"),
+        "stack_id": pa.array(sid, mask=count == 0), "id_check": check, "frames": frames}))
     con.execute("""
-        CREATE TABLE combos AS
-        WITH firsts AS (SELECT c1, c2, min(first_ts) AS first_ts, arg_min(first_tid, first_ts) AS first_tid
-                        FROM _combos GROUP BY c1, c2),
-        pieces AS (SELECT DISTINCT c1, c2, ord, h1, h2 FROM _combo_pieces),
+        CREATE TABLE all_stacks AS
+        WITH firsts AS (SELECT stack_id, id_check, min(bucket) AS bucket FROM _bucket_stacks GROUP BY ALL),
         frames AS (SELECT h1, h2, any_value(frames) AS frames FROM _stack_frames GROUP BY h1, h2),
-        lists AS (SELECT p.c1, p.c2, flatten(list(f.frames ORDER BY p.ord)) AS frames
-                  FROM pieces p JOIN frames f USING (h1, h2) GROUP BY p.c1, p.c2)
-        SELECT f.*, l.frames FROM firsts f JOIN lists l USING (c1, c2)""")
+        lists AS (SELECT p.stack_id, p.id_check, flatten(list(f.frames ORDER BY p.ord)) AS frames
+                  FROM _bucket_stack_pieces p JOIN firsts USING (stack_id, id_check, bucket)
+                  JOIN frames f USING (h1, h2)
+                  GROUP BY p.stack_id, p.id_check)
+        SELECT * FROM lists
+        UNION ALL SELECT stack_id, id_check, frames FROM snapshot_stacks WHERE stack_id IS NOT NULL""")
     con.execute("""
         CREATE TABLE stacks AS
-        SELECT (row_number() OVER (ORDER BY first_ts, first_tid) - 1)::BIGINT AS stack_id, frames,
-               len(frames)::INTEGER AS depth
-        FROM (SELECT frames, min(first_ts) AS first_ts, arg_min(first_tid, first_ts) AS first_tid FROM (
-                  SELECT frames, first_ts, first_tid FROM combos WHERE len(frames) > 0
-                  UNION ALL
-                  SELECT frames, 9223372036854775807, snapshot_id FROM _heapsnap_stacks WHERE len(frames) > 0)
-              GROUP BY frames)""")
-    m = con.execute("""
-        SELECT c.c1, c.c2, s.stack_id FROM combos c JOIN stacks s ON s.frames = c.frames
-        ORDER BY c.c1, c.c2""").fetchnumpy()
-    con.execute("DROP TABLE combos")
-    path = scratch / "combos.npz"
-    np.savez(path, c1=np.asarray(m["c1"], np.uint64), c2=np.asarray(m["c2"], np.uint64),
-             stack_id=np.asarray(m["stack_id"], np.int64))
-    return str(path)
+        SELECT stack_id, arg_min(frames, id_check) AS frames, len(arg_min(frames, id_check))::INTEGER AS depth,
+               count(DISTINCT id_check) AS _lists
+        FROM all_stacks GROUP BY stack_id""")
+    for stack_id, lists in con.execute("SELECT stack_id, _lists FROM stacks WHERE _lists > 1 LIMIT 100").fetchall():
+        errors.append({"file": where, "buffer_index": -1, "file_offset": -1, "record_offset": -1, "kind": "stack_hash",
+                       "message": f"{where}: {lists} different frame lists share stack id {stack_id}; "
+                                  "their events are attributed to the first"})
+    collisions = con.execute("SELECT count(*) FROM stacks WHERE _lists > 1").fetchone()[0]
+    con.execute("DROP TABLE all_stacks")
+    return {"stacks": con.execute("SELECT count(*) FROM stacks").fetchone()[0], "stack_id_collisions": int(collisions)}
 
 
 def _heap_snapshot_blocks(con) -> None:
@@ -327,7 +330,6 @@ def _heap_snapshot_blocks(con) -> None:
         CREATE VIEW heap_snapshot_blocks AS
         SELECT b.snapshot_id, b.pid, b.instance, b.timestamp_ns, b.heap, b.address, b.size, b.stack_ref, s.stack_id
         FROM _heapsnap_blocks b
-        LEFT JOIN _heapsnap_stacks h ON h.snapshot_id = b.snapshot_id AND h.stack_ref = b.stack_ref
-        LEFT JOIN stacks s ON s.frames = h.frames""")
+        LEFT JOIN snapshot_stacks s ON s.snapshot_id = b.snapshot_id AND s.stack_ref = b.stack_ref""")
 
 

@@ -436,6 +436,29 @@ def group_by_code(code, ncodes):
 
 
 @nb.njit(**JIT)
+def read_fields(blob, pay_off, ptr, idx, off32, nptr, nbytes, out):
+    """out[i] = the field of record idx[i] at payload offset off32 + (P - 4) * nptr, P being the record's
+    pointer size; ``nbytes`` 1, 2, 4 or 8, or 0 for a pointer-sized field. 0 when it would not fit
+    inside ``blob`` (callers bound reads by payload length; this keeps the kernel safe anyway)."""
+    n = blob.shape[0]
+    for i in range(idx.shape[0]):
+        r = idx[i]
+        P = np.int64(ptr[r])
+        p = pay_off[r] + off32 + (P - 4) * nptr
+        w = nbytes if nbytes > 0 else P
+        if p < 0 or p + w > n:
+            out[i] = 0
+        elif w == 8:
+            out[i] = _u64(blob, p)
+        elif w == 4:
+            out[i] = _u32(blob, p)
+        elif w == 2:
+            out[i] = _u16(blob, p)
+        else:
+            out[i] = blob[p]
+
+
+@nb.njit(**JIT)
 def read_uints(blob, pos, nbytes, out):
     """out[i] = little-endian unsigned integer of ``nbytes`` (1, 2, 4, 8) at blob[pos[i]]; 0 if it would
     not fit inside ``blob`` (callers bound reads by payload length; this keeps the kernel safe anyway)."""
@@ -495,14 +518,32 @@ def extended_stacks(blob, ext_off, ext_len, fill, rec, kind, data_pos, count, wi
     return n
 
 
-@nb.njit(**JIT)
-def hash_frames_at(blob, pos, nbytes, width, h1, h2, leaf):
-    """Two independent 64-bit hashes of each record's frame list (order-sensitive), read in place: record i
-    has nbytes[i] // width[i] pointers of width[i] bytes at blob[pos[i]:]. Also gives the leaf (first)
-    frame, 0 for an empty stack. A range outside ``blob`` hashes as empty.
+#: Bases of the two frame-list hashes (odd, so multiplication by them is invertible mod 2**64).
+POLY_B1 = np.uint64(0x9E3779B97F4A7C15)
+POLY_B2 = np.uint64(0xC2B2AE3D27D4EB4F)
 
-    Stacks are deduplicated on (h1, h2): 128 bits make a collision between the few million distinct
-    stacks of a trace vanishingly unlikely, and the joins never compare long lists.
+
+@nb.njit(**JIT)
+def frame_mix(v):
+    """A bijective scramble of one frame address (0 does not map to 0)."""
+    v ^= np.uint64(0x5851F42D4C957F2D)
+    v ^= v >> np.uint64(32)
+    v *= np.uint64(0xD6E8FEB86659FD93)
+    v ^= v >> np.uint64(32)
+    return v
+
+
+@nb.njit(**JIT)
+def hash_frames_at(blob, pos, nbytes, width, h1, h2, leaf, count):
+    """Two 64-bit polynomial hashes of each record's frame list, read in place: record i has
+    nbytes[i] // width[i] pointers of width[i] bytes at blob[pos[i]:] (``count``). Also gives the leaf
+    (first) frame, 0 for an empty list. A range outside ``blob`` hashes as empty (0, 0, count 0).
+
+    h = sum of mix(frame j) * B**(count-1-j) mod 2**64, so the hash of a concatenation follows from the
+    pieces' hashes and counts (h(A+B) = h(A) * B**count(B) + h(B)): a stack cut into kernel and user
+    pieces, or into pieces of different sizes, gets the hash of its whole frame list without the frames
+    being brought together (``buckets.group_pieces``). Lists are at most a few hundred frames, far below
+    the 2**11 a structural collision of such hashes needs.
     """
     n = blob.shape[0]
     for i in range(pos.shape[0]):
@@ -511,16 +552,62 @@ def hash_frames_at(blob, pos, nbytes, width, h1, h2, leaf):
         p = pos[i]
         if p < 0 or p + k * w > n:
             k = 0
-        a = np.uint64(0x243F6A8885A308D3)
-        c = np.uint64(0x13198A2E03707344)
+        a = np.uint64(0)
+        c = np.uint64(0)
         leaf[i] = 0
         for j in range(k):
             v = _u64(blob, p + 8 * j) if w == 8 else np.uint64(_u32(blob, p + 4 * j))
             if j == 0:
                 leaf[i] = v
-            a = (a ^ v) * np.uint64(0x100000001B3)
-            a ^= a >> np.uint64(32)
-            c = (c + v) * np.uint64(0x9E3779B97F4A7C15)
-            c ^= c >> np.uint64(29)
+            m = frame_mix(v)
+            a = a * POLY_B1 + m
+            c = c * POLY_B2 + (m ^ (m >> np.uint64(29)))
         h1[i] = a
         h2[i] = c
+        count[i] = k
+
+
+@nb.njit(**JIT)
+def poly_pow(base, e):
+    r = np.uint64(1)
+    while e > 0:
+        if e & 1:
+            r *= base
+        base *= base
+        e >>= 1
+    return r
+
+
+@nb.njit(**JIT)
+def stack_ids(h1, h2, count, out_id, out_check):
+    """Stack id (62 bits, never negative) and a second, independent check value of whole frame lists
+    given their hashes and frame counts (as ``hash_frames_at`` computes them)."""
+    for i in range(h1.shape[0]):
+        out_id[i] = np.int64(_finish(h1[i], count[i], np.uint64(0x2545F4914F6CDD1D)) >> np.uint64(2))
+        out_check[i] = _finish(h2[i], count[i], np.uint64(0x94D049BB133111EB))
+
+
+@nb.njit(**JIT)
+def _finish(h, k, salt):
+    x = h ^ (np.uint64(k) * salt)
+    x ^= x >> np.uint64(31)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return x
+
+
+@nb.njit(**JIT)
+def hash_frame_lists(offsets, values, h1, h2, count):
+    """``hash_frames_at`` for lists given as CSR offsets and flat uint64 values."""
+    for i in range(offsets.shape[0] - 1):
+        a = np.uint64(0)
+        c = np.uint64(0)
+        for j in range(offsets[i], offsets[i + 1]):
+            m = frame_mix(values[j])
+            a = a * POLY_B1 + m
+            c = c * POLY_B2 + (m ^ (m >> np.uint64(29)))
+        h1[i] = a
+        h2[i] = c
+        count[i] = offsets[i + 1] - offsets[i]

@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import mmap
+import os
 import threading
 import uuid
 from pathlib import Path
@@ -122,10 +124,7 @@ def read_buffers(path: str, bufs: np.ndarray):
     errors: list[dict[str, Any]] = []
     lo = int(bufs["file_offset"][0])
     hi = int(bufs["file_offset"][-1]) + int(bufs["buffer_size"][-1])
-    raw = np.empty(hi - lo, np.uint8)
-    with open(path, "rb") as f:
-        f.seek(lo)
-        raw = raw[:f.readinto(memoryview(raw))]
+    raw = map_range(path, lo, hi)
     data_len = bufs["data_len"].astype(np.int64)
     src_start = bufs["file_offset"].astype(np.int64) - lo + L.BUFFER_HEADER_SIZE
     src_end = bufs["file_offset"].astype(np.int64) - lo + bufs["buffer_size"].astype(np.int64)
@@ -152,6 +151,22 @@ def read_buffers(path: str, bufs: np.ndarray):
                                    f"{K.STATUS_TEXT[int(status[i])]} after {int(produced[i])} of "
                                    f"{int(data_len[i])} bytes; buffer skipped"))
     return blob, starts, np.where(status != 0, 0, data_len), errors, int(bad.sum() + (status != 0).sum())
+
+
+def map_range(path: str, lo: int, hi: int) -> np.ndarray:
+    """Bytes [lo, hi) of the file (fewer if it is shorter now), memory-mapped read-only.
+
+    The trace is usually in the page cache already: mapping it costs no copy and no fresh memory. A
+    read into a new array touched a fresh 32 MiB per partition, and on VMs whose host backs guest memory
+    lazily each fresh page is a fault into the host (1 GB: 2.7 s instead of 0.08 s, measured here).
+    Records are walked where they lie; nothing that outlives the task points into the map."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        end = min(hi, size)
+        if end <= lo:
+            return np.zeros(0, np.uint8)
+        mm = mmap.mmap(f.fileno(), end, access=mmap.ACCESS_READ)
+    return np.frombuffer(mm, np.uint8, count=end - lo, offset=lo)
 
 
 def interpret(b: Batch) -> list[tuple]:
