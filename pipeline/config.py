@@ -39,11 +39,12 @@ class DecodeConfig(Section):
         description="Bytes of ETL buffers handed to one dask task (inflated size for compressed buffers).",
     )
     join_memory_limit: str = Field(
-        "512MB", description="DuckDB memory limit of the ETL cross-buffer joins (stacks, lifetimes); beyond it "
+        "512MB", description="DuckDB memory limit of the ETL joins that need the whole trace (lifetimes, stack "
+        "keys, the stacks table); beyond it "
         "DuckDB spills to a temporary directory inside the stage output.",
     )
     bucket_rows: int = Field(
-        4_000_000, ge=1000, description="Rows (samples, stack pieces, VirtualAlloc and heap events) per time bucket "
+        2_000_000, ge=1000, description="Rows (samples, stack pieces, VirtualAlloc and heap events) per time bucket "
         "of the ETL per-event joins; one dask task joins one bucket, so this bounds a worker's memory "
         "(about 100 bytes per row). There are at least as many buckets as workers.",
     )
