@@ -80,7 +80,7 @@ def decode_etl(path: Path, out, cfg, pool) -> dict[str, Any]:
     for r in results:
         errors.extend(r["errors"])
     write_event_counts(out, results)
-    joined = heapsnap.assemble(scratch, out, errors, str(path))
+    joined = heapsnap.assemble(scratch, out, errors, str(path), cfg.join_memory_limit)
     release_freed_memory()  # what the assembly freed, before DuckDB takes its share (peak RSS -150 MB)
     joined.update(joins.finish(out, scratch, header, cfg, pool, results, errors))
     shutil.rmtree(scratch, ignore_errors=True)

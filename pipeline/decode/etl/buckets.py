@@ -299,10 +299,12 @@ PIECE_COLUMNS = ["event_ts", "tid", "pid", "cpu", "timestamp", "stream_pos", "us
 
 
 class Groups:
-    """The stack groups of one bucket, sorted by (event time, thread)."""
+    """The stack groups of one bucket, sorted by (event time, thread). ``stack`` and ``pid`` end with one
+    extra entry (-1 and 0), so indexing them with ``match``'s -1 (no group) gives "none"."""
 
     def __init__(self, ts, tid, pid, stack):
-        self.ts, self.tid, self.pid, self.stack = ts, tid, pid, stack
+        self.ts, self.tid = ts, tid
+        self.pid, self.stack = np.append(pid, np.uint32(0)), np.append(stack, np.int64(-1))
 
     def match(self, ts: np.ndarray, tid: np.ndarray) -> np.ndarray:
         return match_groups(ts, tid, self.ts, self.tid)
@@ -372,10 +374,10 @@ def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
     if s is not None:
         ts, tid = _np(s, "timestamp"), _np(s, "tid")
         gi = groups.match(ts, tid)
-        stack = np.where(gi >= 0, groups.stack[gi], -1)
+        stack = groups.stack[gi]
         tpid, has = np.zeros(len(ts), np.uint32), np.zeros(len(ts), np.bool_)
         thread_pids(ts, tid, *threads, tpid, has)
-        pid = np.where(has, tpid, np.where(gi >= 0, groups.pid[gi], 0)).astype(np.uint32)
+        pid = np.where(has, tpid, groups.pid[gi]).astype(np.uint32)
         table = pa.table({
             "timestamp": s.column("timestamp"), "timestamp_ns": s.column("timestamp_ns"), "cpu": s.column("cpu"),
             "tid": s.column("tid"), "pid": pa.array(pid, pa.uint32(), mask=~has & (gi < 0)), "ip": s.column("ip"),
@@ -398,7 +400,7 @@ def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
             vtid = match_cpu(ts, cpu, ev[wanted][o], pcpu[wanted][o], ptid[wanted][o])
         gi = groups.match(ts, np.maximum(vtid, 0).astype(np.uint32))
         gi[vtid < 0] = -1
-        stack = np.where(gi >= 0, groups.stack[gi], -1)
+        stack = groups.stack[gi]
         free = _np(v, "is_free", np.bool_)
         table = pa.table({
             "timestamp": v.column("timestamp"), "timestamp_ns": v.column("timestamp_ns"), "cpu": v.column("cpu"),
@@ -412,7 +414,7 @@ def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
     h = _sorted_rows(src.get("_heap_events", []), lo, hi)
     if h is not None:
         gi = groups.match(_np(h, "timestamp"), _np(h, "tid"))
-        stack = np.where(gi >= 0, groups.stack[gi], -1)
+        stack = groups.stack[gi]
         cols = ["timestamp", "timestamp_ns", "cpu", "pid", "tid", "kind", "heap", "address", "size",
                 "old_address", "old_size", "flags", "source"]
         table = h.select(cols).append_column("stack_id", _stack_column(stack))
@@ -426,7 +428,7 @@ def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
         dup[1:] = (ts[1:] == ts[:-1]) & (cpu[1:] == cpu[:-1]) & (spos[1:] == spos[:-1])
         e = e.filter(pa.array(~dup))
         gi = groups.match(_np(e, "timestamp"), _np(e, "tid"))
-        stack = np.where(gi >= 0, groups.stack[gi], -1)
+        stack = groups.stack[gi]
         table = e.select(["timestamp", "timestamp_ns", "cpu", "stream_pos", "tid"]).append_column(
             "stack_id", _stack_column(stack))
         written["event_stacks"] = _write(table, out_dir / "event_stacks.parquet", k)

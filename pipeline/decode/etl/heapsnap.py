@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.decode.etl.batch import Batch
-from pipeline.decode.etl.kernels import JIT, _u16, _u32, _u64
+from pipeline.decode.etl.kernels import JIT, _u16, _u32, _u64, hash_frame_lists, stack_ids
 
 PROVIDER = "901d2afa-4ff6-46d7-8d0e-53645e1a47f5"
 EVENT_CHUNK, EVENT_END = 100, 200
@@ -213,8 +213,8 @@ SNAPSHOT_SCHEMA = pa.schema([
 ])
 
 
-def assemble(scratch: Path, out, errors: list[dict[str, Any]], path: str) -> dict[str, int]:
-    """Write ``heap_snapshots`` and the scratch tables ``_heapsnap_stacks``/``_heapsnap_blocks``.
+def assemble(scratch: Path, out, errors: list[dict[str, Any]], path: str, memory_limit: str = "256MB") -> dict[str, int]:
+    """Write ``heap_snapshots`` and the scratch tables ``_heapsnap_stacks`` (with stack ids)/``_heapsnap_blocks``.
 
     Chunks stream from one ordered query; only the chunks of one (pid, instance) are in memory at a time,
     and blocks are written as each snapshot is parsed.
@@ -222,14 +222,16 @@ def assemble(scratch: Path, out, errors: list[dict[str, Any]], path: str) -> dic
     import duckdb
 
     chunks_dir, ends_dir = scratch / "_heapsnap_chunks.parquet", scratch / "_heapsnap_ends.parquet"
-    con = duckdb.connect()
+    # Ordering every chunk sorts the snapshots' bytes: bounded memory, spilled beyond it.
+    con = duckdb.connect(config={"memory_limit": memory_limit, "temp_directory": str(scratch / "duckdb.tmp"),
+                                 "threads": 1})
     ends: dict[tuple, list] = {}
     if ends_dir.exists():
         for pid, instance, *rest in con.execute(f"""SELECT pid, instance, total, timestamp, timestamp_ns
                 FROM read_parquet('{ends_dir}/*.parquet') ORDER BY pid, instance, timestamp, cpu, stream_pos""").fetchall():
             ends.setdefault((pid, instance), []).append(tuple(rest))
     rows: list[dict[str, Any]] = []
-    stack_rows: dict[str, list] = {"snapshot_id": [], "stack_ref": [], "frames": []}
+    stack_rows = BlockWriter(scratch / "_heapsnap_stacks.parquet")
     blocks = BlockWriter(scratch / "_heapsnap_blocks.parquet")
 
     def finish(key, chunks):
@@ -254,16 +256,14 @@ def assemble(scratch: Path, out, errors: list[dict[str, Any]], path: str) -> dic
         finish(key, [])
     con.close()
     blocks.close()
+    stack_rows.close()
     out.write_table("heap_snapshots", pa.Table.from_pylist(rows, schema=SNAPSHOT_SCHEMA))
-    pq.write_table(pa.table({"snapshot_id": pa.array(stack_rows["snapshot_id"], pa.int64()),
-                             "stack_ref": pa.array(stack_rows["stack_ref"], pa.uint64()),
-                             "frames": pa.array(stack_rows["frames"], pa.list_(pa.uint64()))}),
-                   scratch / "_heapsnap_stacks.parquet")
     return {"heap_snapshots": len(rows), "heap_snapshots_incomplete": sum(not r["complete"] for r in rows)}
 
 
 class BlockWriter:
-    """Appends the blocks of each parsed snapshot to one parquet file (opened on the first rows)."""
+    """Appends the blocks (or stacks) of each parsed snapshot to one parquet file (opened on the first
+    rows), so memory holds one snapshot at a time."""
 
     def __init__(self, target: Path):
         self.target = target
@@ -325,9 +325,17 @@ def _snapshot(snapshot_id, pid, instance, chunks, ends, errors, path, stack_rows
     blk = parts["blocks"]
     row.update(complete=True, heaps=len(parts["heaps"]), blocks=len(blk),
                block_bytes=int(blk[:, 2].sum()) if len(blk) else 0, stacks=len(frames))
-    stack_rows["snapshot_id"] += [snapshot_id] * len(frames)
-    stack_rows["stack_ref"] += parts["stk_id"].tolist()
-    stack_rows["frames"] += frames
+    # Stack ids as the event stacks get them: the same content hash of the frame list.
+    lists = pa.array(frames, pa.list_(pa.uint64()))
+    n = len(lists)
+    h1, h2, count = np.empty(n, np.uint64), np.empty(n, np.uint64), np.empty(n, np.int64)
+    hash_frame_lists(lists.offsets.to_numpy().astype(np.int64), lists.values.to_numpy(zero_copy_only=False),
+                     h1, h2, count)
+    sid, check = np.empty(n, np.int64), np.empty(n, np.uint64)
+    stack_ids(h1, h2, count, sid, check)
+    stack_rows.append(pa.table({
+        "snapshot_id": pa.array(np.full(n, snapshot_id, np.int64)), "stack_ref": pa.array(parts["stk_id"], pa.uint64()),
+        "stack_id": pa.array(sid, mask=count == 0), "id_check": check, "frames": lists}))
     n = len(blk)
     blocks.append(pa.table({
         "snapshot_id": pa.array(np.full(n, snapshot_id, np.int64)), "pid": pa.array(np.full(n, pid, np.uint32)),

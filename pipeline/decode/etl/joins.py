@@ -55,7 +55,7 @@ EMPTY = {
     "_stack_defs": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, key UBIGINT, "
                    "opcode UTINYINT, h1 UBIGINT, h2 UBIGINT, n INTEGER",
     "_stack_frames": "h1 UBIGINT, h2 UBIGINT, frames UBIGINT[]",
-    "_heapsnap_stacks": "snapshot_id BIGINT, stack_ref UBIGINT, frames UBIGINT[]",
+    "_heapsnap_stacks": "snapshot_id BIGINT, stack_ref UBIGINT, stack_id BIGINT, id_check UBIGINT, frames UBIGINT[]",
     "_heapsnap_blocks": "snapshot_id BIGINT, pid UINTEGER, instance UINTEGER, timestamp_ns BIGINT, heap UBIGINT, address UBIGINT, "
                         "size UBIGINT, stack_ref UBIGINT",
 }
@@ -275,11 +275,9 @@ KEYED_FILE_ROWS = 1 << 20
 
 def _stacks(con, scratch: Path, errors: list[dict[str, Any]], where: str) -> dict[str, Any]:
     """``stacks``: one row per distinct stack id of the buckets (frames from the pieces of the first
-    bucket that has it) and of the heap snapshots (ids from the same hash of their frame lists). Two
+    bucket that has it) and of the heap snapshots (``heapsnap`` gives them ids by the same hash). Two
     different frame lists with one id (a 62-bit collision, or a hostile file) keep the first list and
     are reported in ``errors``; their events cannot be told apart."""
-    from pipeline.decode.etl import kernels as K
-
     for name, cols in (("_bucket_stacks", "stack_id BIGINT, id_check UBIGINT, bucket INTEGER"),
                        ("_bucket_stack_pieces", "stack_id BIGINT, id_check UBIGINT, bucket INTEGER, ord INTEGER, h1 UBIGINT, "
                                                  "h2 UBIGINT")):
@@ -288,17 +286,7 @@ def _stacks(con, scratch: Path, errors: list[dict[str, Any]], where: str) -> dic
             con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{parts}/*.parquet')")
         else:
             con.execute(f"CREATE TABLE {name} ({cols})")
-    snap = con.sql("SELECT snapshot_id, stack_ref, frames FROM _heapsnap_stacks").to_arrow_table()
-    frames = snap.column("frames").combine_chunks() if snap.num_rows else pa.array([], pa.list_(pa.uint64()))
-    n = len(frames)
-    h1, h2, count = np.empty(n, np.uint64), np.empty(n, np.uint64), np.empty(n, np.int64)
-    K.hash_frame_lists(frames.offsets.to_numpy().astype(np.int64), frames.values.to_numpy(zero_copy_only=False).astype(np.uint64),
-                       h1, h2, count)
-    sid, check = np.empty(n, np.int64), np.empty(n, np.uint64)
-    K.stack_ids(h1, h2, count, sid, check)
-    con.register("snapshot_stacks", pa.table({
-        "snapshot_id": snap.column("snapshot_id"), "stack_ref": snap.column("stack_ref"),
-        "stack_id": pa.array(sid, mask=count == 0), "id_check": check, "frames": frames}))
+    con.execute("CREATE VIEW snapshot_stacks AS SELECT * FROM _heapsnap_stacks")
     con.execute("""
         CREATE TABLE all_stacks AS
         WITH firsts AS (SELECT stack_id, id_check, min(bucket) AS bucket FROM _bucket_stacks GROUP BY ALL),
