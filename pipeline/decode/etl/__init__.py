@@ -7,6 +7,7 @@ Entry point :func:`decode_etl`, called by :func:`pipeline.decode.run`. The three
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime as _dt
 import shutil
 import time
@@ -80,9 +81,19 @@ def decode_etl(path: Path, out, cfg, pool) -> dict[str, Any]:
     for r in results:
         errors.extend(r["errors"])
     write_event_counts(out, results)
-    joined = heapsnap.assemble(scratch, out, errors, str(path), cfg.join_memory_limit)
-    release_freed_memory()  # what the assembly freed, before DuckDB takes its share (peak RSS -150 MB)
-    joined.update(joins.finish(out, scratch, header, cfg, pool, results, errors))
+    # Heap snapshots are assembled here, on a thread, while the workers run the bucket joins; the stacks
+    # table needs them, so ``finish`` waits for them before building it.
+    snap_errors: list[dict[str, Any]] = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as beside:
+        snapshots = beside.submit(heapsnap.assemble, scratch, out, snap_errors, str(path), cfg.join_memory_limit)
+
+        def snapshots_done() -> dict[str, Any]:
+            done = snapshots.result()
+            errors.extend(snap_errors)
+            release_freed_memory()
+            return done
+
+        joined = joins.finish(out, scratch, header, cfg, pool, results, errors, snapshots_done)
     shutil.rmtree(scratch, ignore_errors=True)
 
     skipped = sum(r["buffers_skipped"] for r in results) + len(header.walk_errors)

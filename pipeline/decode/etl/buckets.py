@@ -418,6 +418,7 @@ def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
         cols = ["timestamp", "timestamp_ns", "cpu", "pid", "tid", "kind", "heap", "address", "size",
                 "old_address", "old_size", "flags", "source"]
         table = h.select(cols).append_column("stack_id", _stack_column(stack))
+        table = table.cast(OUTPUT_SCHEMAS["heap_events"])      # kind: dictionary in scratch, text here
         written["heap_events"] = _write(table, out_dir / "heap_events.parquet", k)
 
     e = _sorted_rows(src.get("_event_stack_links", []), lo, hi)

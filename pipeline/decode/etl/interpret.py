@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
+import pyarrow as pa
 
 from pipeline.decode.etl import heapsnap
 from pipeline.decode.etl import kernels as K
@@ -167,17 +168,18 @@ def sampled_profile(b: Batch, idx: np.ndarray) -> None:
 def _frames(b: Batch, pos: np.ndarray, length: np.ndarray, width: np.ndarray) -> dict:
     """Hashes ``h1``, ``h2`` and frame count ``n`` of frame arrays at blob[pos : pos + length] (pointers
     of ``width`` bytes, leaf first; see ``kernels.hash_frames_at``), and ``user`` (leaf frame below the
-    kernel-space boundary of that width).
-
-    The frames themselves go to ``_stack_frames`` once per distinct (h1, h2) in the partition: events
-    carry only the hashes, so the per-event tables stay small and the joins never move frame lists.
-    """
+    kernel-space boundary of that width)."""
     n = len(pos)
-    pos, length, width = pos.astype(np.int64), length.astype(np.int64), width.astype(np.int64)
     h1, h2, leaf = np.empty(n, np.uint64), np.empty(n, np.uint64), np.empty(n, np.uint64)
     count = np.empty(n, np.int32)
-    K.hash_frames_at(b.blob, pos, length, width, h1, h2, leaf, count)
-    # Frame lists only for the first record of each distinct hash pair.
+    K.hash_frames_at(b.blob, pos.astype(np.int64), length.astype(np.int64), width.astype(np.int64), h1, h2, leaf, count)
+    return _distinct_frames(b, pos, length, width, h1, h2, leaf, count)
+
+
+def _distinct_frames(b: Batch, pos, length, width, h1, h2, leaf, count) -> dict:
+    """The frames themselves go to ``_stack_frames`` once per distinct (h1, h2) in the partition: events
+    carry only the hashes, so the per-event tables stay small and the joins never move frame lists."""
+    pos, length, width = pos.astype(np.int64), length.astype(np.int64), width.astype(np.int64)
     first, _ = unique_pairs(h1, h2)
     offs = np.zeros(len(first) + 1, np.int64)
     args = (b.blob, pos[first], length[first], width[first], np.zeros(len(first), np.int64), offs)
@@ -191,13 +193,18 @@ def _frames(b: Batch, pos: np.ndarray, length: np.ndarray, width: np.ndarray) ->
 def stack_walk(b: Batch, idx: np.ndarray) -> None:
     idx = b.require(idx, 16, "StackWalk")
     W = L.STACK_WALK
-    po = b.c["pay_off"][idx]
+    n = len(idx)
+    ev, pid, tid = np.empty(n, np.int64), np.empty(n, np.uint32), np.empty(n, np.uint32)
+    h1, h2, leaf, count = np.empty(n, np.uint64), np.empty(n, np.uint64), np.empty(n, np.uint64), np.empty(n, np.int32)
+    # One pass per record: the header fields and the hashes of the frames that follow them.
+    K.stack_walk_records(b.blob, b.c["pay_off"], b.c["pay_len"], b.c["ptr"], idx, W["event_ts"], W["pid"], W["tid"],
+                         W["frames"], ev, pid, tid, h1, h2, leaf, count)
     # A record whose leaf frame is a user address is the user half of a stack (or a user-only stack).
     b.emit("_stack_refs", {
-        **b.common(idx, ns=False), "event_ts": b.field(idx, W["event_ts"], 0, 8).view(np.int64),
-        "pid": b.field(idx, W["pid"], 0, 4), "tid": b.field(idx, W["tid"], 0, 4),
-        "kind": np.zeros(len(idx), np.uint8), "key": np.zeros(len(idx), np.uint64),
-        **_frames(b, po + W["frames"], b.c["pay_len"][idx] - W["frames"], b.c["ptr"][idx]),
+        **b.common(idx, ns=False), "event_ts": ev, "pid": pid, "tid": tid,
+        "kind": np.zeros(n, np.uint8), "key": np.zeros(n, np.uint64),
+        **_distinct_frames(b, b.c["pay_off"][idx] + W["frames"], b.c["pay_len"][idx] - W["frames"], b.c["ptr"][idx],
+                           h1, h2, leaf, count),
     }, idx)
 
 
@@ -266,6 +273,7 @@ def virtual_alloc(b: Batch, idx: np.ndarray) -> None:
 
 # --- Heap (§3.8) -----------------------------------------------------------------------------------
 HEAP_KIND = {32: "create", 33: "alloc", 34: "realloc", 35: "destroy", 36: "free"}
+_HEAP_KIND_NAMES = pa.array([HEAP_KIND[k] for k in range(32, 37)])
 
 
 def heap(b: Batch, idx: np.ndarray) -> None:
@@ -297,7 +305,8 @@ def heap(b: Batch, idx: np.ndarray) -> None:
         flags[m] = _u32(b, idx[m], L.HEAP_CREATE["flags"])
     b.emit("_heap_events", {
         **b.common(idx), "pid": b.c["pid"][idx], "tid": b.c["tid"][idx],
-        "kind": [HEAP_KIND[int(o)] for o in op], **cols, "flags": flags, "source": source,
+        "kind": pa.DictionaryArray.from_arrays(pa.array(op.astype(np.int8) - 32), _HEAP_KIND_NAMES),
+        **cols, "flags": flags, "source": source,
     }, idx)
 
 

@@ -99,8 +99,10 @@ LIFETIMES = {
 
 
 def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
-           errors: list[dict[str, Any]]) -> dict[str, Any]:
-    """Build the joined tables from the partitions' scratch files; returns counts for the manifest."""
+           errors: list[dict[str, Any]], before_stacks=dict) -> dict[str, Any]:
+    """Build the joined tables from the partitions' scratch files; returns counts for the manifest.
+    ``before_stacks()`` runs once the bucket joins are done, before the stacks table (the heap-snapshot
+    assembly, which runs beside the buckets); its counts join the returned ones."""
     import duckdb
 
     from pipeline.decode.etl import buckets as B
@@ -110,14 +112,8 @@ def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
     clock = [time.perf_counter()]
     lap = lambda: clock.append(time.perf_counter())  # noqa: E731
     try:
-        for name in SCRATCH_TABLES:
-            parts = scratch / f"{name}.parquet"
-            if parts.is_dir():
-                con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{parts}/*.parquet')")
-            elif parts.exists():
-                con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{parts}')")
-            else:
-                con.execute(f"CREATE TABLE {name} ({EMPTY[name]})")
+        # The heap-snapshot tables are still being written (``before_stacks``): opened later.
+        _open_scratch(con, scratch, [t for t in SCRATCH_TABLES if not t.startswith("_heapsnap")])
         for table, spec in LIFETIMES.items():
             _lifetime(con, table, *spec)
         _image_ids(con)
@@ -141,6 +137,8 @@ def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
                                          "threads": threads, "bucket": k, "lo": lo, "hi": hi}
                                         for k, (lo, hi) in enumerate(buckets)])
         lap()
+        stats.update(before_stacks())
+        _open_scratch(con, scratch, [t for t in SCRATCH_TABLES if t.startswith("_heapsnap")])
         stats.update(_stacks(con, scratch, errors, str(out.path)))
         _copy(con, "stacks", out.table_path("stacks"), "stack_id")
         _heap_snapshot_blocks(con)
@@ -157,6 +155,18 @@ def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
         return stats
     finally:
         con.close()
+
+
+def _open_scratch(con, scratch: Path, names: list[str]) -> None:
+    """A view over each scratch table's parts (an empty table of its shape when no partition wrote it)."""
+    for name in names:
+        parts = scratch / f"{name}.parquet"
+        if parts.is_dir():
+            con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{parts}/*.parquet')")
+        elif parts.exists():
+            con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{parts}')")
+        else:
+            con.execute(f"CREATE TABLE {name} ({EMPTY[name]})")
 
 
 #: Row order of the tables written here (the bucket tasks write theirs in time order).

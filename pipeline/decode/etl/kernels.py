@@ -568,6 +568,47 @@ def hash_frames_at(blob, pos, nbytes, width, h1, h2, leaf, count):
 
 
 @nb.njit(**JIT)
+def stack_walk_records(blob, pay_off, pay_len, ptr, idx, o_ts, o_pid, o_tid, o_frames,
+                       ev, pid, tid, h1, h2, leaf, count):
+    """StackWalk records ``idx`` (payload at least ``o_frames`` bytes, checked by the caller) in one pass:
+    EventTimeStamp, StackProcess, StackThread, and ``hash_frames_at`` of the frames after them."""
+    n = blob.shape[0]
+    for i in range(idx.shape[0]):
+        r = idx[i]
+        p = pay_off[r]
+        if p < 0 or p + o_frames > n:
+            ev[i] = 0
+            pid[i] = 0
+            tid[i] = 0
+            h1[i] = 0
+            h2[i] = 0
+            leaf[i] = 0
+            count[i] = 0
+            continue
+        ev[i] = np.int64(_u64(blob, p + o_ts))
+        pid[i] = _u32(blob, p + o_pid)
+        tid[i] = _u32(blob, p + o_tid)
+        w = np.int64(ptr[r])
+        q = p + o_frames
+        k = (np.int64(pay_len[r]) - o_frames) // w if w > 0 and pay_len[r] > o_frames else 0
+        if q + k * w > n:
+            k = 0
+        a = np.uint64(0)
+        c = np.uint64(0)
+        leaf[i] = 0
+        for j in range(k):
+            v = _u64(blob, q + 8 * j) if w == 8 else np.uint64(_u32(blob, q + 4 * j))
+            if j == 0:
+                leaf[i] = v
+            m = frame_mix(v)
+            a = a * POLY_B1 + m
+            c = c * POLY_B2 + (m ^ (m >> np.uint64(29)))
+        h1[i] = a
+        h2[i] = c
+        count[i] = k
+
+
+@nb.njit(**JIT)
 def poly_pow(base, e):
     r = np.uint64(1)
     while e > 0:
