@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -98,6 +99,10 @@ def run_job(job_path: Path, trace: Path | None, run_dir: Path | None, config_pat
 
 
 def main(argv: list[str] | None = None) -> int:
+    # One BLAS thread: nothing here multiplies matrices, and OpenBLAS's idle threads spin on a core the
+    # stages need (what dask already sets for its workers). Before numpy is first imported.
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
     parser = build_parser()
     args = parser.parse_args(argv)
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
