@@ -36,23 +36,18 @@ SCHEMA_VERSION = 1
 MANIFEST = "_manifest.json"
 
 
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    """sha256 of a file, read through a memory map: a multi-GB trace in the page cache is hashed where it
-    lies instead of being copied out chunk by chunk (hashlib releases the GIL while it works)."""
+def sha256_file(path: Path, window: int = 1 << 26) -> str:
+    """sha256 of a file, read through memory maps of ``window`` bytes: a multi-GB trace in the page cache
+    is hashed where it lies instead of being copied out chunk by chunk (hashlib releases the GIL while it
+    works), and only one window at a time is mapped, so the process's resident memory stays small."""
     import mmap
 
     h = hashlib.sha256()
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        if size == 0:
-            return h.hexdigest()
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            view = memoryview(mm)
-            try:
-                for start in range(0, size, chunk):
-                    h.update(view[start:start + chunk])
-            finally:
-                view.release()
+        for start in range(0, size, window):
+            with mmap.mmap(f.fileno(), min(window, size - start), offset=start, access=mmap.ACCESS_READ) as mm:
+                h.update(mm)
     return h.hexdigest()
 
 

@@ -38,7 +38,7 @@ from pipeline.decode.etl.kernels import JIT, POLY_B1, POLY_B2, dedupe_pairs, pol
 #: Scratch tables that partitions write for the bucket joins: table -> time column.
 BUCKETED = {"_samples": "timestamp", "_pieces": "event_ts", "_virtual_allocs": "timestamp",
             "_heap_events": "timestamp", "_event_stack_links": "timestamp"}
-#: Every STRIDE-th time of a sorted scratch file is returned to the planner.
+#: Every STRIDE-th time of a scratch file (record order) is returned to the planner.
 STRIDE = 1024
 
 I64_MIN = np.iinfo(np.int64).min

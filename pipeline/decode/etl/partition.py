@@ -179,8 +179,9 @@ def map_range(path: str, lo: int, hi: int) -> np.ndarray:
         end = min(hi, size)
         if end <= lo:
             return np.zeros(0, np.uint8)
-        mm = mmap.mmap(f.fileno(), end, access=mmap.ACCESS_READ)
-    return np.frombuffer(mm, np.uint8, count=end - lo, offset=lo)
+        base = lo - lo % mmap.ALLOCATIONGRANULARITY
+        mm = mmap.mmap(f.fileno(), end - base, offset=base, access=mmap.ACCESS_READ)
+    return np.frombuffer(mm, np.uint8, count=end - lo, offset=lo - base)
 
 
 def interpret(b: Batch) -> list[tuple]:
