@@ -187,7 +187,8 @@ def take8(order, a, b, c, d, e, f, g, h):
 
 @nb.njit(**JIT)
 def match_groups(ts, tid, g_ts, g_tid):
-    """For rows sorted by time: index of the group with the same (time, thread), or -1."""
+    """For rows sorted by time: index of the first group (sorted by time) with the same (time, thread),
+    or -1. Any second key works: VirtualAlloc rows find their link by (time, cpu)."""
     out = np.full(ts.shape[0], -1, np.int64)
     j = 0
     ng = g_ts.shape[0]
@@ -199,26 +200,6 @@ def match_groups(ts, tid, g_ts, g_tid):
         while k < ng and g_ts[k] == t:
             if g_tid[k] == tid[i]:
                 out[i] = k
-                break
-            k += 1
-    return out
-
-
-@nb.njit(**JIT)
-def match_cpu(ts, cpu, l_ts, l_cpu, l_tid):
-    """For rows sorted by time: thread of the first link (sorted by time, cpu, thread) with the same
-    (time, cpu), or -1."""
-    out = np.full(ts.shape[0], -1, np.int64)
-    j = 0
-    nl = l_ts.shape[0]
-    for i in range(ts.shape[0]):
-        t = ts[i]
-        while j < nl and l_ts[j] < t:
-            j += 1
-        k = j
-        while k < nl and l_ts[k] == t:
-            if l_cpu[k] == cpu[i]:
-                out[i] = l_tid[k]
                 break
             k += 1
     return out
@@ -397,7 +378,8 @@ def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
             ev, pcpu, ptid = piece_cpus
             wanted = member(ev, np.unique(ts))
             o = sort_order(ev[wanted], pcpu[wanted].astype(np.int64), ptid[wanted].astype(np.int64))
-            vtid = match_cpu(ts, cpu, ev[wanted][o], pcpu[wanted][o], ptid[wanted][o])
+            li = match_groups(ts, cpu, ev[wanted][o], pcpu[wanted][o])
+            vtid = np.append(ptid[wanted][o].astype(np.int64), -1)[li]      # li -1 (no link) picks the -1
         gi = groups.match(ts, np.maximum(vtid, 0).astype(np.uint32))
         gi[vtid < 0] = -1
         stack = groups.stack[gi]

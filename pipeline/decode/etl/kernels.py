@@ -534,6 +534,22 @@ def frame_mix(v):
 
 
 @nb.njit(**JIT)
+def _poly_hash(blob, p, k, w):
+    """(h1, h2, leaf) of the k frames of width w at blob[p:] (in bounds: the caller checked)."""
+    a = np.uint64(0)
+    c = np.uint64(0)
+    leaf = np.uint64(0)
+    for j in range(k):
+        v = _u64(blob, p + 8 * j) if w == 8 else np.uint64(_u32(blob, p + 4 * j))
+        if j == 0:
+            leaf = v
+        m = frame_mix(v)
+        a = a * POLY_B1 + m
+        c = c * POLY_B2 + (m ^ (m >> np.uint64(29)))
+    return a, c, leaf
+
+
+@nb.njit(**JIT)
 def hash_frames_at(blob, pos, nbytes, width, h1, h2, leaf, count):
     """Two 64-bit polynomial hashes of each record's frame list, read in place: record i has
     nbytes[i] // width[i] pointers of width[i] bytes at blob[pos[i]:] (``count``). Also gives the leaf
@@ -552,18 +568,7 @@ def hash_frames_at(blob, pos, nbytes, width, h1, h2, leaf, count):
         p = pos[i]
         if p < 0 or p + k * w > n:
             k = 0
-        a = np.uint64(0)
-        c = np.uint64(0)
-        leaf[i] = 0
-        for j in range(k):
-            v = _u64(blob, p + 8 * j) if w == 8 else np.uint64(_u32(blob, p + 4 * j))
-            if j == 0:
-                leaf[i] = v
-            m = frame_mix(v)
-            a = a * POLY_B1 + m
-            c = c * POLY_B2 + (m ^ (m >> np.uint64(29)))
-        h1[i] = a
-        h2[i] = c
+        h1[i], h2[i], leaf[i] = _poly_hash(blob, p, k, w)
         count[i] = k
 
 
@@ -593,18 +598,7 @@ def stack_walk_records(blob, pay_off, pay_len, ptr, idx, o_ts, o_pid, o_tid, o_f
         k = (np.int64(pay_len[r]) - o_frames) // w if w > 0 and pay_len[r] > o_frames else 0
         if q + k * w > n:
             k = 0
-        a = np.uint64(0)
-        c = np.uint64(0)
-        leaf[i] = 0
-        for j in range(k):
-            v = _u64(blob, q + 8 * j) if w == 8 else np.uint64(_u32(blob, q + 4 * j))
-            if j == 0:
-                leaf[i] = v
-            m = frame_mix(v)
-            a = a * POLY_B1 + m
-            c = c * POLY_B2 + (m ^ (m >> np.uint64(29)))
-        h1[i] = a
-        h2[i] = c
+        h1[i], h2[i], leaf[i] = _poly_hash(blob, q, k, w)
         count[i] = k
 
 
