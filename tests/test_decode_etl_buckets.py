@@ -49,6 +49,26 @@ def test_tables_do_not_depend_on_partition_or_bucket_size(synth_traces, dask_poo
     assert samples.column("stack_id").null_count < samples.num_rows // 10
     for key in ("samples", "samples_with_stack", "stacks", "stack_keys", "stack_keys_unresolved"):
         assert etl["tiny"][key] == etl["default"][key], key
+    assert etl["tiny"]["bucket_rows_lost"] == etl["default"]["bucket_rows_lost"] == 0
+
+
+def test_buckets_cover_every_time_once(tmp_path):
+    """Whatever the times (both int64 extremes included), every row lands in exactly one bucket."""
+    rng = np.random.default_rng(5)
+    ts = np.concatenate([rng.integers(-10**15, 10**15, 50_000), [np.iinfo(np.int64).min, np.iinfo(np.int64).max] * 3,
+                         np.full(3000, 77)])
+    paths, samples = [], []
+    for i, part in enumerate(np.array_split(rng.permutation(ts), 7)):
+        path = tmp_path / f"part-{i}.arrow"
+        samples.append(buckets.write_scratch(pa.table({"timestamp": part, "row": np.arange(len(part))}), "timestamp", path))
+        paths.append(str(path))
+    plan = buckets.plan(samples, rows_per_bucket=4000, min_buckets=2)
+    assert len(plan) > 5 and plan[-1][1] is None
+    got = [buckets.read_bucket(paths, "timestamp", lo, hi) for lo, hi in plan]
+    seen = np.sort(np.concatenate([t.column("timestamp").to_numpy() for t in got if t is not None]))
+    assert np.array_equal(seen, np.sort(ts))
+    equal = [t for t in got if t is not None and 77 in t.column("timestamp").to_numpy()]
+    assert len(equal) == 1                              # equal times never straddle buckets
 
 
 def _piece_hash(frames: list[int]) -> tuple[int, int, int]:

@@ -41,8 +41,7 @@ BUCKETED = {"_samples": "timestamp", "_pieces": "event_ts", "_virtual_allocs": "
 #: Every STRIDE-th time of a scratch file (record order) is returned to the planner.
 STRIDE = 1024
 
-I64_MIN = np.iinfo(np.int64).min
-I64_MAX = np.iinfo(np.int64).max
+I64_MIN = int(np.iinfo(np.int64).min)
 
 
 # --- partition side ---------------------------------------------------------------------------------
@@ -60,23 +59,29 @@ def write_scratch(table: pa.Table, key: str, path: Path) -> np.ndarray:
     return ts[::STRIDE].copy()
 
 
-def read_range(path: str, key: str, lo: int, hi: int, columns: list[str] | None = None) -> pa.Table | None:
-    """Rows of a scratch file with lo <= key < hi, read through a memory map."""
+def read_range(path: str, key: str, lo: int, hi: int | None, columns: list[str] | None = None) -> pa.Table | None:
+    """Rows of a scratch file with lo <= key < hi (no upper bound when ``hi`` is None), read through a
+    memory map."""
     reader = pa.ipc.open_file(pa.memory_map(path))
     meta = reader.schema.metadata or {}
-    if not reader.num_record_batches or int(meta[b"hi"]) < lo or int(meta[b"lo"]) >= hi:
+    if not reader.num_record_batches:
+        return None
+    first, last = int(meta[b"lo"]), int(meta[b"hi"])
+    if last < lo or (hi is not None and first >= hi):
         return None
     batch = reader.get_batch(0)
     if columns is not None:
         batch = batch.select(columns)
-    if int(meta[b"lo"]) >= lo and int(meta[b"hi"]) < hi:
+    if first >= lo and (hi is None or last < hi):
         return pa.Table.from_batches([batch])
     ts = batch.column(key).to_numpy()
-    keep = (ts >= lo) & (ts < hi)
+    keep = ts >= lo
+    if hi is not None:
+        keep &= ts < hi
     return pa.Table.from_batches([batch.filter(pa.array(keep))]) if keep.any() else None
 
 
-def read_bucket(paths: list[str], key: str, lo: int, hi: int, columns: list[str] | None = None,
+def read_bucket(paths: list[str], key: str, lo: int, hi: int | None, columns: list[str] | None = None,
                 combine: bool = True) -> pa.Table | None:
     """The bucket's rows of all ``paths``: one chunk per file, or one contiguous chunk (``combine``)."""
     parts = [t for t in (read_range(p, key, lo, hi, columns) for p in paths) if t is not None and t.num_rows]
@@ -87,14 +92,15 @@ def read_bucket(paths: list[str], key: str, lo: int, hi: int, columns: list[str]
 
 
 # --- planning -----------------------------------------------------------------------------------------
-def plan(samples: list[np.ndarray], rows_per_bucket: int, min_buckets: int) -> list[tuple[int, int]]:
-    """Time ranges [lo, hi) covering all times, each with about ``rows_per_bucket`` rows (from the
-    partitions' every-STRIDE-th-time samples); at least ``min_buckets`` when there are rows enough."""
+def plan(samples: list[np.ndarray], rows_per_bucket: int, min_buckets: int) -> list[tuple[int, int | None]]:
+    """Time ranges [lo, hi) covering every int64 time (the last one has no upper bound: hi None), each
+    with about ``rows_per_bucket`` rows (from the partitions' every-STRIDE-th-time samples); at least
+    ``min_buckets`` when there are rows enough."""
     ts = np.sort(np.concatenate(samples)) if samples else np.zeros(0, np.int64)
     total = len(ts) * STRIDE
     n = max(1, -(-total // max(rows_per_bucket, 1)), min(min_buckets, len(ts)))
     cuts = np.unique(ts[(np.arange(1, n) * len(ts)) // n]) if n > 1 else np.zeros(0, np.int64)
-    edges = [I64_MIN, *cuts.tolist(), I64_MAX]
+    edges = [I64_MIN, *cuts.tolist(), None]
     return [(edges[i], edges[i + 1]) for i in range(len(edges) - 1)]
 
 
@@ -264,6 +270,12 @@ OUTPUT_SCHEMAS = {
 
 
 # --- bucket tasks ----------------------------------------------------------------------------------------
+def file_rows(path: str) -> int:
+    """Rows of a scratch file, from its footer."""
+    reader = pa.ipc.open_file(pa.memory_map(path))
+    return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+
+
 def _np(t: pa.Table, name: str, dtype=None) -> np.ndarray:
     a = t.column(name).to_numpy()
     return a if dtype is None else a.astype(dtype, copy=False)
@@ -296,6 +308,7 @@ def _groups(task: dict[str, Any], lo: int, hi: int, k: int, scratch: Path, resul
     the ``stacks`` table); returns the groups and the pieces' (event time, cpu, thread), sorted."""
     empty = Groups(*(np.zeros(0, t) for t in (np.int64, np.uint32, np.uint32, np.int64)))
     pieces = read_bucket(task["sources"]["_pieces"], "event_ts", lo, hi, PIECE_COLUMNS)
+    result["rows_in"]["_pieces"] = pieces.num_rows if pieces is not None else 0
     if pieces is None:
         return empty, None
     ev, tid = _np(pieces, "event_ts"), _np(pieces, "tid")
@@ -345,13 +358,14 @@ def _groups(task: dict[str, Any], lo: int, hi: int, k: int, scratch: Path, resul
 def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
     lo, hi, k = task["lo"], task["hi"], task["bucket"]
     out_dir, src, scratch = Path(task["out_dir"]), task["sources"], Path(task["scratch_dir"])
-    result: dict[str, Any] = {"bucket": k, "tables": {}, "groups": 0, "samples": 0, "samples_with_stack": 0,
+    result: dict[str, Any] = {"bucket": k, "tables": {}, "rows_in": {}, "groups": 0, "samples": 0, "samples_with_stack": 0,
                               "samples_with_stack_records": 0}
     groups, piece_cpus = _groups(task, lo, hi, k, scratch, result)
     written = result["tables"]
     threads = thread_slots(task["threads"])
 
     s = _sorted_rows(src.get("_samples", []), lo, hi)
+    result["rows_in"]["_samples"] = s.num_rows if s is not None else 0
     if s is not None:
         ts, tid = _np(s, "timestamp"), _np(s, "tid")
         gi = groups.match(ts, tid)
@@ -370,6 +384,7 @@ def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
         result["samples_with_stack_records"] = int((gi >= 0).sum())
 
     v = _sorted_rows(src.get("_virtual_allocs", []), lo, hi)
+    result["rows_in"]["_virtual_allocs"] = v.num_rows if v is not None else 0
     if v is not None:
         ts, cpu = _np(v, "timestamp"), _np(v, "cpu")
         vtid = np.full(len(ts), -1, np.int64)
@@ -394,6 +409,7 @@ def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
         written["virtual_allocs"] = _write(table, out_dir / "virtual_allocs.parquet", k)
 
     h = _sorted_rows(src.get("_heap_events", []), lo, hi)
+    result["rows_in"]["_heap_events"] = h.num_rows if h is not None else 0
     if h is not None:
         gi = groups.match(_np(h, "timestamp"), _np(h, "tid"))
         stack = groups.stack[gi]
@@ -404,6 +420,7 @@ def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
         written["heap_events"] = _write(table, out_dir / "heap_events.parquet", k)
 
     e = _sorted_rows(src.get("_event_stack_links", []), lo, hi)
+    result["rows_in"]["_event_stack_links"] = e.num_rows if e is not None else 0
     if e is not None:
         ts, cpu, spos = _np(e, "timestamp"), _np(e, "cpu"), _np(e, "stream_pos")
         # One row per event: an event with several stack items has several identical links.

@@ -149,12 +149,31 @@ def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
                 pq.write_table(schema.empty_table(), out.table_path(table))
         for key in ("samples", "samples_with_stack", "samples_with_stack_records"):
             stats[key] = sum(d[key] for d in done)
+        stats["bucket_rows_lost"] = _check_rows(sources, done, errors, str(out.path))
         stats["join_buckets"] = len(buckets)
         stats["join_phases_s"] = dict(zip(("lifetimes", "stack_keys", "buckets", "stacks"),
                                           np.round(np.diff(clock), 3).tolist()))
         return stats
     finally:
         con.close()
+
+
+def _check_rows(sources: dict[str, list[str]], done: list[dict[str, Any]], errors: list[dict[str, Any]],
+                where: str) -> int:
+    """Every scratch row must have been read by exactly one bucket (the buckets cover every time once);
+    a difference would be a bug of the decoder, reported as such instead of passing silently."""
+    from pipeline.decode.etl import buckets as B
+
+    lost = 0
+    for table, paths in sources.items():
+        written = sum(B.file_rows(p) for p in paths)
+        read = sum(d["rows_in"].get(table, 0) for d in done)
+        if written != read:
+            lost += abs(written - read)
+            errors.append({"file": where, "buffer_index": -1, "file_offset": -1, "record_offset": -1,
+                           "kind": "internal", "message": f"{where}: {table}: {written} rows decoded but {read} "
+                                                          "joined by the time buckets (a decoder bug; please report)"})
+    return lost
 
 
 def _open_scratch(con, scratch: Path, names: list[str]) -> None:
