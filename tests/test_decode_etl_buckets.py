@@ -141,3 +141,28 @@ def test_two_frame_lists_with_one_id_are_reported(tmp_path):
     rows = dict(con.execute("SELECT stack_id, frames FROM stacks").fetchall())
     assert rows == {42: [10, 11], 43: [10, 11]}         # the list with the lower check value is kept
     assert len(errors) == 1 and errors[0]["kind"] == "stack_hash" and "stack id 42" in errors[0]["message"]
+
+
+def test_record_walk_sized_from_an_estimate_equals_the_counted_walk():
+    """The one-pass walk (arrays sized from the previous partitions' mean record size) gives the counted
+    walk's columns, also when the estimate is far too small and it has to count after all."""
+    from pathlib import Path
+
+    from pipeline.decode.etl import batch
+    from pipeline.decode.etl.buffers import walk as walk_chain
+    from pipeline.decode.etl.partition import read_buffers
+    from tests.conftest import fixture_path
+
+    path = fixture_path("etl/perfview-net452-x64/net.4.5.2.x64.etl")
+    _, bufs = walk_chain(Path(path))
+    blob, starts, lens, _, _ = read_buffers(str(path), bufs)
+    runs = []
+    for estimate in ([], [1e9], [80.0]):        # count first; estimate far too small; a fair estimate
+        batch._record_size[:] = estimate
+        cols, status, pos = batch.walk(blob, starts, lens)
+        runs.append((cols, status.copy(), pos.copy()))
+    base = runs[0]
+    assert len(base[0]["ts"]) > 10_000
+    for cols, status, pos in runs[1:]:
+        assert all(np.array_equal(cols[k], base[0][k]) for k in base[0])
+        assert np.array_equal(status, base[1]) and np.array_equal(pos, base[2])

@@ -18,18 +18,37 @@ RECORD_COLUMNS = [
 ]
 
 
+#: Mean record size of the partitions this process decoded last (None: count before filling).
+_record_size: list[float] = []
+
+
 def walk(blob: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
-    """Run the record walk (count, then fill); returns (columns, status per buffer, status offset)."""
+    """Run the record walk; returns (columns, status per buffer, status offset).
+
+    The columns are sized from the mean record size of the previous partitions with a margin, and
+    filled in one pass; when they turn out too short (or for a process's first partition), a counting
+    pass sizes them exactly and the walk runs again. Sized that way the arrays stay small enough to be
+    reused from the heap (arrays sized for the smallest possible record would be 8x larger mmaps)."""
     nbuf = len(starts)
     status = np.zeros(nbuf, np.int32)
     status_pos = np.zeros(nbuf, np.int64)
-    empty = [np.zeros(0, t) for _, t in RECORD_COLUMNS]
-    n = K.walk_records(blob, starts, lens, False, *empty, status, status_pos)
-    cols = {name: np.empty(n, t) for name, t in RECORD_COLUMNS}
-    status[:] = 0
-    status_pos[:] = 0
-    K.walk_records(blob, starts, lens, True, *(cols[name] for name, _ in RECORD_COLUMNS), status, status_pos)
-    return cols, status, status_pos
+    total = int(lens.sum())
+    n = -1
+    if _record_size:
+        cols = {name: np.empty(int(total / _record_size[-1] * 2) + 1024, t) for name, t in RECORD_COLUMNS}
+        n = K.walk_records(blob, starts, lens, True, *(cols[name] for name, _ in RECORD_COLUMNS), status, status_pos)
+    if n < 0:
+        status[:] = 0
+        status_pos[:] = 0
+        empty = [np.zeros(0, t) for _, t in RECORD_COLUMNS]
+        n = K.walk_records(blob, starts, lens, False, *empty, status, status_pos)
+        cols = {name: np.empty(n, t) for name, t in RECORD_COLUMNS}
+        status[:] = 0
+        status_pos[:] = 0
+        K.walk_records(blob, starts, lens, True, *(cols[name] for name, _ in RECORD_COLUMNS), status, status_pos)
+    if n:
+        _record_size[:] = [max(total / n, 8.0)]
+    return {name: a[:n] for name, a in cols.items()}, status, status_pos
 
 
 class Batch:

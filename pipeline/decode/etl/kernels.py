@@ -204,7 +204,7 @@ def walk_records(blob, starts, lens, fill, rbuf, roff, rsize, htype, ptr, hook, 
     """Walk the records of every buffer blob[starts[i]:starts[i]+lens[i]].
 
     With ``fill`` False only counts (returns the number of records); with ``fill`` True writes one entry
-    per record into the column arrays (sized by the counting pass). A record that does not parse ends
+    per record into the column arrays and returns how many, or -1 when they are too short. A record that does not parse ends
     its buffer: status[i] gets the code and status_pos[i] the offset of the record inside the buffer.
     """
     n = 0
@@ -270,6 +270,8 @@ def walk_records(blob, starts, lens, fill, rbuf, roff, rsize, htype, ptr, hook, 
                 status_pos[b] = p - base
                 break
             if fill:
+                if n >= rbuf.shape[0]:
+                    return -1  # the arrays are full: the caller counts first and walks again
                 rbuf[n] = b
                 roff[n] = p
                 rsize[n] = size
