@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.decode.etl.batch import to_ns
 from pipeline.decode.etl.kernels import JIT, POLY_B1, POLY_B2, dedupe_pairs, poly_pow, stack_ids
 
 #: Scratch tables that partitions write for the bucket joins: table -> time column.
@@ -374,7 +375,7 @@ def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
         thread_pids(ts, tid, *threads, tpid, has)
         pid = np.where(has, tpid, groups.pid[gi]).astype(np.uint32)
         table = pa.table({
-            "timestamp": s.column("timestamp"), "timestamp_ns": s.column("timestamp_ns"), "cpu": s.column("cpu"),
+            "timestamp": s.column("timestamp"), "timestamp_ns": to_ns(ts, *task["clock"]), "cpu": s.column("cpu"),
             "tid": s.column("tid"), "pid": pa.array(pid, pa.uint32(), mask=~has & (gi < 0)), "ip": s.column("ip"),
             "stack_id": _stack_column(stack), "stream_pos": s.column("stream_pos"),
         })

@@ -161,7 +161,9 @@ def sampled_profile(b: Batch, idx: np.ndarray) -> None:
     P = b.c["ptr"][idx].astype(np.int64)
     idx = b.require(idx, 8 + P, "SampledProfile")
     S = L.SAMPLED_PROFILE
-    b.emit("_samples", {**b.common(idx), "tid": _u32(b, idx, S["tid"]), "ip": b.pointer(idx, *S["ip"])}, idx)
+    # timestamp_ns is computed by the bucket that writes the sample: one column less to write and read back.
+    b.emit("_samples", {**b.common(idx, ns=False), "tid": _u32(b, idx, S["tid"]), "ip": b.pointer(idx, *S["ip"])},
+           idx)
 
 
 # --- StackWalk (§3.5) ------------------------------------------------------------------------------

@@ -134,7 +134,8 @@ def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
 
         buckets = B.plan(times, cfg.bucket_rows, pool.n_workers)
         done = pool.map(B.bucket_task, [{"sources": sources, "scratch_dir": str(scratch), "out_dir": str(out.path),
-                                         "threads": threads, "bucket": k, "lo": lo, "hi": hi}
+                                         "threads": threads, "clock": (header.header_ts, header.perf_freq),
+                                         "bucket": k, "lo": lo, "hi": hi}
                                         for k, (lo, hi) in enumerate(buckets)])
         lap()
         stats.update(before_stacks())
