@@ -39,7 +39,7 @@ class DecodeConfig(Section):
         description="Bytes of ETL buffers handed to one dask task (inflated size for compressed buffers).",
     )
     join_memory_limit: str = Field(
-        "512MB", description="DuckDB memory limit of the ETL joins that need the whole trace (lifetimes, stack "
+        "256MB", description="DuckDB memory limit of the ETL joins that need the whole trace (lifetimes, stack "
         "keys, the stacks table); beyond it "
         "DuckDB spills to a temporary directory inside the stage output.",
     )

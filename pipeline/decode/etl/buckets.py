@@ -285,7 +285,7 @@ def _np(t: pa.Table, name: str, dtype=None) -> np.ndarray:
 def bucket_task(task: dict[str, Any]) -> dict[str, Any]:
     from pipeline.decode.etl.partition import reuse_freed_memory
 
-    with reuse_freed_memory():
+    with reuse_freed_memory("bucket"):
         return _bucket_task(task)
 
 

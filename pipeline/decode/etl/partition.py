@@ -55,8 +55,11 @@ _trim_lock = threading.Lock()
 _trim_timer: threading.Timer | None = None
 
 
+_last_kind: list[str] = []
+
+
 @contextlib.contextmanager
-def reuse_freed_memory():
+def reuse_freed_memory(kind: str = "partition"):
     """Inside: glibc reuses freed memory for the next column instead of returning it to the kernel.
     Once the process has run no partition for ``IDLE_TRIM_S``, free memory goes back to the kernel, so an
     idle worker does not hold a partition's worth while the joins run.
@@ -68,6 +71,12 @@ def reuse_freed_memory():
     to 128 MiB of freed memory stays there; the peak of a task is unchanged. Trimming after every task
     instead of when idle cost 1 s of page faults per GB. Idle, Arrow's allocator is emptied too. No-op
     without glibc."""
+    # A process that turns from partitions to buckets first gives back what the partitions left in its
+    # heap: the phases follow each other too closely for the idle trim, and both together raised a
+    # worker's peak by ~100 MB.
+    if _last_kind and _last_kind[-1] != kind:
+        release_freed_memory()
+    _last_kind[:] = [kind]
     # The objects of the imports (numba, pyarrow, duckdb, dask: about a million) are set aside from the
     # garbage collector while a task runs: its full collections scanned them again and again (2.5 % of a
     # decode's CPU in a profile). Given back afterwards, so shutdown finalizes them as usual.
