@@ -58,6 +58,9 @@ EMPTY = {
     "_heapsnap_stacks": "snapshot_id BIGINT, stack_ref UBIGINT, stack_id BIGINT, id_check UBIGINT, frames UBIGINT[]",
     "_heapsnap_blocks": "snapshot_id BIGINT, pid UINTEGER, instance UINTEGER, timestamp_ns BIGINT, heap UBIGINT, address UBIGINT, "
                         "size UBIGINT, stack_ref UBIGINT",
+    # written by the bucket tasks: each bucket's distinct stacks and the pieces they are made of
+    "_bucket_stacks": "stack_id BIGINT, id_check UBIGINT, bucket INTEGER",
+    "_bucket_stack_pieces": "stack_id BIGINT, id_check UBIGINT, bucket INTEGER, ord INTEGER, h1 UBIGINT, h2 UBIGINT",
 }
 
 # Lifetime tables: one row per instance. An instance starts at a start/load event; rundown events
@@ -143,7 +146,7 @@ def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
         stats.update(_stacks(con, scratch, errors, str(out.path)))
         _copy(con, "stacks", out.table_path("stacks"), "stack_id")
         _heap_snapshot_blocks(con)
-        _copy(con, "heap_snapshot_blocks", out.table_path("heap_snapshot_blocks"), ORDER["heap_snapshot_blocks"])
+        _copy(con, "heap_snapshot_blocks", out.table_path("heap_snapshot_blocks"), "snapshot_id, heap, address")
         lap()
         for table, schema in B.OUTPUT_SCHEMAS.items():
             if not out.table_path(table).exists():
@@ -187,10 +190,6 @@ def _open_scratch(con, scratch: Path, names: list[str]) -> None:
             con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{parts}')")
         else:
             con.execute(f"CREATE TABLE {name} ({EMPTY[name]})")
-
-
-#: Row order of the tables written here (the bucket tasks write theirs in time order).
-ORDER = {"heap_snapshot_blocks": "snapshot_id, heap, address"}
 
 
 def _copy(con, table: str, path: Path, order: str | None = None) -> None:
@@ -308,14 +307,7 @@ def _stacks(con, scratch: Path, errors: list[dict[str, Any]], where: str) -> dic
     bucket that has it) and of the heap snapshots (``heapsnap`` gives them ids by the same hash). Two
     different frame lists with one id (a 62-bit collision, or a hostile file) keep the first list and
     are reported in ``errors``; their events cannot be told apart."""
-    for name, cols in (("_bucket_stacks", "stack_id BIGINT, id_check UBIGINT, bucket INTEGER"),
-                       ("_bucket_stack_pieces", "stack_id BIGINT, id_check UBIGINT, bucket INTEGER, ord INTEGER, h1 UBIGINT, "
-                                                 "h2 UBIGINT")):
-        parts = scratch / f"{name}.parquet"
-        if parts.is_dir():
-            con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{parts}/*.parquet')")
-        else:
-            con.execute(f"CREATE TABLE {name} ({cols})")
+    _open_scratch(con, scratch, ["_bucket_stacks", "_bucket_stack_pieces"])
     con.execute("CREATE VIEW snapshot_stacks AS SELECT * FROM _heapsnap_stacks")
     con.execute("""
         CREATE TABLE all_stacks AS
