@@ -24,6 +24,7 @@ bucket joined on its own, in parallel, in memory bounded by the bucket's size:
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -460,7 +461,7 @@ def _sorted_rows(paths: list[str], lo: int, hi: int) -> pa.Table | None:
 
 def _write(table: pa.Table, directory: Path, k: int) -> str:
     directory.mkdir(parents=True, exist_ok=True)
-    target = directory / f"part-{k:05d}-{uuid.uuid4().hex[:6]}.parquet"
+    target = directory / f"part-{k:05d}.parquet"
     # Dictionary pages for text, and for stack ids and instruction pointers (few distinct values per
     # part; parquet falls back to plain pages when a dictionary grows past 1 MB). Time columns are
     # sorted: delta encoding. On the samples of the 1 GB synth trace both together: 47 -> 14 MB, and
@@ -468,8 +469,20 @@ def _write(table: pa.Table, directory: Path, k: int) -> str:
     text = [f.name for f in table.schema if pa.types.is_string(f.type) or pa.types.is_dictionary(f.type)
             or f.name in ("stack_id", "ip")]
     delta = {c: "DELTA_BINARY_PACKED" for c in ("timestamp", "timestamp_ns", "stream_pos") if c in table.column_names}
-    pq.write_table(table, target, compression="zstd", compression_level=1, use_dictionary=text, column_encoding=delta)
+    write_part(table, target, compression="zstd", compression_level=1, use_dictionary=text, column_encoding=delta)
     return str(target)
+
+
+def write_part(table: pa.Table, target: Path, **options) -> None:
+    """Write one parquet part under its final name atomically: a task that dask runs again (its worker
+    died) replaces the part instead of adding a second copy of its rows, and no half-written part is
+    ever seen under the final name."""
+    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        pq.write_table(table, tmp, **options)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _stack_column(ids: np.ndarray) -> pa.Array:

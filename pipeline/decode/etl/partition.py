@@ -20,12 +20,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from pipeline.decode.etl import kernels as K
 from pipeline.decode.etl import layout as L
 from pipeline.decode.etl.batch import Batch, record_error, unique_pairs, walk
-from pipeline.decode.etl.buckets import BUCKETED, write_scratch
+from pipeline.decode.etl.buckets import BUCKETED, write_part, write_scratch
 from pipeline.decode.etl.buffers import MAX_BUFFER_SIZE
 from pipeline.decode.etl.interpret import extended_stacks, lookup
 
@@ -256,9 +255,9 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> tuple[
             continue
         directory = (scratch_dir if table.startswith("_") else out_dir) / f"{table}.parquet"
         directory.mkdir(parents=True, exist_ok=True)
-        target = directory / f"part-{part:05d}-{uuid.uuid4().hex[:6]}.parquet"
+        target = directory / f"part-{part:05d}.parquet"
         text = [f.name for f in data.schema if pa.types.is_string(f.type) or pa.types.is_dictionary(f.type)]
-        pq.write_table(data, target, compression="none" if table.startswith("_") else "zstd", use_dictionary=text)
+        write_part(data, target, compression="none" if table.startswith("_") else "zstd", use_dictionary=text)
         written[table] = str(target)
     return written, (np.concatenate(times) if times else np.zeros(0, np.int64))
 
@@ -278,13 +277,11 @@ def provider_codes(b: Batch) -> tuple[list[str], np.ndarray]:
     the group number as code; FULL/INSTANCE/EVENT_HEADER records (and MESSAGE records with a GUID) carry
     their GUID and get codes from 256 on. A GUID may appear under both kinds of code; consumers key on text.
     """
-    import uuid as _uuid
-
     c = b.c
     code = (c["hook"] >> 8).astype(np.int32)
     system = _SYSTEM_KIND[c["htype"]]
     code[(c["hook"] == L.IMAGE_LOAD_HOOK) & system] = 0x14
-    providers = [str(_uuid.UUID(bytes_le=bytes(g))) for g in _GROUP_GUIDS]
+    providers = [str(uuid.UUID(bytes_le=bytes(g))) for g in _GROUP_GUIDS]
     has = c["guid_off"] >= 0
     code[~has & ~system] = 256  # MESSAGE records without a GUID
     providers.append(L.NULL_GUID)
@@ -293,7 +290,7 @@ def provider_codes(b: Batch) -> tuple[list[str], np.ndarray]:
         halves = b.gather(off, 8), b.gather(off + 8, 8)
         first, inv = unique_pairs(*halves)
         code[has] = 257 + inv
-        providers.extend(str(_uuid.UUID(bytes_le=bytes(b.blob[o:o + 16]))) for o in off[first].tolist())
+        providers.extend(str(uuid.UUID(bytes_le=bytes(b.blob[o:o + 16]))) for o in off[first].tolist())
     return providers, code
 
 
