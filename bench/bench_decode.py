@@ -10,7 +10,8 @@ over the CLI process, the dask scheduler side and every worker, sampled every 50
 
 * ``bootprof decode`` on the full trace with one dask worker and with one worker per core
   (end to end: process start, cluster start, decode into parquet, joins, manifest);
-* ``bootprof decode`` (one worker) and dissect.etl (record headers only: its fastest mode) on the slice.
+* ``bootprof decode`` (one worker) and dissect.etl (record headers only: its fastest mode) on the slice;
+* ``bootprof decode`` (one worker) on an XPRESS-compressed trace of 512 MB of event data (~120 MB file).
 
 Each decode runs twice and the faster run is reported (with the first run's time beside it). Per core is
 the decode stage's own time with one worker (bytes in, every parquet table out: the manifest's
@@ -58,12 +59,12 @@ print(n, time.perf_counter() - t)
 """
 
 
-def synthesize(size: str) -> Path:
+def synthesize(size: str, compress: bool = False) -> Path:
     from pipeline import synth
     from pipeline.config import SynthConfig
 
-    cfg = SynthConfig(seed=SEED, size=size, cpus=SIM_CPUS)
-    trace = OUT / f"synth-{size}" / "trace.etl"
+    cfg = SynthConfig(seed=SEED, size=size, cpus=SIM_CPUS, compress=compress)
+    trace = OUT / f"synth-{size}{'-xpress' if compress else ''}" / "trace.etl"
     truth = trace.with_name("trace.truth.json")
     if trace.exists() and truth.exists():
         t = json.loads(truth.read_text())
@@ -206,6 +207,10 @@ def main() -> int:
     rows.append(row(f"bootprof decode, {args.size}, 1 worker", trace, one, one["seconds"]))
     allc = decode(trace, cores, f"{args.size}-{cores}w")
     rows.append(row(f"bootprof decode, {args.size}, {cores} workers", trace, allc, allc["seconds"]))
+    # XPRESS-compressed buffers, as WPR/xperf -compress write them (sized by the inflated data).
+    packed = synthesize("512MB", compress=True)
+    c1 = decode(packed, 1, "512MB-xpress-1w")
+    rows.append(row("bootprof decode, 512MB XPRESS, 1 worker", packed, c1, c1["seconds"]))
     sizes = [args.size]
     if args.big:
         big = synthesize("4GB")
