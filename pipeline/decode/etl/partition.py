@@ -244,9 +244,9 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> tuple[
             kind = data.column("kind").to_numpy()
             full = kind == 0
             if full.any():
-                pieces = data if full.all() else data.filter(pa.array(full))
-                times.append(_write_bucketed(pieces.drop_columns(["kind", "key"]).append_column(
-                    "valid", pa.array(np.ones(pieces.num_rows, np.uint8))), "_pieces", part, scratch_dir, written))
+                stacks = data if full.all() else data.filter(pa.array(full))
+                times.append(_write_bucketed(stacks.drop_columns(["kind", "key"]).append_column(
+                    "valid", pa.array(np.ones(stacks.num_rows, np.uint8))), "_pieces", part, scratch_dir, written))
             if full.all():
                 continue
             data = data.filter(pa.array(~full))
