@@ -60,11 +60,12 @@ def test_buckets_cover_every_time_once(tmp_path):
     paths, samples = [], []
     for i, part in enumerate(np.array_split(rng.permutation(ts), 7)):
         path = tmp_path / f"part-{i}.arrow"
-        samples.append(buckets.write_scratch(pa.table({"timestamp": part, "row": np.arange(len(part))}), "timestamp", path))
-        paths.append(str(path))
+        sample, source = buckets.write_scratch(pa.table({"timestamp": part, "row": np.arange(len(part))}), "timestamp", path)
+        samples.append(sample)
+        paths.append(source)
     plan = buckets.plan(samples, rows_per_bucket=4000, min_buckets=2)
     assert len(plan) > 5 and plan[-1][1] is None
-    got = [buckets.read_bucket(paths, "timestamp", lo, hi) for lo, hi in plan]
+    got = [buckets.read_bucket(buckets.overlapping(paths, lo, hi), "timestamp", lo, hi) for lo, hi in plan]
     seen = np.sort(np.concatenate([t.column("timestamp").to_numpy() for t in got if t is not None]))
     assert np.array_equal(seen, np.sort(ts))
     equal = [t for t in got if t is not None and 77 in t.column("timestamp").to_numpy()]

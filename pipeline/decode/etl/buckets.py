@@ -47,18 +47,24 @@ I64_MIN = int(np.iinfo(np.int64).min)
 
 
 # --- partition side ---------------------------------------------------------------------------------
-def write_scratch(table: pa.Table, key: str, path: Path) -> np.ndarray:
+def write_scratch(table: pa.Table, key: str, path: Path) -> tuple[np.ndarray, tuple[str, int, int]]:
     """Write ``table`` in record order as one Arrow IPC record batch, with its ``key`` range in the
-    schema metadata; returns every STRIDE-th key value (the planner's sample). Not sorted: the bucket
-    tasks sort what they read anyway, and a file whose range misses a bucket is not read for it."""
+    schema metadata. Returns every STRIDE-th key value (the planner's sample) and the file as a source
+    ``(path, lo, hi)``: the planner gives a bucket only the files whose range meets it. Not sorted: the
+    bucket tasks sort what they read anyway."""
     table = table.combine_chunks()
     ts = table.column(key).to_numpy()
-    meta = {b"lo": str(int(ts.min()) if len(ts) else 0).encode(), b"hi": str(int(ts.max()) if len(ts) else -1).encode()}
-    table = table.replace_schema_metadata(meta)
+    lo, hi = (int(ts.min()), int(ts.max())) if len(ts) else (0, -1)
+    table = table.replace_schema_metadata({b"lo": str(lo).encode(), b"hi": str(hi).encode()})
     with pa.OSFile(str(path), "wb") as f, pa.ipc.new_file(f, table.schema) as w:
         if len(table):
             w.write_batch(table.to_batches(max_chunksize=len(table))[0])
-    return ts[::STRIDE].copy()
+    return ts[::STRIDE].copy(), (str(path), lo, hi)
+
+
+def overlapping(sources: list[tuple[str, int, int]], lo: int, hi: int | None) -> list[str]:
+    """The paths of the sources whose key range meets [lo, hi) (hi None: unbounded)."""
+    return [p for p, first, last in sources if first <= last and last >= lo and (hi is None or first < hi)]
 
 
 def read_range(path: str, key: str, lo: int, hi: int | None, columns: list[str] | None = None) -> pa.Table | None:

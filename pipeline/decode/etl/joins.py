@@ -125,18 +125,18 @@ def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
         threads = _thread_slots(con, scratch / "threads.npz")
         lap()
 
-        sources: dict[str, list[str]] = {t: [] for t in B.BUCKETED}
+        sources: dict[str, list[tuple[str, int, int]]] = {t: [] for t in B.BUCKETED}
         times = []
         for r in results:
-            for table, path in r["tables"].items():
-                if table in sources:
-                    sources[table].append(path)
+            for table, source in r["sources"].items():
+                sources[table].append(source)
             times.append(r["times"])
         stats = _keyed_pieces(con, scratch, sources["_pieces"], times)
         lap()
 
         buckets = B.plan(times, cfg.bucket_rows, pool.n_workers)
-        done = pool.map(B.bucket_task, [{"sources": sources, "scratch_dir": str(scratch), "out_dir": str(out.path),
+        done = pool.map(B.bucket_task, [{"sources": {t: B.overlapping(s, lo, hi) for t, s in sources.items()},
+                                         "scratch_dir": str(scratch), "out_dir": str(out.path),
                                          "threads": threads, "clock": (header.header_ts, header.perf_freq),
                                          "bucket": k, "lo": lo, "hi": hi}
                                         for k, (lo, hi) in enumerate(buckets)])
@@ -162,7 +162,7 @@ def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
         con.close()
 
 
-def _check_rows(sources: dict[str, list[str]], done: list[dict[str, Any]], errors: list[dict[str, Any]],
+def _check_rows(sources: dict[str, list[tuple[str, int, int]]], done: list[dict[str, Any]], errors: list[dict[str, Any]],
                 where: str) -> int:
     """Every scratch row must have been read by exactly one bucket (the buckets cover every time once);
     a difference would be a bug of the decoder, reported as such instead of passing silently."""
@@ -170,7 +170,7 @@ def _check_rows(sources: dict[str, list[str]], done: list[dict[str, Any]], error
 
     lost = 0
     for table, paths in sources.items():
-        written = sum(B.file_rows(p) for p in paths)
+        written = sum(B.file_rows(p) for p, _, _ in paths)
         read = sum(d["rows_in"].get(table, 0) for d in done)
         if written != read:
             lost += abs(written - read)
@@ -253,7 +253,7 @@ def _image_ids(con) -> None:
         ORDER BY pid, base, timestamp""")
 
 
-def _keyed_pieces(con, scratch: Path, pieces: list[str], times: list) -> dict[str, Any]:
+def _keyed_pieces(con, scratch: Path, pieces: list[tuple[str, int, int]], times: list) -> dict[str, Any]:
     """Stack-key references resolved to the first definition of their key at or after the reference
     (keys are reused, so "any definition" is wrong; an ASOF join picks the right one). The result joins
     the full pieces as more sorted scratch files (``pieces`` and ``times`` grow), one per
@@ -283,8 +283,9 @@ def _keyed_pieces(con, scratch: Path, pieces: list[str], times: list) -> dict[st
         nonlocal buffered, n, part
         if buffered:
             path = directory / f"keyed-{part:05d}.arrow"
-            times.append(B.write_scratch(pa.Table.from_batches(buffered), "event_ts", path))
-            pieces.append(str(path))
+            sample, source = B.write_scratch(pa.Table.from_batches(buffered), "event_ts", path)
+            times.append(sample)
+            pieces.append(source)
             buffered, n, part = [], 0, part + 1
 
     for batch in reader:

@@ -132,9 +132,9 @@ def _decode_partition(task: dict[str, Any]) -> dict[str, Any]:
     b = Batch(blob, cols, bufs, dict(task["consts"], path=path, starts=starts))
     b.errors = errors
     counts = interpret(b)
-    written, times = write_parts(b, part, Path(task["out_dir"]), Path(task["scratch_dir"]))
+    written, times, sources = write_parts(b, part, Path(task["out_dir"]), Path(task["scratch_dir"]))
     return {
-        "part": part, "tables": written, "times": times, "records": int(b.n), "bytes": int(bufs["buffer_size"].sum()),
+        "part": part, "tables": written, "times": times, "sources": sources, "records": int(b.n), "bytes": int(bufs["buffer_size"].sum()),
         "event_counts": counts, "errors": b.errors, "buffers_skipped": int(skipped + (rstatus != 0).sum()),
     }
 
@@ -229,13 +229,15 @@ def interpret(b: Batch) -> list[tuple]:
             for k, n in zip(kinds.tolist(), counts.tolist())]
 
 
-def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> tuple[dict[str, str], np.ndarray]:
+def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> tuple[dict[str, str], np.ndarray, dict]:
     """One file per table: final tables into the stage directory (parquet, zstd); the event-like scratch
     tables of the bucket joins (``buckets.BUCKETED``) as Arrow IPC files; other ``_`` scratch
     tables into the scratch directory as uncompressed parquet (they live for seconds). Dictionary pages
-    only for text columns: numeric columns compress better and faster without. Returns the paths and
-    the sample of times the bucket planner cuts."""
+    only for text columns: numeric columns compress better and faster without. Returns the paths, the
+    sample of times the bucket planner cuts, and the scratch files as bucket sources (table -> (path, lo,
+    hi))."""
     written: dict[str, str] = {}
+    sources: dict[str, tuple[str, int, int]] = {}
     times = []
     for table, pieces in b.out.items():
         data = pa.concat_tables(pieces, promote_options="permissive")
@@ -246,12 +248,12 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> tuple[
             if full.any():
                 stacks = data if full.all() else data.filter(pa.array(full))
                 times.append(_write_bucketed(stacks.drop_columns(["kind", "key"]).append_column(
-                    "valid", pa.array(np.ones(stacks.num_rows, np.uint8))), "_pieces", part, scratch_dir, written))
+                    "valid", pa.array(np.ones(stacks.num_rows, np.uint8))), "_pieces", part, scratch_dir, sources))
             if full.all():
                 continue
             data = data.filter(pa.array(~full))
         if table in BUCKETED:
-            times.append(_write_bucketed(data, table, part, scratch_dir, written))
+            times.append(_write_bucketed(data, table, part, scratch_dir, sources))
             continue
         directory = (scratch_dir if table.startswith("_") else out_dir) / f"{table}.parquet"
         directory.mkdir(parents=True, exist_ok=True)
@@ -259,15 +261,14 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> tuple[
         text = [f.name for f in data.schema if pa.types.is_string(f.type) or pa.types.is_dictionary(f.type)]
         write_part(data, target, compression="none" if table.startswith("_") else "zstd", use_dictionary=text)
         written[table] = str(target)
-    return written, (np.concatenate(times) if times else np.zeros(0, np.int64))
+    return written, (np.concatenate(times) if times else np.zeros(0, np.int64)), sources
 
 
-def _write_bucketed(data: pa.Table, table: str, part: int, scratch_dir: Path, written: dict[str, str]) -> np.ndarray:
+def _write_bucketed(data: pa.Table, table: str, part: int, scratch_dir: Path, sources: dict) -> np.ndarray:
     directory = scratch_dir / f"{table}.arrow"
     directory.mkdir(parents=True, exist_ok=True)
-    target = directory / f"part-{part:05d}.arrow"
-    written[table] = str(target)
-    return write_scratch(data, BUCKETED[table], target)
+    times, sources[table] = write_scratch(data, BUCKETED[table], directory / f"part-{part:05d}.arrow")
+    return times
 
 
 def provider_codes(b: Batch) -> tuple[list[str], np.ndarray]:
