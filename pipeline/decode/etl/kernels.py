@@ -7,8 +7,14 @@ advances, so a corrupt input cannot crash or hang the worker.
 
 from __future__ import annotations
 
+import sys
+
 import numba as nb
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
 
 from pipeline.decode.etl import layout as L
 
@@ -41,19 +47,54 @@ STATUS_TEXT = {
 }
 
 
-@nb.njit(**JIT)
 def _u16(a, p):
     return np.uint32(a[p]) | (np.uint32(a[p + 1]) << 8)
 
 
-@nb.njit(**JIT)
 def _u32(a, p):
     return np.uint32(a[p]) | (np.uint32(a[p + 1]) << 8) | (np.uint32(a[p + 2]) << 16) | (np.uint32(a[p + 3]) << 24)
 
 
-@nb.njit(**JIT)
 def _u64(a, p):
     return np.uint64(_u32(a, p)) | (np.uint64(_u32(a, p + 4)) << np.uint64(32))
+
+
+def _little_endian_load(fn, bits: int, result) -> None:
+    """Compile ``fn`` (one of the readers above: the little-endian unsigned integer of ``bits`` at byte
+    ``p`` of the 1-D uint8 array ``a``) as one unaligned load, widened to ``result``. The caller has
+    checked 0 <= p and p + bits / 8 <= len(a): like ``a[p]`` with bounds checks off, nothing is checked
+    here. Plain Python (``py_func``, NUMBA_DISABLE_JIT) runs the byte-wise reader.
+
+    Assembled from byte reads (each with numba's negative-index wraparound), the reads were not merged
+    by LLVM: StackWalk records took 45 ns each, 17 ns with these loads."""
+
+    @intrinsic
+    def load(typingctx, a, p):
+        def codegen(context, builder, signature, args):
+            arr = context.make_array(signature.args[0])(context, builder, args[0])
+            pos = context.cast(builder, args[1], signature.args[1], types.intp)
+            if signature.args[0].layout == "C":
+                addr = builder.gep(arr.data, [pos])
+            else:
+                stride = cgutils.unpack_tuple(builder, arr.strides, 1)[0]
+                addr = builder.inttoptr(builder.add(builder.ptrtoint(arr.data, stride.type), builder.mul(pos, stride)),
+                                        arr.data.type)
+            value = builder.load(builder.bitcast(addr, ir.IntType(bits).as_pointer()), align=1)
+            return builder.zext(value, context.get_value_type(result)) if bits < result.bitwidth else value
+        return result(a, p), codegen
+
+    @overload(fn, jit_options=JIT)
+    def jitted(a, p):
+        if isinstance(a, types.Array) and a.ndim == 1 and a.dtype == types.uint8 and isinstance(p, types.Integer):
+            return lambda a, p: load(a, p)
+        return None
+
+
+if sys.byteorder != "little":     # the loads read the host's byte order; ETL is little-endian
+    raise ImportError("the ETL kernels need a little-endian host")
+_little_endian_load(_u16, 16, types.uint32)
+_little_endian_load(_u32, 32, types.uint32)
+_little_endian_load(_u64, 64, types.uint64)
 
 
 @nb.njit(**JIT)

