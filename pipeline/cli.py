@@ -86,9 +86,9 @@ def run_job(job_path: Path, trace: Path | None, run_dir: Path | None, config_pat
     stages = [s for s in stages if s != "synth"]
     from pipeline.cluster import connect
 
-    with connect(config.cluster) as pool:
-        for stage in stages:
-            mod = importlib.import_module(f"pipeline.{stage}")
+    modules = {stage: importlib.import_module(f"pipeline.{stage}") for stage in stages}
+    with connect(config.cluster, warm_up=[m for mod in modules.values() for m in getattr(mod, "WARM_UP", ())]) as pool:
+        for stage, mod in modules.items():
             t0 = time.perf_counter()
             summary = mod.run(run_dir, config, pool, inputs=[trace])
             print(f"  {stage:<10} {time.perf_counter() - t0:7.2f} s  {summary or ''}")

@@ -12,6 +12,7 @@ import logging
 import os
 from typing import Any, Callable, Iterable, Iterator
 
+from pipeline import warmup
 from pipeline.config import ClusterConfig
 
 
@@ -37,8 +38,11 @@ class Pool:
 
 
 @contextlib.contextmanager
-def connect(cfg: ClusterConfig | None = None) -> Iterator[Pool]:
-    """A Pool for the configured cluster: a LocalCluster on 127.0.0.1, a remote scheduler, or inline."""
+def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = ()) -> Iterator[Pool]:
+    """A Pool for the configured cluster: a LocalCluster on 127.0.0.1, a remote scheduler, or inline.
+
+    ``warm_up``: modules (the stages' ``WARM_UP``) that each local worker imports, with their compiled
+    kernels, on a thread as soon as it starts (:mod:`pipeline.warmup`)."""
     cfg = cfg or ClusterConfig()
     if cfg.mode == "synchronous":
         yield Pool(None)
@@ -69,6 +73,8 @@ def connect(cfg: ClusterConfig | None = None) -> Iterator[Pool]:
         dashboard_address="127.0.0.1:0",
         memory_limit=cfg.memory_limit,
         silence_logs=40,
+        preload=["pipeline.warmup"],
+        env={warmup.ENV: ",".join(warm_up)},
     ) as cluster, Client(cluster) as client, _gc_set_aside():
         yield Pool(client)
 

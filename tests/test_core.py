@@ -126,3 +126,50 @@ def test_cli_help_and_clean_error_exit(tmp_path):
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 2
     assert "bootprof: error:" in out.stderr and "decode.colour" in out.stderr and "Traceback" not in out.stderr
+
+
+def _warm_state():
+    import sys
+    import threading
+
+    kernels = sys.modules.get("pipeline.decode.etl.kernels")
+    loaded = len(kernels.group_by_code.overloads) if kernels is not None and hasattr(kernels, "group_by_code") else 0
+    return loaded, any(t.name == "bootprof-warm-up" for t in threading.enumerate())
+
+
+def test_workers_load_the_stages_kernels_as_the_cluster_starts():
+    """A local worker imports the warm-up modules and loads their cached numba kernels on its own, before
+    any task: no task is sent here, only a probe of the worker's state."""
+    import time
+
+    import numpy as np
+
+    from pipeline.cluster import connect
+    from pipeline.config import ClusterConfig
+    from pipeline.decode.etl import kernels as K
+
+    K.group_by_code(np.zeros(4, np.int32), 1)           # compiled and cached by this process at least once
+    with connect(ClusterConfig(mode="local", n_workers=1, memory_limit="1GiB"),
+                 warm_up=["pipeline.decode.etl.kernels"]) as pool:
+        deadline = time.monotonic() + 60
+        while True:
+            [(loaded, running)] = pool.client.run(_warm_state).values()
+            if not running or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    assert loaded >= 1 and not running
+
+
+def test_warm_up_loads_only_cached_code_and_survives_bad_names(tmp_path):
+    """In a fresh process: every overload loaded comes from the cache (nothing is compiled), and a module
+    that does not exist is skipped."""
+    import subprocess
+    import sys
+
+    code = ("import numba.core.dispatcher as d, pipeline.warmup as w\n"
+            "compiled = []\n"
+            "d._FunctionCompiler._compile_core = lambda self, *a: compiled.append(a) or (False, None)\n"
+            "print(w.warm_up(['pipeline.no_such_module', 'pipeline.decode.etl.kernels']), len(compiled))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
+    loaded, compiled = map(int, out.stdout.split())
+    assert loaded >= 1 and compiled == 0

@@ -20,6 +20,8 @@ STAGE = "decoded"
 
 ETL = "etl"
 SELF_PROFILE = "mm_profdata"
+#: What the workers of a local cluster load while it starts (``pipeline.warmup``): the ETL tasks and kernels.
+WARM_UP = ("pipeline.decode.etl.kernels", "pipeline.decode.etl.partition", "pipeline.decode.etl.buckets")
 
 
 def sniff(path: Path) -> str:
