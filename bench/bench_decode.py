@@ -13,7 +13,8 @@ over the CLI process, the dask scheduler side and every worker, sampled every 50
 * ``bootprof decode`` (one worker) and dissect.etl (record headers only: its fastest mode) on the slice;
 * ``bootprof decode`` (one worker) on an XPRESS-compressed trace of 512 MB of event data (~120 MB file).
 
-Each decode runs twice and the faster run is reported (with the first run's time beside it). Per core is
+Every run starts with its input in the page cache (read through once just before). Each decode runs
+twice and the faster run is reported (with the first run's time beside it). Per core is
 the decode stage's own time with one worker (bytes in, every parquet table out: the manifest's
 ``decode_s + join_s``); the whole CLI run adds the interpreter and the dask cluster start (about 2 s).
 Also reported: user and system CPU seconds of the process tree, and MB per CPU-second. The ratio
@@ -101,6 +102,16 @@ def make_slice(trace: Path, nbytes: int) -> Path:
     return dst
 
 
+def page_in(path: Path) -> None:
+    """Read ``path`` through once, so a run starts with it in the page cache (as after copying a trace
+    over). This VM's DAMON pageout evicts cold page cache: a trace left alone for minutes was partly
+    back on the 1 GB/s disk, and runs measured that instead of the decoder."""
+    buf = bytearray(1 << 24)
+    with open(path, "rb", buffering=0) as f:
+        while f.readinto(buf):
+            pass
+
+
 def measure(cmd: list[str], env=None) -> tuple[float, int, str]:
     """Wall seconds, peak RSS (bytes) of the process tree, stdout; ``LAST_CPU`` gets the user and
     system CPU seconds of the whole tree (every process it waited for)."""
@@ -143,6 +154,7 @@ def decode(trace: Path, workers: int, tag: str, runs: int = 2) -> dict:
     first = None
     for _ in range(runs):
         run = OUT / f"run-{tag}"
+        page_in(trace)
         try:
             secs, rss, out = measure([sys.executable, "-m", "pipeline", "--config", str(cfg), "decode", str(trace),
                                       "--run", str(run)])
@@ -162,6 +174,7 @@ def decode(trace: Path, workers: int, tag: str, runs: int = 2) -> dict:
 
 
 def dissect(trace: Path) -> dict:
+    page_in(trace)
     secs, rss, out = measure([sys.executable, "-c", DISSECT, str(trace)])
     n, inner = out.split()
     return {"seconds": float(inner), "wall": secs, "rss": rss, "records": int(n)}
@@ -220,6 +233,10 @@ def main() -> int:
         rows.append(row(f"bootprof decode, 4GB, {cores} workers", big, bn, bn["seconds"]))
         sizes.append("4GB")
     one_row, all_row = rows[2], rows[3]
+    # Per GB beyond the first: the 4 GB run minus the 1 GB run, both with one worker (fixed costs cancel).
+    marginal = 0.0
+    if args.big and "stage_s" in rows[-2] and "stage_s" in one_row and rows[-2]["stage_s"] > one_row["stage_s"]:
+        marginal = round((rows[-2]["MB"] - one_row["MB"]) / (rows[-2]["stage_s"] - one_row["stage_s"]), 1)
     per_core_cli = one_row["MB_per_s"]
     per_core = one_row.get("stage_MB_per_s", 0.0)
     all_cores = all_row.get("stage_MB_per_s", 0.0)
@@ -240,12 +257,13 @@ def main() -> int:
     verdict = lambda ok: "met" if ok and not failed else "NOT met"  # noqa: E731
     print(f"per core (decode stage, 1 worker): {per_core:,.1f} MB/s (target >= 300: {verdict(per_core >= 300)}); "
           f"{cores} workers: {all_cores:,.1f} MB/s; whole CLI run, 1 worker: {per_core_cli:,.1f} MB/s; "
-          f"{per_cpu_second:,.1f} MB per CPU-second of the process tree")
+          f"{per_cpu_second:,.1f} MB per CPU-second of the process tree"
+          + (f"; beyond the first GB (4 GB run minus 1 GB run, 1 worker): {marginal:,.1f} MB/s" if marginal else ""))
     print(f"vs dissect.etl: {ratio:,.0f}x (target >= 100: {verdict(ratio >= 100)}); "
           f"peak RSS {peak:,} MB (target < 1500: {verdict(peak < 1500)})")
     result = {"cores": cores, "sizes": ",".join(sizes), "seed": SEED, "simulated_cpus": SIM_CPUS,
               "per_core_MB_per_s": per_core, "all_cores_MB_per_s": all_cores, "cli_1_worker_MB_per_s": per_core_cli,
-              "MB_per_cpu_second": per_cpu_second, "dissect_MB_per_s": dissect_rate, "ratio_vs_dissect": round(ratio, 1),
+              "MB_per_cpu_second": per_cpu_second, "marginal_1_worker_MB_per_s": marginal, "dissect_MB_per_s": dissect_rate, "ratio_vs_dissect": round(ratio, 1),
               "peak_rss_MB": peak, "target_per_core_MB_per_s": 300, "target_ratio": 100, "target_peak_rss_MB": 1500,
               "failed_runs": len(failed), "rows": rows}
     (OUT / "decode.json").write_text(json.dumps(result, indent=2) + "\n")
