@@ -158,12 +158,17 @@ def guid_texts(raw: np.ndarray) -> list[str]:
 
 # --- PerfInfo SampledProfile (§3.4) ----------------------------------------------------------------
 def sampled_profile(b: Batch, idx: np.ndarray) -> None:
-    P = b.c["ptr"][idx].astype(np.int64)
-    idx = b.require(idx, 8 + P, "SampledProfile")
     S = L.SAMPLED_PROFILE
+    n = len(idx)
+    ip, tid, ok = np.empty(n, np.uint64), np.empty(n, np.uint32), np.empty(n, np.bool_)
+    # The hottest kind (one record per sample): both fields and the length check in one pass.
+    K.sampled_profile_records(b.blob, b.c["pay_off"], b.c["pay_len"], b.c["ptr"], idx, S["ip"][0], *S["tid"], 12,
+                              ip, tid, ok)
+    if not ok.all():
+        b.require(idx[~ok], b.c["ptr"][idx[~ok]].astype(np.int64) + 8, "SampledProfile")   # reports them
+        idx, ip, tid = idx[ok], ip[ok], tid[ok]
     # timestamp_ns is computed by the bucket that writes the sample: one column less to write and read back.
-    b.emit("_samples", {**b.common(idx, ns=False), "tid": _u32(b, idx, S["tid"]), "ip": b.pointer(idx, *S["ip"])},
-           idx)
+    b.emit("_samples", {**b.common(idx, ns=False), "tid": tid, "ip": ip}, idx)
 
 
 # --- StackWalk (§3.5) ------------------------------------------------------------------------------

@@ -646,6 +646,26 @@ def stack_walk_records(blob, pay_off, pay_len, ptr, idx, o_ts, o_pid, o_tid, o_f
 
 
 @nb.njit(**JIT)
+def sampled_profile_records(blob, pay_off, pay_len, ptr, idx, o_ip, o_tid, n_tid, min_len32, ip, tid, ok):
+    """SampledProfile records ``idx`` in one pass: InstructionPointer (pointer-sized, at ``o_ip``) and
+    ThreadId (at ``o_tid`` + (P - 4) * ``n_tid``); ``ok`` False (and zeros) when the payload is shorter than
+    ``min_len32`` + P - 4 bytes or lies outside ``blob``."""
+    n = blob.shape[0]
+    for i in range(idx.shape[0]):
+        r = idx[i]
+        P = np.int64(ptr[r])
+        p = pay_off[r]
+        if p < 0 or np.int64(pay_len[r]) < min_len32 + P - 4 or p + min_len32 + P - 4 > n:
+            ip[i] = 0
+            tid[i] = 0
+            ok[i] = False
+            continue
+        ip[i] = _u64(blob, p + o_ip) if P == 8 else np.uint64(_u32(blob, p + o_ip))
+        tid[i] = _u32(blob, p + o_tid + (P - 4) * n_tid)
+        ok[i] = True
+
+
+@nb.njit(**JIT)
 def poly_pow(base, e):
     r = np.uint64(1)
     while e > 0:
