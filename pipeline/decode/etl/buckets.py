@@ -174,44 +174,32 @@ def sort_order(ts: np.ndarray, *keys: np.ndarray) -> np.ndarray:
 
 
 @nb.njit(**JIT)
-def group_pieces(ev_ts, tid, pid, valid, h1, h2, count, g_start, g_ts, g_tid, g_pid, g_h1, g_h2, g_count, g_valid):
-    """Pieces sorted by (event time, thread, user, time, cpu, stream position) -> one group per
-    (event time, thread): its first piece, pid (of its first piece), the hashes and frame count of the
-    concatenation of its valid pieces (``kernels.hash_frames_at``) and its number of valid pieces.
-    Returns the group count."""
-    n = ev_ts.shape[0]
+def group_pieces(order, ev_ts, tid, pid, valid, h1, h2, count, g_start, g_ts, g_tid, g_pid, g_h1, g_h2, g_count, g_valid):
+    """Pieces in ``order`` (sorting them by (event time, thread, user, time, cpu, stream position)) -> one
+    group per (event time, thread): its first position in that order, pid (of its first piece), the hashes
+    and frame count of the concatenation of its valid pieces (``kernels.hash_frames_at``) and its number
+    of valid pieces. The pieces are read through ``order`` where they lie. Returns the group count."""
+    n = order.shape[0]
     g = -1
     for i in range(n):
-        if i == 0 or ev_ts[i] != ev_ts[i - 1] or tid[i] != tid[i - 1]:
+        j = order[i]
+        if i == 0 or ev_ts[j] != ev_ts[order[i - 1]] or tid[j] != tid[order[i - 1]]:
             g += 1
             g_start[g] = i
-            g_ts[g] = ev_ts[i]
-            g_tid[g] = tid[i]
-            g_pid[g] = pid[i]
+            g_ts[g] = ev_ts[j]
+            g_tid[g] = tid[j]
+            g_pid[g] = pid[j]
             g_h1[g] = 0
             g_h2[g] = 0
             g_count[g] = 0
             g_valid[g] = 0
-        if valid[i]:
-            k = count[i]
-            g_h1[g] = g_h1[g] * poly_pow(POLY_B1, k) + h1[i]
-            g_h2[g] = g_h2[g] * poly_pow(POLY_B2, k) + h2[i]
+        if valid[j]:
+            k = count[j]
+            g_h1[g] = g_h1[g] * poly_pow(POLY_B1, k) + h1[j]
+            g_h2[g] = g_h2[g] * poly_pow(POLY_B2, k) + h2[j]
             g_count[g] += k
             g_valid[g] += 1
     return g + 1
-
-
-@nb.njit(**JIT)
-def take8(order, a, b, c, d, e, f, g, h):
-    """Eight arrays permuted by ``order`` in one pass."""
-    n = order.shape[0]
-    oa, ob, oc, od = np.empty(n, a.dtype), np.empty(n, b.dtype), np.empty(n, c.dtype), np.empty(n, d.dtype)
-    oe, of, og, oh = np.empty(n, e.dtype), np.empty(n, f.dtype), np.empty(n, g.dtype), np.empty(n, h.dtype)
-    for i in range(n):
-        j = order[i]
-        oa[i], ob[i], oc[i], od[i] = a[j], b[j], c[j], d[j]
-        oe[i], of[i], og[i], oh[i] = e[j], f[j], g[j], h[j]
-    return oa, ob, oc, od, oe, of, og, oh
 
 
 @nb.njit(**JIT)
@@ -328,23 +316,22 @@ class Groups:
 
 def _groups(task: dict[str, Any], lo: int, hi: int, k: int, scratch: Path, result: dict[str, Any]):
     """Group the bucket's stack pieces; write its distinct stacks with the pieces they are made of (for
-    the ``stacks`` table); returns the groups and the pieces' (event time, cpu, thread), sorted."""
+    the ``stacks`` table); returns the groups and the pieces' (event time, cpu, thread) with the order
+    that sorts them."""
     empty = Groups(*(np.zeros(0, t) for t in (np.int64, np.uint32, np.uint32, np.int64)))
     pieces = read_bucket(task["sources"]["_pieces"], "event_ts", lo, hi, PIECE_COLUMNS)
     result["rows_in"]["_pieces"] = pieces.num_rows if pieces is not None else 0
     if pieces is None:
         return empty, None
-    ev, tid = _np(pieces, "event_ts"), _np(pieces, "tid")
-    order = sort_order(ev, tid, _np(pieces, "user", np.uint8), _np(pieces, "timestamp"), _np(pieces, "cpu"),
-                       _np(pieces, "stream_pos"))
-    ev, tid, cpu, pid, valid, h1, h2, count = take8(
-        order, ev, tid, _np(pieces, "cpu"), _np(pieces, "pid"), _np(pieces, "valid", np.uint8), _np(pieces, "h1"),
-        _np(pieces, "h2"), _np(pieces, "n", np.int64))
+    ev, tid, cpu = _np(pieces, "event_ts"), _np(pieces, "tid"), _np(pieces, "cpu")
+    order = sort_order(ev, tid, _np(pieces, "user", np.uint8), _np(pieces, "timestamp"), cpu, _np(pieces, "stream_pos"))
+    valid, h1, h2 = _np(pieces, "valid", np.uint8), _np(pieces, "h1"), _np(pieces, "h2")
     n = len(ev)
     g_start, g_ts = np.empty(n, np.int64), np.empty(n, np.int64)
     g_tid, g_pid = np.empty(n, np.uint32), np.empty(n, np.uint32)
     g_h1, g_h2, g_count, g_valid = np.empty(n, np.uint64), np.empty(n, np.uint64), np.empty(n, np.int64), np.empty(n, np.int32)
-    ng = group_pieces(ev, tid, pid, valid, h1, h2, count, g_start, g_ts, g_tid, g_pid, g_h1, g_h2, g_count, g_valid)
+    ng = group_pieces(order, ev, tid, _np(pieces, "pid"), valid, h1, h2, _np(pieces, "n"), g_start, g_ts, g_tid, g_pid,
+                      g_h1, g_h2, g_count, g_valid)
     g_start, g_ts, g_tid, g_pid = g_start[:ng], g_ts[:ng], g_tid[:ng], g_pid[:ng]
     sid, check = np.empty(ng, np.int64), np.empty(ng, np.uint64)
     stack_ids(g_h1[:ng], g_h2[:ng], g_count[:ng], sid, check)
@@ -361,7 +348,7 @@ def _groups(task: dict[str, Any], lo: int, hi: int, k: int, scratch: Path, resul
         gi = has[first]
         ends = np.append(g_start[1:], n)
         starts, counts = g_start[gi], ends[gi] - g_start[gi]
-        rows = np.repeat(starts, counts) + (np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts))
+        rows = order[np.repeat(starts, counts) + (np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts))]
         owner = np.repeat(np.arange(len(gi)), counts)
         keep = valid[rows] != 0
         rows, owner = rows[keep], owner[keep]
@@ -375,7 +362,7 @@ def _groups(task: dict[str, Any], lo: int, hi: int, k: int, scratch: Path, resul
             path.parent.mkdir(exist_ok=True)
             pq.write_table(pa.table(table), path, compression="none")
     result["groups"] = ng
-    return Groups(g_ts, g_tid, g_pid, sid_out), (ev, cpu, tid)
+    return Groups(g_ts, g_tid, g_pid, sid_out), (ev, cpu, tid, order)
 
 
 def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
@@ -413,10 +400,12 @@ def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
         vtid = np.full(len(ts), -1, np.int64)
         if piece_cpus is not None:
             # The thread of a piece logged on the event's cpu for the event's time (several: the lowest).
-            ev, pcpu, ptid = piece_cpus
-            wanted = member(ev, np.unique(ts))
-            o = sort_order(ev[wanted], pcpu[wanted].astype(np.int64), ptid[wanted].astype(np.int64))
-            li = match_groups(ts, cpu, ev[wanted][o], pcpu[wanted][o])
+            ev, pcpu, ptid, porder = piece_cpus
+            ev = ev[porder]
+            near = member(ev, np.unique(ts))                    # positions in the pieces' sorted order
+            ev, wanted = ev[near], porder[near]
+            o = sort_order(ev, pcpu[wanted].astype(np.int64), ptid[wanted].astype(np.int64))
+            li = match_groups(ts, cpu, ev[o], pcpu[wanted][o])
             vtid = np.append(ptid[wanted][o].astype(np.int64), -1)[li]      # li -1 (no link) picks the -1
         gi = groups.match(ts, np.maximum(vtid, 0).astype(np.uint32))
         gi[vtid < 0] = -1
