@@ -60,13 +60,10 @@ class Batch:
         self.n = len(cols["ts"])
         self.bufs = bufs                    # BUFFER_DESC rows of this partition (+ stream_rank)
         self.consts = consts
-        rbuf = cols["rbuf"]
-        self.cpu = np.ascontiguousarray(bufs["cpu"])[rbuf]
         # Stable position inside the CPU stream: buffer rank in its CPU's sequence order, record index.
-        first = np.searchsorted(rbuf, np.arange(len(bufs)))
-        rec_in_buf = np.arange(self.n, dtype=np.int64) - first[rbuf]
-        self.stream_pos = (np.ascontiguousarray(bufs["stream_rank"])[rbuf] << 24) | rec_in_buf
-        self.buffer_index = np.ascontiguousarray(bufs["index"])[rbuf]
+        self.cpu, self.stream_pos = np.empty(self.n, bufs["cpu"].dtype), np.empty(self.n, np.int64)
+        K.record_positions(cols["rbuf"], np.ascontiguousarray(bufs["cpu"]), np.ascontiguousarray(bufs["stream_rank"]),
+                           self.cpu, self.stream_pos)
         self.consumed = np.zeros(self.n, bool)
         self.out: dict[str, list[pa.Table]] = {}
         self.errors: list[dict[str, Any]] = []
@@ -170,7 +167,7 @@ def unique_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(first index of each distinct (a, b) pair, pair code per element); hashing, sorting as fallback."""
     if len(a) == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int32)
-    first, inverse, n = K.dedupe_pairs(a.astype(np.uint64), b.astype(np.uint64), 16)
+    first, inverse, n = K.dedupe_pairs(a.astype(np.uint64, copy=False), b.astype(np.uint64, copy=False), 16)
     if n >= 0:
         return first, inverse
     pairs = np.stack([a.astype(np.uint64), b.astype(np.uint64)], axis=1)

@@ -379,6 +379,47 @@ def walk_records(blob, starts, lens, fill, rbuf, roff, rsize, htype, ptr, hook, 
 
 
 @nb.njit(**JIT)
+def record_positions(rbuf, buf_cpu, buf_rank, cpu, stream_pos):
+    """For records in buffer order (``rbuf`` non-decreasing): the cpu of each record's buffer, and its
+    position in that CPU's stream, (rank of the buffer in the stream) << 24 | index of the record in
+    its buffer."""
+    prev = -1
+    k = 0
+    for i in range(rbuf.shape[0]):
+        b = rbuf[i]
+        if b != prev:
+            prev = b
+            k = 0
+        cpu[i] = buf_cpu[b]
+        stream_pos[i] = (np.int64(buf_rank[b]) << 24) | k
+        k += 1
+
+
+@nb.njit(**JIT)
+def provider_codes(hook, htype, guid_off, system_kind, image_load_hook, code):
+    """Provider code of each record (see ``partition.provider_codes``): the kernel group (HookId >> 8;
+    0x14 for the Image Load hook) for SYSTEM/COMPACT/PERFINFO headers, -1 for a record that carries a
+    GUID (the caller numbers those), 256 for one with neither."""
+    for i in range(hook.shape[0]):
+        if system_kind[htype[i]]:
+            code[i] = 0x14 if hook[i] == image_load_hook else np.int32(hook[i] >> 8)
+        elif guid_off[i] >= 0:
+            code[i] = -1
+        else:
+            code[i] = 256
+
+
+@nb.njit(**JIT)
+def kind_keys(code, opcode, event_id, version, htype, key):
+    """Event kind of each record as one integer: provider code << 48 | opcode << 40 | event id << 24 |
+    version << 8 | header type."""
+    for i in range(code.shape[0]):
+        key[i] = ((np.uint64(code[i]) << np.uint64(48)) | (np.uint64(opcode[i]) << np.uint64(40))
+                  | (np.uint64(event_id[i]) << np.uint64(24)) | (np.uint64(version[i]) << np.uint64(8))
+                  | np.uint64(htype[i]))
+
+
+@nb.njit(**JIT)
 def gather_frames(blob, pay_off, pay_len, ptr, skip, out_offsets, out_frames, fill):
     """Stack frames of each record: pointers from payload byte ``skip[i]`` to the payload end.
 

@@ -29,6 +29,8 @@ from pipeline.decode.etl.buffers import MAX_BUFFER_SIZE
 from pipeline.decode.etl.interpret import extended_stacks, lookup
 
 _GROUP_GUIDS = L.group_guid_table()
+#: Provider text of codes 0-255 (kernel groups) and 256 (MESSAGE records without a GUID).
+_GROUP_PROVIDERS = [str(uuid.UUID(bytes_le=bytes(g))) for g in _GROUP_GUIDS] + [L.NULL_GUID]
 _SYSTEM_KIND = np.zeros(256, bool)
 _SYSTEM_KIND[list(L.SYSTEM_KINDS)] = True
 
@@ -225,7 +227,7 @@ def interpret(b: Batch) -> list[tuple]:
             "opcode": b.c["opcode"][rest], "event_id": b.c["event_id"][rest], "version": b.c["version"][rest],
             "header_type": b.c["htype"][rest], "pid": b.c["pid"][rest].view(np.int32),
             "tid": b.c["tid"][rest].view(np.int32), "payload_len": b.c["pay_len"][rest],
-            "buffer_index": b.buffer_index[rest],
+            "buffer_index": np.ascontiguousarray(b.bufs["index"])[b.c["rbuf"][rest]],
         })
     return [(providers[k >> 48], (k >> 40) & 0xFF, (k >> 24) & 0xFFFF, (k >> 8) & 0xFFFF, k & 0xFF, n)
             for k, n in zip(kinds.tolist(), counts.tolist())]
@@ -281,13 +283,10 @@ def provider_codes(b: Batch) -> tuple[list[str], np.ndarray]:
     their GUID and get codes from 256 on. A GUID may appear under both kinds of code; consumers key on text.
     """
     c = b.c
-    code = (c["hook"] >> 8).astype(np.int32)
-    system = _SYSTEM_KIND[c["htype"]]
-    code[(c["hook"] == L.IMAGE_LOAD_HOOK) & system] = 0x14
-    providers = [str(uuid.UUID(bytes_le=bytes(g))) for g in _GROUP_GUIDS]
-    has = c["guid_off"] >= 0
-    code[~has & ~system] = 256  # MESSAGE records without a GUID
-    providers.append(L.NULL_GUID)
+    code = np.empty(b.n, np.int32)
+    K.provider_codes(c["hook"], c["htype"], c["guid_off"], _SYSTEM_KIND, L.IMAGE_LOAD_HOOK, code)
+    providers = list(_GROUP_PROVIDERS)
+    has = code < 0
     if has.any():
         off = c["guid_off"][has]
         halves = b.gather(off, 8), b.gather(off + 8, 8)
@@ -301,8 +300,7 @@ def event_kinds(b: Batch, code: np.ndarray):
     """Unique event kinds (provider code << 48 | opcode << 40 | event_id << 24 | version << 8 | header
     type) of the partition's records, the kind of each record, and the count of each kind."""
     c = b.c
-    key = ((code.astype(np.uint64) << np.uint64(48)) | (c["opcode"].astype(np.uint64) << np.uint64(40))
-           | (c["event_id"].astype(np.uint64) << np.uint64(24)) | (c["version"].astype(np.uint64) << np.uint64(8))
-           | c["htype"].astype(np.uint64))
-    first, inverse = unique_pairs(key, np.zeros_like(key))
+    key = np.empty(b.n, np.uint64)
+    K.kind_keys(code, c["opcode"], c["event_id"], c["version"], c["htype"], key)
+    first, inverse = unique_pairs(key, key)
     return key[first], inverse, np.bincount(inverse, minlength=len(first))
