@@ -84,8 +84,14 @@ def decode_etl(path: Path, out, cfg, pool) -> dict[str, Any]:
     # Heap snapshots are assembled here, on a thread, while the workers run the bucket joins; the stacks
     # table needs them, so ``finish`` waits for them before building it.
     snap_errors: list[dict[str, Any]] = []
+
+    def snapshots_beside() -> dict[str, Any]:
+        done = heapsnap.assemble(scratch, out, snap_errors, str(path), cfg.join_memory_limit)
+        joins.heap_snapshot_blocks(out, scratch, cfg.join_memory_limit)
+        return done
+
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as beside:
-        snapshots = beside.submit(heapsnap.assemble, scratch, out, snap_errors, str(path), cfg.join_memory_limit)
+        snapshots = beside.submit(snapshots_beside)
 
         def snapshots_done() -> dict[str, Any]:
             done = snapshots.result()

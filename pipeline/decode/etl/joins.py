@@ -142,11 +142,9 @@ def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
                                         for k, (lo, hi) in enumerate(buckets)])
         lap()
         stats.update(before_stacks())
-        _open_scratch(con, scratch, [t for t in SCRATCH_TABLES if t.startswith("_heapsnap")])
+        _open_scratch(con, scratch, ["_heapsnap_stacks"])
         stats.update(_stacks(con, scratch, errors, str(out.path)))
         _copy(con, "stacks", out.table_path("stacks"), "stack_id")
-        _heap_snapshot_blocks(con)
-        _copy(con, "heap_snapshot_blocks", out.table_path("heap_snapshot_blocks"), "snapshot_id, heap, address")
         lap()
         for table, schema in B.OUTPUT_SCHEMAS.items():
             if not out.table_path(table).exists():
@@ -309,7 +307,6 @@ def _stacks(con, scratch: Path, errors: list[dict[str, Any]], where: str) -> dic
     different frame lists with one id (a 62-bit collision, or a hostile file) keep the first list and
     are reported in ``errors``; their events cannot be told apart."""
     _open_scratch(con, scratch, ["_bucket_stacks", "_bucket_stack_pieces"])
-    con.execute("CREATE VIEW snapshot_stacks AS SELECT * FROM _heapsnap_stacks")
     con.execute("""
         CREATE TABLE all_stacks AS
         WITH firsts AS (SELECT stack_id, id_check, min(bucket) AS bucket FROM _bucket_stacks GROUP BY ALL),
@@ -319,7 +316,7 @@ def _stacks(con, scratch: Path, errors: list[dict[str, Any]], where: str) -> dic
                   JOIN frames f USING (h1, h2)
                   GROUP BY p.stack_id, p.id_check)
         SELECT * FROM lists
-        UNION ALL SELECT stack_id, id_check, frames FROM snapshot_stacks WHERE stack_id IS NOT NULL""")
+        UNION ALL SELECT stack_id, id_check, frames FROM _heapsnap_stacks WHERE stack_id IS NOT NULL""")
     con.execute("""
         CREATE TABLE stacks AS
         SELECT stack_id, arg_min(frames, id_check) AS frames, len(arg_min(frames, id_check))::INTEGER AS depth,
@@ -334,13 +331,23 @@ def _stacks(con, scratch: Path, errors: list[dict[str, Any]], where: str) -> dic
     return {"stacks": con.execute("SELECT count(*) FROM stacks").fetchone()[0], "stack_id_collisions": int(collisions)}
 
 
-def _heap_snapshot_blocks(con) -> None:
-    """Busy blocks of complete heap snapshots; stack_id is NULL for StackRef 0 (allocated before the
-    process enabled stack tracking)."""
-    con.execute("""
-        CREATE VIEW heap_snapshot_blocks AS
-        SELECT b.snapshot_id, b.pid, b.instance, b.timestamp_ns, b.heap, b.address, b.size, b.stack_ref, s.stack_id
-        FROM _heapsnap_blocks b
-        LEFT JOIN snapshot_stacks s ON s.snapshot_id = b.snapshot_id AND s.stack_ref = b.stack_ref""")
+def heap_snapshot_blocks(out, scratch: Path, memory_limit: str) -> None:
+    """Write ``heap_snapshot_blocks``: busy blocks of complete heap snapshots with their stack ids (NULL for
+    StackRef 0: allocated before the process enabled stack tracking). Needs only what ``heapsnap.assemble``
+    wrote, so it runs on the same thread, beside the bucket joins, with a connection of its own."""
+    import duckdb
+
+    con = duckdb.connect(config={"memory_limit": memory_limit, "temp_directory": str(scratch / "duckdb.tmp"),
+                                 "threads": 1})
+    try:
+        _open_scratch(con, scratch, ["_heapsnap_stacks", "_heapsnap_blocks"])
+        con.execute("""
+            CREATE VIEW heap_snapshot_blocks AS
+            SELECT b.snapshot_id, b.pid, b.instance, b.timestamp_ns, b.heap, b.address, b.size, b.stack_ref, s.stack_id
+            FROM _heapsnap_blocks b
+            LEFT JOIN _heapsnap_stacks s ON s.snapshot_id = b.snapshot_id AND s.stack_ref = b.stack_ref""")
+        _copy(con, "heap_snapshot_blocks", out.table_path("heap_snapshot_blocks"), "snapshot_id, heap, address")
+    finally:
+        con.close()
 
 
