@@ -9,7 +9,8 @@ Measured, each run in its own subprocess, with the peak RSS of the whole process
 over the CLI process, the dask scheduler side and every worker, sampled every 50 ms):
 
 * ``bootprof decode`` on the full trace with one dask worker and with one worker per core
-  (end to end: process start, cluster start, decode into parquet, joins, manifest);
+  (end to end: process start, cluster start, decode into parquet, joins, manifest), and in one process
+  without dask (``cluster.mode: synchronous``: no cluster to start);
 * ``bootprof decode`` (one worker) and dissect.etl (record headers only: its fastest mode) on the slice;
 * ``bootprof decode`` (one worker) on an XPRESS-compressed trace of 512 MB of event data (~120 MB file).
 
@@ -143,13 +144,13 @@ def measure(cmd: list[str], env=None) -> tuple[float, int, str]:
     return secs, peak, out
 
 
-def decode(trace: Path, workers: int, tag: str, runs: int = 2) -> dict:
+def decode(trace: Path, workers: int, tag: str, runs: int = 2, mode: str = "local") -> dict:
     """``bootprof decode`` ``runs`` times; the fastest run is reported, with the first run's seconds beside
     it (this VM backs guest memory lazily, so a process's first touch of memory it got back from the
     host costs up to 2.7 s per GB: runs differ by that). A failure is recorded (last error line)
     instead of ending the benchmark."""
-    cfg = OUT / f"decode-{workers}w.yaml"
-    cfg.write_text(f"cluster:\n  mode: local\n  n_workers: {workers}\n  memory_limit: 4GiB\n")
+    cfg = OUT / f"decode-{mode}-{workers}w.yaml"
+    cfg.write_text(f"cluster:\n  mode: {mode}\n  n_workers: {workers}\n  memory_limit: 4GiB\n")
     best = None
     first = None
     for _ in range(runs):
@@ -220,6 +221,8 @@ def main() -> int:
     rows.append(row(f"bootprof decode, {args.size}, 1 worker", trace, one, one["seconds"]))
     allc = decode(trace, cores, f"{args.size}-{cores}w")
     rows.append(row(f"bootprof decode, {args.size}, {cores} workers", trace, allc, allc["seconds"]))
+    inproc = decode(trace, 1, f"{args.size}-sync", mode="synchronous")
+    rows.append(row(f"bootprof decode, {args.size}, in-process", trace, inproc, inproc["seconds"]))
     # XPRESS-compressed buffers, as WPR/xperf -compress write them (sized by the inflated data).
     packed = synthesize("512MB", compress=True)
     c1 = decode(packed, 1, "512MB-xpress-1w")
@@ -232,7 +235,7 @@ def main() -> int:
         bn = decode(big, cores, f"4GB-{cores}w")
         rows.append(row(f"bootprof decode, 4GB, {cores} workers", big, bn, bn["seconds"]))
         sizes.append("4GB")
-    one_row, all_row = rows[2], rows[3]
+    one_row, all_row, inproc_row = rows[2], rows[3], rows[4]
     # Per GB beyond the first: the 4 GB run minus the 1 GB run, both with one worker (fixed costs cancel).
     marginal = 0.0
     if args.big and "stage_s" in rows[-2] and "stage_s" in one_row and rows[-2]["stage_s"] > one_row["stage_s"]:
@@ -256,13 +259,15 @@ def main() -> int:
     failed = [r["measure"] for r in rows if "error" in r]
     verdict = lambda ok: "met" if ok and not failed else "NOT met"  # noqa: E731
     print(f"per core (decode stage, 1 worker): {per_core:,.1f} MB/s (target >= 300: {verdict(per_core >= 300)}); "
-          f"{cores} workers: {all_cores:,.1f} MB/s; whole CLI run, 1 worker: {per_core_cli:,.1f} MB/s; "
+          f"{cores} workers: {all_cores:,.1f} MB/s; whole CLI run, 1 worker: {per_core_cli:,.1f} MB/s, "
+          f"in one process without dask: {inproc_row['MB_per_s']:,.1f} MB/s; "
           f"{per_cpu_second:,.1f} MB per CPU-second of the process tree"
           + (f"; beyond the first GB (4 GB run minus 1 GB run, 1 worker): {marginal:,.1f} MB/s" if marginal else ""))
     print(f"vs dissect.etl: {ratio:,.0f}x (target >= 100: {verdict(ratio >= 100)}); "
           f"peak RSS {peak:,} MB (target < 1500: {verdict(peak < 1500)})")
     result = {"cores": cores, "sizes": ",".join(sizes), "seed": SEED, "simulated_cpus": SIM_CPUS,
               "per_core_MB_per_s": per_core, "all_cores_MB_per_s": all_cores, "cli_1_worker_MB_per_s": per_core_cli,
+              "cli_in_process_MB_per_s": inproc_row["MB_per_s"],
               "MB_per_cpu_second": per_cpu_second, "marginal_1_worker_MB_per_s": marginal, "dissect_MB_per_s": dissect_rate, "ratio_vs_dissect": round(ratio, 1),
               "peak_rss_MB": peak, "target_per_core_MB_per_s": 300, "target_ratio": 100, "target_peak_rss_MB": 1500,
               "failed_runs": len(failed), "rows": rows}
