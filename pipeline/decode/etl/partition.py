@@ -24,7 +24,7 @@ import pyarrow as pa
 from pipeline.decode.etl import kernels as K
 from pipeline.decode.etl import layout as L
 from pipeline.decode.etl.batch import Batch, record_error, unique_pairs, walk
-from pipeline.decode.etl.buckets import BUCKETED, MAP_POPULATE, write_part, write_scratch
+from pipeline.decode.etl.buckets import BUCKETED, MAP_POPULATE, pack_hashes, write_part, write_scratch
 from pipeline.decode.etl.buffers import MAX_BUFFER_SIZE
 from pipeline.decode.etl.interpret import extended_stacks, lookup
 
@@ -251,8 +251,8 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> tuple[
             full = kind == 0
             if full.any():
                 stacks = data if full.all() else data.filter(pa.array(full))
-                times.append(_write_bucketed(stacks.drop_columns(["kind", "key"]).append_column(
-                    "valid", pa.array(np.ones(stacks.num_rows, np.uint8))), "_pieces", part, scratch_dir, sources))
+                times.append(_write_bucketed(pack_hashes(stacks.drop_columns(["kind", "key"]).append_column(
+                    "valid", pa.array(np.ones(stacks.num_rows, np.uint8)))), "_pieces", part, scratch_dir, sources))
             if full.all():
                 continue
             data = data.filter(pa.array(~full))
