@@ -35,6 +35,15 @@ class Pool:
             return 1
         return max(1, len(self.client.scheduler_info().get("workers", {})))
 
+    def set_aside(self) -> None:
+        """With a cluster: the objects that exist now (a stage's own imports, made after the cluster started:
+        DuckDB, the numba kernels the client runs) also stay out of the garbage collector's full
+        collections until the cluster closes (see ``_gc_set_aside``)."""
+        if self.client is not None:
+            import gc
+
+            gc.freeze()
+
     def map(self, fn: Callable[..., Any], items: Iterable[Any], **kwargs) -> list[Any]:
         """``[fn(item, **kwargs) for item in items]``, in order, on the cluster when there is one."""
         items = list(items)

@@ -55,9 +55,12 @@ def filetime_to_utc(ft: int) -> _dt.datetime | None:
 
 def decode_etl(path: Path, out, cfg, pool) -> dict[str, Any]:
     """Decode one ETL trace into ``out`` (a StageOutput); returns the summary stored in the manifest."""
+    import duckdb  # noqa: F401 - imported here, so that set_aside keeps its objects out of the collector
+
     from pipeline.decode.etl import heapsnap, joins
     from pipeline.decode.etl.partition import decode_partition, release_freed_memory
 
+    pool.set_aside()
     t0 = time.time()
     path = Path(path).resolve()
     header, bufs = walk(path)
