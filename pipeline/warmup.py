@@ -14,6 +14,8 @@ package). Only overloads already compiled for this machine are loaded: warm-up n
 
 from __future__ import annotations
 
+import atexit
+import gc
 import importlib
 import logging
 import os
@@ -32,7 +34,9 @@ def dask_setup(worker) -> None:
 
 def warm_up(names: list[str]) -> int:
     """Import ``names`` and load every cached overload of the numba dispatchers they define; returns how
-    many overloads were loaded. Failures are logged and skipped: warm-up only saves time."""
+    many overloads were loaded. Failures are logged and skipped: warm-up only saves time. What was
+    imported lives as long as the worker, so it is then set aside from the garbage collector's full
+    collections (:func:`set_aside`)."""
     loaded = 0
     for name in names:
         try:
@@ -43,7 +47,22 @@ def warm_up(names: list[str]) -> int:
         for value in list(vars(module).values()):
             if getattr(value, "__module__", None) == name:
                 loaded += _load_cached(value)
+    set_aside()
     return loaded
+
+
+_thaw_at_exit: list[bool] = []
+
+
+def set_aside() -> None:
+    """Move every object that exists now out of the garbage collector's full collections, for the rest
+    of the process (a worker's imports: about a million objects the collector would otherwise scan
+    again and again). They are given back at exit, so finalization runs as usual (frozen, DuckDB's
+    bindings report them as leaked)."""
+    gc.freeze()
+    if not _thaw_at_exit:
+        atexit.register(gc.unfreeze)
+        _thaw_at_exit.append(True)
 
 
 def _load_cached(dispatcher) -> int:
