@@ -778,3 +778,39 @@ def test_to_ns_equals_the_general_formula(freq):
     q, r = np.divmod(d, freq)
     expected = q * 1_000_000_000 + (r * 1_000_000_000) // freq
     assert np.array_equal(to_ns(raw, t0, freq), expected)
+
+
+def test_sampled_profile_reads_both_pointer_sizes_and_reports_short_payloads():
+    """The fused SampledProfile reader: InstructionPointer by each record's pointer size, ThreadId after
+    it; a payload too short for both (and the count) is an ``errors`` row naming buffer and offset, and
+    the record is not a sample."""
+    from pipeline.decode.etl.batch import RECORD_COLUMNS, Batch
+    from pipeline.decode.etl.buffers import BUFFER_DESC
+    from pipeline.decode.etl.interpret import sampled_profile
+
+    payloads = [struct.pack("<QII", 0xFFFFF80012345678, 4242, 1),    # 64-bit: 16 bytes
+                struct.pack("<III", 0x00401000, 77, 1),               # 32-bit: 12 bytes
+                struct.pack("<QI", 0x7FF600001000, 9)]                # 64-bit, 12 bytes: too short
+    ptrs = [8, 4, 8]
+    blob = np.frombuffer(b"".join(payloads), np.uint8)
+    n = len(payloads)
+    cols = {name: np.zeros(n, t) for name, t in RECORD_COLUMNS}
+    cols["pay_off"][:] = np.cumsum([0] + [len(p) for p in payloads[:-1]])
+    cols["pay_len"][:] = [len(p) for p in payloads]
+    cols["roff"][:] = cols["pay_off"]
+    cols["ptr"][:] = ptrs
+    cols["ts"][:] = [100, 200, 300]
+    bufs = np.zeros(1, BUFFER_DESC.descr + [("stream_rank", "<i8")])
+    bufs["index"], bufs["file_offset"], bufs["cpu"] = 7, 0x70000, 3
+    b = Batch(blob, cols, bufs, {"header_ts": 0, "perf_freq": 10_000_000, "path": "t.etl",
+                                 "starts": np.zeros(1, np.int64)})
+    b.errors = []
+    sampled_profile(b, np.arange(n))
+    [samples] = b.out["_samples"]
+    assert samples.column("ip").to_pylist() == [0xFFFFF80012345678, 0x00401000]
+    assert samples.column("tid").to_pylist() == [4242, 77]
+    assert samples.column("timestamp").to_pylist() == [100, 200] and samples.column("cpu").to_pylist() == [3, 3]
+    assert b.consumed.tolist() == [True, True, False]
+    [err] = b.errors
+    assert err["kind"] == "short_payload" and err["buffer_index"] == 7 and "SampledProfile" in err["message"]
+    assert err["record_offset"] == 28 and "buffer 7 at byte offset" in err["message"]
