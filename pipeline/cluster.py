@@ -18,9 +18,10 @@ from pipeline.config import ClusterConfig
 
 #: Environment of local workers. Arrow's allocator (mimalloc) gives freed memory back to the kernel 10 ms
 #: after it is freed, so each task's tables landed on fresh pages again; on VMs whose host backs guest
-#: memory lazily a fresh page costs ~2.5 s per GB (measured here). Kept, the worker touched 543 -> 296 MB
-#: of fresh pages decoding a 1 GB trace. An idle worker still returns it (``release_unused`` after tasks).
-WORKER_ENV = {"MIMALLOC_PURGE_DELAY": "-1"}
+#: memory lazily a fresh page costs ~2.5 s per GB (measured here). Kept for a second, the next task
+#: reuses it: the worker touched 543 -> 307-340 MB of fresh pages decoding a 1 GB trace. (Never purging,
+#: -1, did as well, but then ``release_unused`` could no longer empty the pool of an idle worker.)
+WORKER_ENV = {"MIMALLOC_PURGE_DELAY": "1000"}
 
 
 class Pool:
