@@ -79,7 +79,7 @@ def reuse_freed_memory(kind: str = "partition"):
     if _last_kind and _last_kind[-1] != kind:
         release_freed_memory()
     _last_kind[:] = [kind]
-    # The objects of the imports (numba, pyarrow, duckdb, dask: about a million) are set aside from the
+    # The objects of the imports (numba, pyarrow, dask: ~150,000 in a worker) are set aside from the
     # garbage collector once, at a process's first task: full collections scanned them again and again
     # (2.5 % of a decode's CPU in a profile). Set aside for good: thawed after each task (as before) they
     # were scanned again by the worker's event loop between tasks (perf: ~3 % of a decode's samples).
@@ -138,7 +138,8 @@ def _decode_partition(task: dict[str, Any]) -> dict[str, Any]:
     counts = interpret(b)
     written, times, sources = write_parts(b, part, Path(task["out_dir"]), Path(task["scratch_dir"]))
     return {
-        "part": part, "tables": written, "times": times, "sources": sources, "records": int(b.n), "bytes": int(bufs["buffer_size"].sum()),
+        "part": part, "tables": written, "times": times, "sources": sources, "records": int(b.n),
+        "bytes": int(bufs["buffer_size"].sum()),
         "event_counts": counts, "errors": b.errors, "buffers_skipped": int(skipped + (rstatus != 0).sum()),
     }
 
