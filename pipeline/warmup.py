@@ -57,8 +57,8 @@ _thaw_at_exit: list[bool] = []
 def set_aside() -> None:
     """Move every object that exists now out of the garbage collector's full collections, for the rest
     of the process (a worker's imports: ~150,000 objects the collector would otherwise scan again and
-    again). They are given back at exit, so finalization runs as usual (frozen, DuckDB's
-    bindings report them as leaked)."""
+    again). They are thawed at exit, so finalization runs as usual: objects still frozen then are never
+    finalized, and DuckDB's bindings print leak reports for them."""
     gc.freeze()
     if not _thaw_at_exit:
         atexit.register(gc.unfreeze)
