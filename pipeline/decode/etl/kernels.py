@@ -544,18 +544,21 @@ def read_fields(blob, pay_off, ptr, idx, off32, nptr, nbytes, out):
 
 @nb.njit(**JIT)
 def read_uints(blob, pos, nbytes, out):
-    """out[i] = little-endian unsigned integer of ``nbytes`` (1, 2, 4, 8) at blob[pos[i]]; 0 if it would
+    """out[i] = little-endian unsigned integer of ``nbytes`` (1, 2, 4 or 8) at blob[pos[i]]; 0 if it would
     not fit inside ``blob`` (callers bound reads by payload length; this keeps the kernel safe anyway)."""
     n = blob.shape[0]
     for i in range(pos.shape[0]):
         p = pos[i]
         if p < 0 or p + nbytes > n:
             out[i] = 0
-            continue
-        v = np.uint64(0)
-        for k in range(nbytes):
-            v |= np.uint64(blob[p + k]) << np.uint64(8 * k)
-        out[i] = v
+        elif nbytes == 8:
+            out[i] = _u64(blob, p)
+        elif nbytes == 4:
+            out[i] = _u32(blob, p)
+        elif nbytes == 2:
+            out[i] = _u16(blob, p)
+        else:
+            out[i] = blob[p]
 
 
 @nb.njit(**JIT)
