@@ -110,6 +110,186 @@ def _unpack_hashes(batch: pa.RecordBatch) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, names=names)
 
 
+# --- stack pieces adopted by their sample (partition side) ---------------------------------------------
+#: How many records after a sample (in its buffer) its stack pieces are looked for: they follow it.
+ADOPT_WINDOW = 8
+#: What a sample carries for each adopted piece beside its hashes: the piece's time after the sample's
+#: (ticks) and its distance in records, which give back its (timestamp, cpu, stream_pos) in the buckets.
+ADOPT_MAX_DT = 0xFFFF
+
+
+@nb.njit(**JIT)
+def claim_adjacent(s_rec, s_ts, s_tid, rbuf, piece_at, p_ev, p_tid, p_user, p_pid, p_ts, p_h1, p_h2, p_n, window,
+                   k_out, u_out, k_dt, u_dt, k_d, u_d, pid_out, key1, key2, claimed):
+    """For each sample (record ``s_rec``), the stack pieces of its (time, thread) among the next ``window``
+    records of its buffer: at most one kernel piece (``k_out``) and one user piece (``u_out``), -1 for
+    none, with their time after the sample and distance in records. A sample adopts nothing (both -1)
+    when a side has two pieces there, a piece was adopted already, its time is too far, or the two
+    pieces name different processes: its pieces then go through the buckets as before.
+
+    ``key1``/``key2``: what tells adopted stacks apart: the hashes of the concatenated frames (as
+    ``group_pieces`` computes them), with the frame count and the kernel piece's frame count folded in."""
+    n = rbuf.shape[0]
+    for s in range(s_rec.shape[0]):
+        r = s_rec[s]
+        k = -1
+        u = -1
+        kd = 0
+        ud = 0
+        ok = True
+        q = r + 1
+        end = min(r + window + 1, n)
+        while q < end and rbuf[q] == rbuf[r]:
+            p = piece_at[q]
+            if p >= 0 and p_ev[p] == s_ts[s] and p_tid[p] == s_tid[s]:
+                dt = p_ts[p] - s_ts[s]
+                if claimed[p] or dt < 0 or dt > ADOPT_MAX_DT:
+                    ok = False
+                    break
+                if p_user[p]:
+                    if u >= 0:
+                        ok = False
+                        break
+                    u = p
+                    ud = q - r
+                else:
+                    if k >= 0:
+                        ok = False
+                        break
+                    k = p
+                    kd = q - r
+            q += 1
+        if ok and k >= 0 and u >= 0 and p_pid[k] != p_pid[u]:
+            ok = False
+        if not ok or (k < 0 and u < 0):
+            k_out[s] = -1
+            u_out[s] = -1
+            k_dt[s] = 0
+            u_dt[s] = 0
+            k_d[s] = 0
+            u_d[s] = 0
+            pid_out[s] = 0
+            continue
+        k_out[s] = k
+        u_out[s] = u
+        h1 = np.uint64(0)
+        h2 = np.uint64(0)
+        kn = 0
+        un = 0
+        if k >= 0:
+            h1 = p_h1[k]
+            h2 = p_h2[k]
+            kn = p_n[k]
+        if u >= 0:
+            un = p_n[u]
+            h1 = h1 * poly_pow(POLY_B1, un) + p_h1[u]
+            h2 = h2 * poly_pow(POLY_B2, un) + p_h2[u]
+        key1[s] = h1 ^ (np.uint64(kn + un) * np.uint64(0x9E3779B97F4A7C15)) ^ (np.uint64(kn) * np.uint64(0xD6E8FEB86659FD93))
+        pid_out[s] = p_pid[k] if k >= 0 else p_pid[u]
+        key2[s] = h2 ^ (np.uint64(pid_out[s]) * np.uint64(0xBF58476D1CE4E5B9))
+        k_dt[s] = p_ts[k] - s_ts[s] if k >= 0 else 0
+        u_dt[s] = p_ts[u] - s_ts[s] if u >= 0 else 0
+        k_d[s] = kd
+        u_d[s] = ud
+        if k >= 0:
+            claimed[k] = True
+        if u >= 0:
+            claimed[u] = True
+
+
+#: Fields of a distinct adopted stack (the dictionary of a sample's ``adopted`` column): its id and check,
+#: the hashes and frame count of its kernel piece and its user piece (0 for none), and the process the
+#: pieces name.
+ADOPTED_FIELDS = ("stack_id", "id_check", "k_h1", "k_h2", "k_n", "u_h1", "u_h2", "u_n", "pid")
+
+
+def adopt_pieces(samples: pa.Table, refs: pa.Table, rbuf: np.ndarray) -> tuple[pa.Table, pa.Table]:
+    """Give each sample the full stack pieces that directly follow it in its buffer (the usual layout: a
+    sample, then its kernel stack, maybe its user stack), so those pieces need not go through scratch and
+    the buckets' sort and grouping: most of the 6.7 M pieces per GB of the synth trace.
+
+    A sample gets ``adopted``: an index into the partition's distinct adopted stacks (``ADOPTED_FIELDS``;
+    null when it adopted nothing), ``k_dt``/``u_dt`` and ``k_d``/``u_d`` (its pieces' time after the
+    sample and distance in records: with the sample's cpu and stream position, their exact place in the
+    global order). Pieces not adopted stay in ``refs``. Exact: a
+    bucket puts adopted pieces back among the others whenever another row of the bucket could share them
+    (``Adopted.give_back``). ``samples`` and ``refs`` carry ``_rec``, their record index in the partition
+    (``refs``: null for rows that are not StackWalk records)."""
+    n_s = samples.num_rows
+    rec_col = refs.column("_rec")
+    prec = rec_col.fill_null(-1).to_numpy() if rec_col.null_count else rec_col.to_numpy()
+    stackwalk = np.flatnonzero(prec >= 0)
+    piece_at = np.full(len(rbuf), -1, np.int64)
+    piece_at[prec[stackwalk]] = stackwalk
+    k, u = np.empty(n_s, np.int64), np.empty(n_s, np.int64)
+    k_dt, u_dt = np.empty(n_s, np.uint16), np.empty(n_s, np.uint16)
+    k_d, u_d = np.empty(n_s, np.uint8), np.empty(n_s, np.uint8)
+    pid = np.empty(n_s, np.uint32)
+    key1, key2 = np.zeros(n_s, np.uint64), np.zeros(n_s, np.uint64)
+    claimed = np.zeros(refs.num_rows, np.bool_)
+    col = lambda t, c: t.column(c).to_numpy()  # noqa: E731
+    h1, h2, cnt = col(refs, "h1"), col(refs, "h2"), col(refs, "n")
+    claim_adjacent(col(samples, "_rec"), col(samples, "timestamp"), col(samples, "tid"), rbuf, piece_at,
+                   col(refs, "event_ts"), col(refs, "tid"), col(refs, "user"), col(refs, "pid"), col(refs, "timestamp"),
+                   h1, h2, cnt, ADOPT_WINDOW, k, u, k_dt, u_dt, k_d, u_d, pid, key1, key2, claimed)
+    # One dictionary entry per distinct adopted stack (and cut into kernel and user piece).
+    some = np.flatnonzero((k >= 0) | (u >= 0))
+    codes = np.full(n_s, -1, np.int32)
+    first = np.zeros(0, np.int64)
+    if len(some):
+        first, codes[some] = unique_pairs(key1[some], key2[some])
+        first = some[first]
+    kf, uf = k[first], u[first]
+    h1, h2, cnt = np.append(h1, np.uint64(0)), np.append(h2, np.uint64(0)), np.append(cnt, 0).astype(np.int64)
+    dh1, dh2, dn = np.empty(len(first), np.uint64), np.empty(len(first), np.uint64), np.empty(len(first), np.int64)
+    adopted_hashes(h1[kf], h2[kf], cnt[kf], h1[uf], h2[uf], cnt[uf], dh1, dh2, dn)
+    sid, check = np.empty(len(first), np.int64), np.empty(len(first), np.uint64)
+    stack_ids(dh1, dh2, dn, sid, check)
+    distinct = pa.StructArray.from_arrays(
+        [pa.array(a) for a in (sid, check, h1[kf], h2[kf], cnt[kf].astype(np.int32), h1[uf], h2[uf], cnt[uf].astype(np.int32),
+                               pid[first])],
+        names=list(ADOPTED_FIELDS))
+    samples = samples.append_column("adopted", pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32(), mask=codes < 0),
+                                                                               distinct))
+    for name, values in (("k_dt", k_dt), ("u_dt", u_dt), ("k_d", k_d), ("u_d", u_d)):
+        samples = samples.append_column(name, pa.array(values))
+    return samples, (refs.filter(pa.array(~claimed)) if claimed.any() else refs)
+
+
+@nb.njit(**JIT)
+def adopted_hashes(kh1, kh2, kn, uh1, uh2, un, h1, h2, count):
+    """Hashes and frame count of kernel pieces followed by user pieces (the order ``group_pieces`` gives
+    them; a count of 0 is no piece)."""
+    for i in range(kh1.shape[0]):
+        h1[i] = kh1[i] * poly_pow(POLY_B1, un[i]) + uh1[i]
+        h2[i] = kh2[i] * poly_pow(POLY_B2, un[i]) + uh2[i]
+        count[i] = kn[i] + un[i]
+
+
+def read_samples(paths: list[str], lo: int, hi: int | None):
+    """The bucket's samples in (time, cpu, stream position) order, their ``adopted`` column as an index
+    into the bucket's adopted stacks (all files' dictionaries side by side, ``ADOPTED_FIELDS`` arrays),
+    and the order that sorts the rows as read (for the columns only a few rows need)."""
+    tables, dicts, offset = [], {f: [] for f in ADOPTED_FIELDS}, 0
+    for p in paths:
+        t = read_range(p, "timestamp", lo, hi)
+        if t is None or not t.num_rows:
+            continue
+        col = t.column("adopted").combine_chunks()
+        idx = col.indices.fill_null(-1).to_numpy().astype(np.int64)
+        idx[idx >= 0] += offset
+        for f in ADOPTED_FIELDS:
+            dicts[f].append(col.dictionary.field(f).to_numpy())
+        offset += len(col.dictionary)
+        tables.append(t.drop_columns(["adopted"]).append_column("adopted", pa.array(idx)))
+    if not tables:
+        return None, None, None
+    t = pa.concat_tables(tables, promote_options="permissive")
+    order = sort_order(_np(t, "timestamp"), _np(t, "cpu", np.int64), _np(t, "stream_pos"))
+    main = t.select(["timestamp", "cpu", "stream_pos", "tid", "ip", "adopted"]).take(order)
+    return main, {f: np.concatenate(v) for f, v in dicts.items()}, (t, order)
+
+
 def read_range(path: str, key: str, lo: int, hi: int | None, columns: list[str] | None = None) -> pa.Table | None:
     """Rows of a scratch file with lo <= key < hi (no upper bound when ``hi`` is None), read through a
     memory map; packed piece hashes (``pack_hashes``) come back as their plain columns."""
@@ -347,15 +527,13 @@ class Groups:
         return match_groups(ts, tid, self.ts, self.tid)
 
 
-def _groups(task: dict[str, Any], lo: int, hi: int, k: int, scratch: Path, result: dict[str, Any]):
-    """Group the bucket's stack pieces; write its distinct stacks with the pieces they are made of (for
-    the ``stacks`` table); returns the groups and the pieces' (event time, cpu, thread) with the order
-    that sorts them."""
+def _groups(pieces: pa.Table | None):
+    """Group the bucket's stack pieces; returns the groups, the pieces' (event time, cpu, thread) with the
+    order that sorts them, and the bucket's distinct stacks with the pieces they are made of
+    (``Stacks``)."""
     empty = Groups(*(np.zeros(0, t) for t in (np.int64, np.uint32, np.uint32, np.int64)))
-    pieces = read_bucket(task["sources"]["_pieces"], "event_ts", lo, hi, PIECE_COLUMNS)
-    result["rows_in"]["_pieces"] = pieces.num_rows if pieces is not None else 0
-    if pieces is None:
-        return empty, None
+    if pieces is None or not pieces.num_rows:
+        return empty, None, Stacks.empty()
     ev, tid, cpu = _np(pieces, "event_ts"), _np(pieces, "tid"), _np(pieces, "cpu")
     order = sort_order(ev, tid, _np(pieces, "user", np.uint8), _np(pieces, "timestamp"), cpu, _np(pieces, "stream_pos"))
     valid, h1, h2 = _np(pieces, "valid", np.uint8), _np(pieces, "h1"), _np(pieces, "h2")
@@ -371,6 +549,7 @@ def _groups(task: dict[str, Any], lo: int, hi: int, k: int, scratch: Path, resul
     has = np.flatnonzero(g_count[:ng] > 0)
     sid_out = np.full(ng, -1, np.int64)
     sid_out[has] = sid[has]
+    stacks = Stacks.empty()
     # One group per distinct stack: its valid pieces in order build the stack's frames, once, globally.
     if len(has):
         # Distinct stacks are far fewer than groups: a small table first, four times larger while full.
@@ -386,48 +565,214 @@ def _groups(task: dict[str, Any], lo: int, hi: int, k: int, scratch: Path, resul
         keep = valid[rows] != 0
         rows, owner = rows[keep], owner[keep]
         ordinal = np.arange(len(rows)) - np.searchsorted(owner, owner, side="left")
+        stacks = Stacks(sid[gi], check[gi], owner, ordinal, h1[rows], h2[rows])
+    return Groups(g_ts, g_tid, g_pid, sid_out), (ev, cpu, tid, order), stacks
+
+
+class Stacks:
+    """Distinct stacks (id, check) and their pieces in order (``owner``: index of the stack, ``ordinal``,
+    the piece's hashes), written per bucket for the ``stacks`` table."""
+
+    def __init__(self, sid, check, owner, ordinal, h1, h2):
+        self.sid, self.check, self.owner, self.ordinal, self.h1, self.h2 = sid, check, owner, ordinal, h1, h2
+
+    @classmethod
+    def empty(cls) -> Stacks:
+        return cls(np.zeros(0, np.int64), np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(0, np.int64),
+                   np.zeros(0, np.uint64), np.zeros(0, np.uint64))
+
+    def plus(self, other: Stacks) -> Stacks:
+        """These stacks and those of ``other`` that are not among them."""
+        if not len(other.sid):
+            return self
+        if not len(self.sid):
+            return other
+        first, _ = unique_pairs(np.concatenate([self.sid, other.sid]).view(np.uint64),
+                                np.concatenate([self.check, other.check]))
+        new = np.sort(first[first >= len(self.sid)] - len(self.sid))
+        take = np.zeros(len(other.sid), np.int64)
+        take[new] = np.arange(len(new)) + len(self.sid)
+        rows = np.flatnonzero(np.isin(other.owner, new))
+        return Stacks(np.concatenate([self.sid, other.sid[new]]), np.concatenate([self.check, other.check[new]]),
+                      np.concatenate([self.owner, take[other.owner[rows]]]),
+                      np.concatenate([self.ordinal, other.ordinal[rows]]),
+                      np.concatenate([self.h1, other.h1[rows]]), np.concatenate([self.h2, other.h2[rows]]))
+
+    def write(self, scratch: Path, k: int) -> None:
+        if not len(self.sid):
+            return
         for name, table in (
-                ("_bucket_stacks", {"stack_id": sid[gi], "id_check": check[gi], "bucket": np.full(len(gi), k, np.int32)}),
-                ("_bucket_stack_pieces", {"stack_id": sid[gi][owner], "id_check": check[gi][owner],
-                                          "bucket": np.full(len(rows), k, np.int32),
-                                          "ord": ordinal.astype(np.int32), "h1": h1[rows], "h2": h2[rows]})):
+                ("_bucket_stacks", {"stack_id": self.sid, "id_check": self.check, "bucket": np.full(len(self.sid), k, np.int32)}),
+                ("_bucket_stack_pieces", {"stack_id": self.sid[self.owner], "id_check": self.check[self.owner],
+                                          "bucket": np.full(len(self.owner), k, np.int32),
+                                          "ord": self.ordinal.astype(np.int32), "h1": self.h1, "h2": self.h2})):
             path = scratch / f"{name}.parquet" / f"part-{k:05d}.parquet"
             path.parent.mkdir(exist_ok=True)
             pq.write_table(pa.table(table), path, compression="none")
-    result["groups"] = ng
-    return Groups(g_ts, g_tid, g_pid, sid_out), (ev, cpu, tid, order)
+
+
+@nb.njit(**JIT)
+def shared_keys(ts, tid, adopted, o_ts, o_tid, va_ts, out):
+    """For samples sorted by time: whether an adopted sample's (time, thread) is shared by another
+    sample, by a row of (``o_ts``, ``o_tid``) (sorted by time), or its time by a VirtualAlloc event
+    (``va_ts``, sorted): such a row could need the adopted pieces."""
+    n = ts.shape[0]
+    j = 0
+    m = 0
+    i = 0
+    while i < n:
+        e = i + 1
+        t = ts[i]
+        while e < n and ts[e] == t:
+            e += 1
+        while j < o_ts.shape[0] and o_ts[j] < t:
+            j += 1
+        while m < va_ts.shape[0] and va_ts[m] < t:
+            m += 1
+        va_hit = m < va_ts.shape[0] and va_ts[m] == t
+        for a in range(i, e):
+            if not adopted[a]:
+                continue
+            hit = va_hit
+            if not hit:
+                for c in range(i, e):
+                    if c != a and tid[c] == tid[a]:
+                        hit = True
+                        break
+            if not hit:
+                q = j
+                while q < o_ts.shape[0] and o_ts[q] == t:
+                    if o_tid[q] == tid[a]:
+                        hit = True
+                        break
+                    q += 1
+            out[a] = hit
+        i = e
+
+
+class Adopted:
+    """The stack pieces that a bucket's samples adopted in their partition (``adopt_pieces``): ``idx`` per
+    sample into the distinct adopted stacks ``d`` (-1: none)."""
+
+    def __init__(self, s: pa.Table, d: dict[str, np.ndarray], unsorted):
+        self.idx = _np(s, "adopted")
+        self.d, self.unsorted = d, unsorted
+        self.mask = self.idx >= 0
+
+    def give_back(self, s: pa.Table, which: np.ndarray) -> pa.Table | None:
+        """The adopted pieces of samples ``which`` as stack pieces, at their exact place in the order; those
+        samples then find them as a group like any other row."""
+        if not len(which):
+            return None
+        self.mask[which] = False
+        t, order = self.unsorted
+        rows = order[which]
+        ts, tid, cpu, pos = _np(s, "timestamp")[which], _np(s, "tid")[which], _np(s, "cpu")[which], _np(s, "stream_pos")[which]
+        a = self.idx[which]
+        pid = self.d["pid"][a]
+        parts = []
+        for side, prefix in ((0, "k_"), (1, "u_")):
+            cnt = self.d[prefix + "n"][a]
+            w = np.flatnonzero(cnt > 0)
+            dt, d = _np(t, prefix + "dt")[rows[w]].astype(np.int64), _np(t, prefix + "d")[rows[w]].astype(np.int64)
+            parts.append(pa.table({
+                "event_ts": ts[w], "tid": tid[w], "pid": pid[w], "cpu": cpu[w], "timestamp": ts[w] + dt,
+                "stream_pos": pos[w] + d, "user": np.full(len(w), bool(side)), "valid": np.ones(len(w), np.uint8),
+                "h1": self.d[prefix + "h1"][a[w]], "h2": self.d[prefix + "h2"][a[w]], "n": cnt[w].astype(np.int32)}))
+        return pa.concat_tables(parts)
+
+    def stacks(self) -> tuple[np.ndarray, Stacks]:
+        """Stack id of every sample (-1 where it adopted nothing) and the distinct adopted stacks."""
+        idx = np.where(self.mask, self.idx, -1)
+        sid = np.append(self.d["stack_id"], np.int64(-1))[idx]
+        seen = np.zeros(len(self.d["stack_id"]) + 1, np.bool_)
+        seen[idx] = True
+        used = np.flatnonzero(seen[:-1])
+        if not len(used):
+            return sid, Stacks.empty()
+        first, _ = unique_pairs(self.d["stack_id"][used].view(np.uint64), self.d["id_check"][used])
+        d = used[first]
+        kn, un = self.d["k_n"][d], self.d["u_n"][d]
+        kd, ud = np.flatnonzero(kn > 0), np.flatnonzero(un > 0)
+        owner = np.concatenate([kd, ud])
+        ordinal = np.concatenate([np.zeros(len(kd), np.int64), (kn[ud] > 0).astype(np.int64)])
+        ph1 = np.concatenate([self.d["k_h1"][d][kd], self.d["u_h1"][d][ud]])
+        ph2 = np.concatenate([self.d["k_h2"][d][kd], self.d["u_h2"][d][ud]])
+        o = np.lexsort((ordinal, owner))
+        return sid, Stacks(self.d["stack_id"][d], self.d["id_check"][d], owner[o], ordinal[o], ph1[o], ph2[o])
 
 
 def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
     lo, hi, k = task["lo"], task["hi"], task["bucket"]
     out_dir, src, scratch = Path(task["out_dir"]), task["sources"], Path(task["scratch_dir"])
     result: dict[str, Any] = {"bucket": k, "tables": {}, "rows_in": {}, "groups": 0, "samples": 0, "samples_with_stack": 0,
-                              "samples_with_stack_records": 0}
-    groups, piece_cpus = _groups(task, lo, hi, k, scratch, result)
+                              "samples_with_stack_records": 0, "samples_adopted_stacks": 0, "adopted_stacks_rejoined": 0}
     written = result["tables"]
     threads = thread_slots(task["threads"])
 
-    s = _sorted_rows(src.get("_samples", []), lo, hi)
-    result["rows_in"]["_samples"] = s.num_rows if s is not None else 0
+    rows = {}
+    s, adopted_d, unsorted = read_samples(src.get("_samples", []), lo, hi)
+    rows["_samples"] = s
+    for table in ("_virtual_allocs", "_heap_events", "_event_stack_links"):
+        rows[table] = _sorted_rows(src.get(table, []), lo, hi)
+    for table, t in rows.items():
+        result["rows_in"][table] = t.num_rows if t is not None else 0
+    pieces = read_bucket(src.get("_pieces", []), "event_ts", lo, hi, PIECE_COLUMNS)
+    result["rows_in"]["_pieces"] = pieces.num_rows if pieces is not None else 0
+    s, v, h, e = rows["_samples"], rows["_virtual_allocs"], rows["_heap_events"], rows["_event_stack_links"]
+    if e is not None:
+        ts, cpu, spos = _np(e, "timestamp"), _np(e, "cpu"), _np(e, "stream_pos")
+        # One row per event: an event with several stack items has several identical links.
+        dup = np.zeros(len(ts), np.bool_)
+        dup[1:] = (ts[1:] == ts[:-1]) & (cpu[1:] == cpu[:-1]) & (spos[1:] == spos[:-1])
+        e = e.filter(pa.array(~dup))
+
+    adopted = Adopted(s, adopted_d, unsorted) if s is not None else None
+    if adopted is not None and adopted.mask.any():
+        # Adopted pieces that another row of the bucket could share go back among the pieces.
+        o_ts = [_np(t, c) for t, c in ((pieces, "event_ts"), (h, "timestamp"), (e, "timestamp")) if t is not None]
+        o_tid = [_np(t, "tid") for t in (pieces, h, e) if t is not None]
+        o_ts = np.concatenate(o_ts) if o_ts else np.zeros(0, np.int64)
+        o_tid = np.concatenate(o_tid) if o_tid else np.zeros(0, np.uint32)
+        by_ts = np.argsort(o_ts, kind="stable")
+        va_ts = np.unique(_np(v, "timestamp")) if v is not None else np.zeros(0, np.int64)
+        shared = np.zeros(s.num_rows, np.bool_)
+        shared_keys(_np(s, "timestamp"), _np(s, "tid"), adopted.mask, o_ts[by_ts], o_tid[by_ts], va_ts, shared)
+        back = adopted.give_back(s, np.flatnonzero(shared))
+        result["adopted_stacks_rejoined"] = int(shared.sum())
+        if back is not None:
+            pieces = back if pieces is None else pa.concat_tables([pieces.select(PIECE_COLUMNS), back.cast(
+                pieces.select(PIECE_COLUMNS).schema)]).combine_chunks()
+    groups, piece_cpus, stacks = _groups(pieces)
+    result["groups"] = len(groups.ts)
+
     if s is not None:
         ts, tid = _np(s, "timestamp"), _np(s, "tid")
         gi = groups.match(ts, tid)
         stack = groups.stack[gi]
+        group_pid = groups.pid[gi]
+        with_records = gi >= 0
+        if adopted is not None:
+            sid, adopted_stacks = adopted.stacks()
+            stack = np.where(adopted.mask, sid, stack)
+            group_pid = np.where(adopted.mask, np.append(adopted.d["pid"], np.uint32(0))[adopted.idx], group_pid)
+            with_records |= adopted.mask
+            result["samples_adopted_stacks"] = int(adopted.mask.sum())
+            stacks = stacks.plus(adopted_stacks)
         tpid, has = np.zeros(len(ts), np.uint32), np.zeros(len(ts), np.bool_)
         thread_pids(ts, tid, *threads, tpid, has)
-        pid = np.where(has, tpid, groups.pid[gi]).astype(np.uint32)
+        pid = np.where(has, tpid, group_pid).astype(np.uint32)
         table = pa.table({
             "timestamp": s.column("timestamp"), "timestamp_ns": to_ns(ts, *task["clock"]), "cpu": s.column("cpu"),
-            "tid": s.column("tid"), "pid": pa.array(pid, pa.uint32(), mask=~has & (gi < 0)), "ip": s.column("ip"),
+            "tid": s.column("tid"), "pid": pa.array(pid, pa.uint32(), mask=~has & ~with_records), "ip": s.column("ip"),
             "stack_id": _stack_column(stack), "stream_pos": s.column("stream_pos"),
         })
         written["samples"] = _write(table, out_dir / "samples.parquet", k)
         result["samples"] = len(ts)
         result["samples_with_stack"] = int((stack >= 0).sum())
-        result["samples_with_stack_records"] = int((gi >= 0).sum())
+        result["samples_with_stack_records"] = int(with_records.sum())
+    stacks.write(scratch, k)
 
-    v = _sorted_rows(src.get("_virtual_allocs", []), lo, hi)
-    result["rows_in"]["_virtual_allocs"] = v.num_rows if v is not None else 0
     if v is not None:
         ts, cpu = _np(v, "timestamp"), _np(v, "cpu")
         vtid = np.full(len(ts), -1, np.int64)
@@ -453,8 +798,6 @@ def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
         })
         written["virtual_allocs"] = _write(table, out_dir / "virtual_allocs.parquet", k)
 
-    h = _sorted_rows(src.get("_heap_events", []), lo, hi)
-    result["rows_in"]["_heap_events"] = h.num_rows if h is not None else 0
     if h is not None:
         gi = groups.match(_np(h, "timestamp"), _np(h, "tid"))
         stack = groups.stack[gi]
@@ -464,14 +807,7 @@ def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
         table = table.cast(OUTPUT_SCHEMAS["heap_events"])      # kind: dictionary in scratch, text here
         written["heap_events"] = _write(table, out_dir / "heap_events.parquet", k)
 
-    e = _sorted_rows(src.get("_event_stack_links", []), lo, hi)
-    result["rows_in"]["_event_stack_links"] = e.num_rows if e is not None else 0
     if e is not None:
-        ts, cpu, spos = _np(e, "timestamp"), _np(e, "cpu"), _np(e, "stream_pos")
-        # One row per event: an event with several stack items has several identical links.
-        dup = np.zeros(len(ts), np.bool_)
-        dup[1:] = (ts[1:] == ts[:-1]) & (cpu[1:] == cpu[:-1]) & (spos[1:] == spos[:-1])
-        e = e.filter(pa.array(~dup))
         gi = groups.match(_np(e, "timestamp"), _np(e, "tid"))
         stack = groups.stack[gi]
         table = e.select(["timestamp", "timestamp_ns", "cpu", "stream_pos", "tid"]).append_column(

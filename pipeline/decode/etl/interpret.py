@@ -168,7 +168,8 @@ def sampled_profile(b: Batch, idx: np.ndarray) -> None:
         b.require(idx[~ok], b.c["ptr"][idx[~ok]].astype(np.int64) + 8, "SampledProfile")   # reports them
         idx, ip, tid = idx[ok], ip[ok], tid[ok]
     # timestamp_ns is computed by the bucket that writes the sample: one column less to write and read back.
-    b.emit("_samples", {**b.common(idx, ns=False), "tid": tid, "ip": ip}, idx)
+    # ``_rec`` (record index) lets the partition give each sample the stack pieces that follow it; not written.
+    b.emit("_samples", {**b.common(idx, ns=False), "tid": tid, "ip": ip, "_rec": idx}, idx)
 
 
 # --- StackWalk (§3.5) ------------------------------------------------------------------------------
@@ -209,7 +210,7 @@ def stack_walk(b: Batch, idx: np.ndarray) -> None:
     # A record whose leaf frame is a user address is the user half of a stack (or a user-only stack).
     b.emit("_stack_refs", {
         **b.common(idx, ns=False), "event_ts": ev, "pid": pid, "tid": tid,
-        "kind": np.zeros(n, np.uint8), "key": np.zeros(n, np.uint64),
+        "kind": np.zeros(n, np.uint8), "key": np.zeros(n, np.uint64), "_rec": idx,
         **_distinct_frames(b, b.c["pay_off"][idx] + W["frames"], b.c["pay_len"][idx] - W["frames"], b.c["ptr"][idx],
                            h1, h2, leaf, count),
     }, idx)

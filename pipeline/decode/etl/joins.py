@@ -149,7 +149,8 @@ def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
         for table, schema in B.OUTPUT_SCHEMAS.items():
             if not out.table_path(table).exists():
                 pq.write_table(schema.empty_table(), out.table_path(table))
-        for key in ("samples", "samples_with_stack", "samples_with_stack_records"):
+        for key in ("samples", "samples_with_stack", "samples_with_stack_records", "samples_adopted_stacks",
+                    "adopted_stacks_rejoined"):
             stats[key] = sum(d[key] for d in done)
         stats["bucket_rows_lost"] = _check_rows(sources, done, errors, str(out.path))
         stats["join_buckets"] = len(buckets)

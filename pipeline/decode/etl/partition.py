@@ -23,7 +23,7 @@ import pyarrow as pa
 from pipeline.decode.etl import kernels as K
 from pipeline.decode.etl import layout as L
 from pipeline.decode.etl.batch import Batch, record_error, unique_pairs, walk
-from pipeline.decode.etl.buckets import BUCKETED, MAP_POPULATE, pack_hashes, write_part, write_scratch
+from pipeline.decode.etl.buckets import BUCKETED, MAP_POPULATE, adopt_pieces, pack_hashes, write_part, write_scratch
 from pipeline.decode.etl.buffers import MAX_BUFFER_SIZE
 from pipeline.decode.etl.interpret import extended_stacks, lookup
 from pipeline.warmup import set_aside
@@ -31,6 +31,11 @@ from pipeline.warmup import set_aside
 _GROUP_GUIDS = L.group_guid_table()
 #: Provider text of codes 0-255 (kernel groups) and 256 (MESSAGE records without a GUID).
 _GROUP_PROVIDERS = [str(uuid.UUID(bytes_le=bytes(g))) for g in _GROUP_GUIDS] + [L.NULL_GUID]
+#: Stack pieces of a partition without StackWalk records (nothing for its samples to adopt).
+EMPTY_REFS = pa.table({"event_ts": pa.array([], pa.int64()), "tid": pa.array([], pa.uint32()),
+                       "user": pa.array([], pa.bool_()), "pid": pa.array([], pa.uint32()),
+                       "timestamp": pa.array([], pa.int64()), "h1": pa.array([], pa.uint64()),
+                       "h2": pa.array([], pa.uint64()), "n": pa.array([], pa.int32()), "_rec": pa.array([], pa.int64())})
 _SYSTEM_KIND = np.zeros(256, bool)
 _SYSTEM_KIND[list(L.SYSTEM_KINDS)] = True
 
@@ -246,8 +251,16 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> tuple[
     written: dict[str, str] = {}
     sources: dict[str, tuple[str, int, int]] = {}
     times = []
-    for table, pieces in b.out.items():
-        data = pa.concat_tables(pieces, promote_options="permissive")
+    tables = {table: pa.concat_tables(pieces, promote_options="permissive") for table, pieces in b.out.items()}
+    if "_samples" in tables:
+        refs = tables.get("_stack_refs")
+        usable = refs is not None and "_rec" in refs.column_names
+        tables["_samples"], refs = adopt_pieces(tables["_samples"], refs if usable else EMPTY_REFS, b.c["rbuf"])
+        if usable:
+            tables["_stack_refs"] = refs
+    for table, data in tables.items():
+        if "_rec" in data.column_names:
+            data = data.drop_columns(["_rec"])
         if table == "_stack_refs":
             # Full stacks (kind 0) are pieces as they are; key references wait for their definitions.
             kind = data.column("kind").to_numpy()
