@@ -44,9 +44,9 @@ class DecodeConfig(Section):
         "DuckDB spills to a temporary directory inside the stage output.",
     )
     bucket_rows: int = Field(
-        1_000_000, ge=1000, description="Rows (samples, stack pieces, VirtualAlloc and heap events) per time bucket "
+        500_000, ge=1000, description="Rows (samples, stack pieces not adopted by a sample, VirtualAlloc and heap events) per time bucket "
         "of the ETL per-event joins; one dask task joins one bucket, so this bounds a worker's memory "
-        "(about 100 bytes per row). There are at least as many buckets as workers.",
+        "(about 150 bytes per row). There are at least as many buckets as workers.",
     )
     max_error_rows: int = Field(10_000, ge=0, description="At most this many rows in the `errors` table per input.")
     skip_cargo_probe: bool = Field(
