@@ -612,10 +612,12 @@ class Stacks:
 
 
 @nb.njit(**JIT)
-def shared_keys(ts, tid, adopted, o_ts, o_tid, va_ts, out):
+def shared_keys(ts, tid, cpu, adopted, o_ts, o_tid, va_ts, va_cpu, out):
     """For samples sorted by time: whether an adopted sample's (time, thread) is shared by another
-    sample, by a row of (``o_ts``, ``o_tid``) (sorted by time), or its time by a VirtualAlloc event
-    (``va_ts``, sorted): such a row could need the adopted pieces."""
+    sample or by a row of (``o_ts``, ``o_tid``) (sorted by time), or its (time, cpu) by a VirtualAlloc
+    event (``va_ts``, ``va_cpu``, sorted by time; such an event finds its thread through a piece logged on
+    its cpu for its time, and adopted pieces were logged on their sample's cpu): such a row could need the
+    adopted pieces."""
     n = ts.shape[0]
     j = 0
     m = 0
@@ -629,11 +631,16 @@ def shared_keys(ts, tid, adopted, o_ts, o_tid, va_ts, out):
             j += 1
         while m < va_ts.shape[0] and va_ts[m] < t:
             m += 1
-        va_hit = m < va_ts.shape[0] and va_ts[m] == t
         for a in range(i, e):
             if not adopted[a]:
                 continue
-            hit = va_hit
+            hit = False
+            q = m
+            while q < va_ts.shape[0] and va_ts[q] == t:
+                if va_cpu[q] == cpu[a]:
+                    hit = True
+                    break
+                q += 1
             if not hit:
                 for c in range(i, e):
                     if c != a and tid[c] == tid[a]:
@@ -735,9 +742,11 @@ def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
         o_ts = np.concatenate(o_ts) if o_ts else np.zeros(0, np.int64)
         o_tid = np.concatenate(o_tid) if o_tid else np.zeros(0, np.uint32)
         by_ts = np.argsort(o_ts, kind="stable")
-        va_ts = np.unique(_np(v, "timestamp")) if v is not None else np.zeros(0, np.int64)
+        va_ts = _np(v, "timestamp") if v is not None else np.zeros(0, np.int64)         # sorted: v is in time order
+        va_cpu = _np(v, "cpu") if v is not None else np.zeros(0, np.uint16)
         shared = np.zeros(s.num_rows, np.bool_)
-        shared_keys(_np(s, "timestamp"), _np(s, "tid"), adopted.mask, o_ts[by_ts], o_tid[by_ts], va_ts, shared)
+        shared_keys(_np(s, "timestamp"), _np(s, "tid"), _np(s, "cpu"), adopted.mask, o_ts[by_ts], o_tid[by_ts],
+                    va_ts, va_cpu, shared)
         back = adopted.give_back(s, np.flatnonzero(shared))
         result["adopted_stacks_rejoined"] = int(shared.sum())
         if back is not None:
