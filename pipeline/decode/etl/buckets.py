@@ -111,7 +111,7 @@ def _unpack_hashes(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 
 # --- stack pieces adopted by their sample (partition side) ---------------------------------------------
-#: How many records after a sample (in its buffer) its stack pieces are looked for: they follow it.
+#: At most this many stack pieces that directly follow a sample in its buffer are looked at.
 ADOPT_WINDOW = 8
 #: What a sample carries for each adopted piece beside its hashes: the piece's time after the sample's
 #: (ticks) and its distance in records, which give back its (timestamp, cpu, stream_pos) in the buckets.
@@ -121,9 +121,28 @@ ADOPT_MAX_DT = 0xFFFF
 @nb.njit(**JIT)
 def claim_adjacent(s_rec, s_ts, s_tid, rbuf, piece_at, p_ev, p_tid, p_user, p_pid, p_ts, p_h1, p_h2, p_n, window,
                    k_out, u_out, k_dt, u_dt, k_d, u_d, pid_out, key1, key2, claimed):
-    """For each sample (record ``s_rec``), the stack pieces of its (time, thread) among the next ``window``
-    records of its buffer: at most one kernel piece (``k_out``) and one user piece (``u_out``), -1 for
-    none, with their time after the sample and distance in records. A sample adopts nothing (both -1)
+    """``_claim_adjacent`` with the powers of the hash bases up to the largest frame count at hand."""
+    pw1 = np.ones(1, np.uint64)
+    pw2 = np.ones(1, np.uint64)
+    if p_n.shape[0]:
+        top = max(0, p_n.max()) + 1
+        pw1 = np.empty(top, np.uint64)
+        pw2 = np.empty(top, np.uint64)
+        pw1[0] = 1
+        pw2[0] = 1
+        for i in range(1, top):
+            pw1[i] = pw1[i - 1] * POLY_B1
+            pw2[i] = pw2[i - 1] * POLY_B2
+    _claim_adjacent(s_rec, s_ts, s_tid, rbuf, piece_at, p_ev, p_tid, p_user, p_pid, p_ts, p_h1, p_h2, p_n, window,
+                    k_out, u_out, k_dt, u_dt, k_d, u_d, pid_out, key1, key2, claimed, pw1, pw2)
+
+
+@nb.njit(**JIT)
+def _claim_adjacent(s_rec, s_ts, s_tid, rbuf, piece_at, p_ev, p_tid, p_user, p_pid, p_ts, p_h1, p_h2, p_n, window,
+                    k_out, u_out, k_dt, u_dt, k_d, u_d, pid_out, key1, key2, claimed, pw1, pw2):
+    """For each sample (record ``s_rec``), the stack pieces of its (time, thread) that directly follow it
+    in its buffer (consecutive records, at most ``window``): at most one kernel piece (``k_out``) and one
+    user piece (``u_out``), -1 for none, with their time after the sample and distance in records. A sample adopts nothing (both -1)
     when a side has two pieces there, a piece was adopted already, its time is too far, or the two
     pieces name different processes: its pieces then go through the buckets as before.
 
@@ -141,23 +160,24 @@ def claim_adjacent(s_rec, s_ts, s_tid, rbuf, piece_at, p_ev, p_tid, p_user, p_pi
         end = min(r + window + 1, n)
         while q < end and rbuf[q] == rbuf[r]:
             p = piece_at[q]
-            if p >= 0 and p_ev[p] == s_ts[s] and p_tid[p] == s_tid[s]:
-                dt = p_ts[p] - s_ts[s]
-                if claimed[p] or dt < 0 or dt > ADOPT_MAX_DT:
+            if p < 0 or p_ev[p] != s_ts[s] or p_tid[p] != s_tid[s]:
+                break
+            dt = p_ts[p] - s_ts[s]
+            if claimed[p] or dt < 0 or dt > ADOPT_MAX_DT:
+                ok = False
+                break
+            if p_user[p]:
+                if u >= 0:
                     ok = False
                     break
-                if p_user[p]:
-                    if u >= 0:
-                        ok = False
-                        break
-                    u = p
-                    ud = q - r
-                else:
-                    if k >= 0:
-                        ok = False
-                        break
-                    k = p
-                    kd = q - r
+                u = p
+                ud = q - r
+            else:
+                if k >= 0:
+                    ok = False
+                    break
+                k = p
+                kd = q - r
             q += 1
         if ok and k >= 0 and u >= 0 and p_pid[k] != p_pid[u]:
             ok = False
@@ -182,8 +202,8 @@ def claim_adjacent(s_rec, s_ts, s_tid, rbuf, piece_at, p_ev, p_tid, p_user, p_pi
             kn = p_n[k]
         if u >= 0:
             un = p_n[u]
-            h1 = h1 * poly_pow(POLY_B1, un) + p_h1[u]
-            h2 = h2 * poly_pow(POLY_B2, un) + p_h2[u]
+            h1 = h1 * pw1[un] + p_h1[u]
+            h2 = h2 * pw2[un] + p_h2[u]
         key1[s] = h1 ^ (np.uint64(kn + un) * np.uint64(0x9E3779B97F4A7C15)) ^ (np.uint64(kn) * np.uint64(0xD6E8FEB86659FD93))
         pid_out[s] = p_pid[k] if k >= 0 else p_pid[u]
         key2[s] = h2 ^ (np.uint64(pid_out[s]) * np.uint64(0xBF58476D1CE4E5B9))
