@@ -45,13 +45,29 @@ class Pool:
 
             gc.freeze()
 
-    def map(self, fn: Callable[..., Any], items: Iterable[Any], **kwargs) -> list[Any]:
-        """``[fn(item, **kwargs) for item in items]``, in order, on the cluster when there is one."""
+    def map(self, fn: Callable[..., Any], items: Iterable[Any], on_result: Callable[[Any], None] | None = None,
+            **kwargs) -> list[Any]:
+        """``[fn(item, **kwargs) for item in items]``, in order, on the cluster when there is one.
+        ``on_result(result)`` runs in this process for each result as soon as it arrives (in the order they
+        finish), before the list is returned: it may take what it needs out of a result."""
         items = list(items)
         if self.client is None or not items:
-            return [fn(item, **kwargs) for item in items]
+            results = []
+            for item in items:
+                results.append(fn(item, **kwargs))
+                if on_result is not None:
+                    on_result(results[-1])
+            return results
         futures = self.client.map(fn, items, pure=False, **kwargs)
-        return self.client.gather(futures)
+        if on_result is None:
+            return self.client.gather(futures)
+        from distributed import as_completed
+
+        done: dict[Any, Any] = {}
+        for future, result in as_completed(futures, with_results=True):
+            on_result(result)
+            done[future.key] = result
+        return [done[f.key] for f in futures]
 
 
 @contextlib.contextmanager

@@ -104,6 +104,27 @@ def test_pool_runs_tasks_on_real_worker_processes(dask_pool):
     assert dask_pool.n_workers == 2
 
 
+def _slow_square(x):
+    import time
+
+    time.sleep(0.05 * (x % 3))
+    return {"x": x, "square": x * x, "extra": [x] * 3}
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_pool_hands_each_result_over_as_it_arrives(dask_pool, inline):
+    """``on_result`` sees every result once, as it finishes (workers and inline), may take parts of it,
+    and the list still comes back in the order of the items."""
+    from pipeline.cluster import Pool
+
+    pool = Pool(None) if inline else dask_pool
+    seen = []
+    results = pool.map(_slow_square, range(9), on_result=lambda r: seen.append((r["x"], r.pop("extra"))))
+    assert [r["square"] for r in results] == [x * x for x in range(9)]
+    assert sorted(seen) == [(x, [x] * 3) for x in range(9)]
+    assert all("extra" not in r for r in results)
+
+
 def test_decode_sniff_rejects_unknown_and_short_files(tmp_path):
     from pipeline.decode import classify
 

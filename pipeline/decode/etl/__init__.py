@@ -58,7 +58,7 @@ def decode_etl(path: Path, out, cfg, pool) -> dict[str, Any]:
     import duckdb  # noqa: F401 - imported here, so that set_aside keeps its objects out of the collector
 
     from pipeline.decode.etl import heapsnap, joins
-    from pipeline.decode.etl.partition import decode_partition, release_freed_memory
+    from pipeline.decode.etl.partition import InlineScratch, decode_partition, release_freed_memory
 
     pool.set_aside()
     t0 = time.time()
@@ -77,7 +77,9 @@ def decode_etl(path: Path, out, cfg, pool) -> dict[str, Any]:
          "out_dir": str(out.path), "scratch_dir": str(scratch)}
         for i, part in enumerate(plan_partitions(desc, cfg.partition_bytes))
     ]
-    results = pool.map(decode_partition, tasks)
+    small = InlineScratch(scratch)
+    results = pool.map(decode_partition, tasks, on_result=small.take)
+    small.close()
     t_parts = time.time()
 
     errors = list(header.walk_errors)

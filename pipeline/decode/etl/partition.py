@@ -40,6 +40,41 @@ _SYSTEM_KIND = np.zeros(256, bool)
 _SYSTEM_KIND[list(L.SYSTEM_KINDS)] = True
 
 
+#: Scratch tables of at most this many bytes go back to the client in the task's result (``write_parts``).
+INLINE_BYTES = 1 << 20
+
+
+class InlineScratch:
+    """The small scratch tables that partitions hand back (``write_parts``), written as parquet parts of
+    their tables in the scratch directory, a part whenever a table has gathered ``flush_bytes``: memory
+    stays bounded however many partitions there are, and there are a few files instead of one per
+    partition and table."""
+
+    def __init__(self, scratch_dir: Path, flush_bytes: int = 16 << 20):
+        self.dir, self.flush_bytes = scratch_dir, flush_bytes
+        self.pending: dict[str, list[pa.Table]] = {}
+        self.parts = 0
+
+    def take(self, result: dict) -> None:
+        """Take the small tables out of a partition's result (called as each result arrives)."""
+        for table, data in result.pop("inline", {}).items():
+            self.pending.setdefault(table, []).append(data)
+            if sum(t.nbytes for t in self.pending[table]) >= self.flush_bytes:
+                self._write(table)
+
+    def close(self) -> None:
+        for table in list(self.pending):
+            self._write(table)
+
+    def _write(self, table: str) -> None:
+        data = pa.concat_tables(self.pending.pop(table), promote_options="permissive")
+        directory = self.dir / f"{table}.parquet"
+        directory.mkdir(parents=True, exist_ok=True)
+        text = [f.name for f in data.schema if pa.types.is_string(f.type) or pa.types.is_dictionary(f.type)]
+        write_part(data, directory / f"inline-{self.parts:05d}.parquet", compression="none", use_dictionary=text)
+        self.parts += 1
+
+
 #: glibc malloc settings for the decode tasks (see :func:`reuse_freed_memory`).
 MMAP_THRESHOLD = 32 << 20
 TRIM_THRESHOLD = 128 << 20
@@ -141,9 +176,9 @@ def _decode_partition(task: dict[str, Any]) -> dict[str, Any]:
     b = Batch(blob, cols, bufs, dict(task["consts"], path=path, starts=starts))
     b.errors = errors
     counts = interpret(b)
-    written, times, sources = write_parts(b, part, Path(task["out_dir"]), Path(task["scratch_dir"]))
+    written, times, sources, inline = write_parts(b, part, Path(task["out_dir"]), Path(task["scratch_dir"]))
     return {
-        "part": part, "tables": written, "times": times, "sources": sources, "records": int(b.n),
+        "part": part, "tables": written, "times": times, "sources": sources, "inline": inline, "records": int(b.n),
         "bytes": int(bufs["buffer_size"].sum()),
         "event_counts": counts, "errors": b.errors, "buffers_skipped": int(skipped + (rstatus != 0).sum()),
     }
@@ -241,15 +276,18 @@ def interpret(b: Batch) -> list[tuple]:
             for k, n in zip(kinds.tolist(), counts.tolist())]
 
 
-def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> tuple[dict[str, str], np.ndarray, dict]:
+def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> tuple[dict[str, str], np.ndarray, dict, dict]:
     """One file per table: final tables into the stage directory (parquet, zstd); the event-like scratch
     tables of the bucket joins (``buckets.BUCKETED``) as Arrow IPC files; other ``_`` scratch
-    tables into the scratch directory as uncompressed parquet (they live for seconds). Dictionary pages
+    tables into the scratch directory as uncompressed parquet (they live for seconds), or, when they are
+    small (``INLINE_BYTES``: process, thread and image events, usually), handed back to the client in the
+    result, which writes them together (``InlineScratch``): ten files less per partition. Dictionary pages
     only for text columns: numeric columns compress better and faster without. Returns the paths, the
-    sample of times the bucket planner cuts, and the scratch files as bucket sources (table -> (path, lo,
-    hi))."""
+    sample of times the bucket planner cuts, the scratch files as bucket sources (table -> (path, lo,
+    hi)) and the small tables."""
     written: dict[str, str] = {}
     sources: dict[str, tuple[str, int, int]] = {}
+    inline: dict[str, pa.Table] = {}
     times = []
     tables = {table: pa.concat_tables(pieces, promote_options="permissive") for table, pieces in b.out.items()}
     if "_samples" in tables:
@@ -275,13 +313,16 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> tuple[
         if table in BUCKETED:
             times.append(_write_bucketed(data, table, part, scratch_dir, sources))
             continue
+        if table.startswith("_") and data.nbytes <= INLINE_BYTES:
+            inline[table] = data
+            continue
         directory = (scratch_dir if table.startswith("_") else out_dir) / f"{table}.parquet"
         directory.mkdir(parents=True, exist_ok=True)
         target = directory / f"part-{part:05d}.parquet"
         text = [f.name for f in data.schema if pa.types.is_string(f.type) or pa.types.is_dictionary(f.type)]
         write_part(data, target, compression="none" if table.startswith("_") else "zstd", use_dictionary=text)
         written[table] = str(target)
-    return written, (np.concatenate(times) if times else np.zeros(0, np.int64)), sources
+    return written, (np.concatenate(times) if times else np.zeros(0, np.int64)), sources, inline
 
 
 def _write_bucketed(data: pa.Table, table: str, part: int, scratch_dir: Path, sources: dict) -> np.ndarray:
