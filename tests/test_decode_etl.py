@@ -184,31 +184,6 @@ def test_truncated_file_decodes_what_is_there(tmp_path):
     assert read_manifest(run_dir, "decoded")["etl"]["records"] > 0
 
 
-def test_chain_walk_through_small_windows_equals_a_hop_by_hop_walk(tmp_path, monkeypatch):
-    """The buffer chain is followed by a numba kernel through windows of the file; with windows of
-    64 KiB and output arrays that start at one buffer (headers cross into the next window, the arrays
-    fill and grow) it still finds exactly the buffers that hopping header by header finds, and the
-    same error where the chain breaks (an absurd BufferSize here)."""
-    from pipeline.decode.etl import buffers
-
-    src = _copy("perfview-net452-x64/net.4.5.2.x64.etl", tmp_path)
-    data = bytearray(src.read_bytes())
-    offs, off = [], 0
-    while off < len(data):
-        offs.append(off)
-        off += int.from_bytes(data[off:off + 4], "little")
-    data[offs[300]:offs[300] + 4] = (12).to_bytes(4, "little")
-    src.write_bytes(bytes(data))
-    monkeypatch.setattr(buffers, "CHAIN_WINDOW_BYTES", 1 << 16)
-    monkeypatch.setattr(buffers, "CHAIN_FIRST_CAP", 1)
-    header, bufs = buffers.walk(src)
-    assert bufs["file_offset"].tolist() == offs[:300]
-    assert bufs["buffer_size"].tolist() == [offs[i + 1] - offs[i] for i in range(300)]
-    assert bufs["index"].tolist() == list(range(300))
-    assert [(e["kind"], e["buffer_index"], e["file_offset"]) for e in header.walk_errors] == [
-        ("bad_buffer_size", 300, offs[300])]
-
-
 def test_corrupt_records_and_compressed_buffers_are_skipped_and_counted(tmp_path):
     src = _copy("perfview-net452-x64/net.4.5.2.x64.etl", tmp_path)
     data = bytearray(src.read_bytes())

@@ -1,14 +1,12 @@
 """Layer 1, bytes: walk the buffer chain and read the logfile header.
 
-One sequential pass (a numba kernel through windows of the file) reads the 0x48-byte header of every
-buffer and hops by its BufferSize (never
+One sequential pass reads the 0x48-byte header of every buffer and hops by its BufferSize (never
 ``i * BufferSize``: relogged files have a short header buffer and compressed buffers each have their own
 on-disk size). The result is a table of buffer descriptors that later layers hand to dask tasks.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,76 +112,38 @@ def walk(path: Path) -> tuple[TraceHeader, np.ndarray]:
         f.seek(0)
         head = f.read(0x1000)
         header = _read_logfile_header(path, head, file_size)
-        offsets, headers = _chain(path, f.fileno(), file_size, header.walk_errors)
-    h = headers.view(L.BUFFER_HEADER).ravel() if len(headers) else np.zeros(0, L.BUFFER_HEADER)
-    descs = np.zeros(len(offsets), BUFFER_DESC)
-    descs["index"] = np.arange(len(offsets))
-    descs["file_offset"] = offsets
-    descs["buffer_size"] = h["buffer_size"]
-    flag = h["buffer_flag"]
-    compressed = (flag & L.BUFFER_FLAG_COMPRESSED) != 0
-    size = h["buffer_size"].astype(np.int64)
-    fill = np.where(compressed, h["saved_offset"].astype(np.int64), np.minimum(h["offset"].astype(np.int64), size))
-    descs["data_len"] = np.maximum(fill - L.BUFFER_HEADER_SIZE, 0)
-    descs["cpu"] = h["processor_index"] & L.PROCESSOR_INDEX_MASK
-    descs["sequence"] = h["sequence"]
-    descs["buffer_flag"] = flag
-    descs["buffer_type"] = h["buffer_type"]
-    descs["compressed"] = compressed
-    return header, descs
-
-
-#: The chain is followed through windows of the file mapped one after the other (only the header pages
-#: are read; a whole-file map would leave every touched page of a multi-GB trace in the process).
-CHAIN_WINDOW_BYTES = 64 << 20
-#: Buffers the first output arrays of the chain walk hold (they grow fourfold when full).
-CHAIN_FIRST_CAP = 4096
-
-
-def _chain(path: Path, fd: int, file_size: int, errors: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
-    """Offsets and raw 0x48-byte headers of the buffers of the chain, in order; where the chain cannot
-    be followed further (a cut header, an absurd BufferSize, a buffer past the end), one error."""
-    from pipeline.decode.etl import kernels as K
-
-    found_offsets, found_headers = [], []
-    pos, count = 0, 0
-    cap = CHAIN_FIRST_CAP
-    while True:
-        base = pos - pos % mmap.ALLOCATIONGRANULARITY
-        length = min(CHAIN_WINDOW_BYTES, file_size - base)
-        if length <= 0:
-            break
-        with mmap.mmap(fd, length, offset=base, prot=mmap.PROT_READ) as mm:
-            win = np.frombuffer(mm, np.uint8)
-            try:
-                while True:
-                    offsets, headers = np.empty(cap, np.int64), np.empty((cap, L.BUFFER_HEADER_SIZE), np.uint8)
-                    n, pos, why = K.chain_headers(win, base, pos, file_size, MAX_BUFFER_SIZE, offsets, headers)
-                    found_offsets.append(offsets[:n])
-                    found_headers.append(headers[:n])
-                    count += n
-                    if why != K.CHAIN_FULL:
-                        break
-                    cap = min(cap * 4, 1 << 20)
-            finally:
-                del win
-        if why == K.CHAIN_WINDOW:
-            continue
-        if why == K.CHAIN_TRAILING:
-            errors.append(_err(path, count, pos, "truncated",
-                               f"{file_size - pos} trailing bytes: too short for a buffer header"))
-        elif why in (K.CHAIN_BAD_SIZE, K.CHAIN_PAST_END):
-            size = L.BUFFER_HEADER_STRUCT.unpack(os.pread(fd, L.BUFFER_HEADER_SIZE, pos))[0]
-            if why == K.CHAIN_BAD_SIZE:
-                errors.append(_err(path, count, pos, "bad_buffer_size",
-                                   f"BufferSize {size} outside [0x48, {MAX_BUFFER_SIZE}]; chain ends here"))
+        descs: list[tuple] = []
+        offset = 0
+        index = 0
+        fd = f.fileno()
+        while offset < file_size:
+            if offset + L.BUFFER_HEADER_SIZE > file_size:
+                header.walk_errors.append(_err(path, index, offset, "truncated",
+                                               f"{file_size - offset} trailing bytes: too short for a buffer header"))
+                break
+            # One 0x48-byte read per buffer: the walk touches headers only, never the event data.
+            h = dict(zip(_FIELDS, L.BUFFER_HEADER_STRUCT.unpack(os.pread(fd, L.BUFFER_HEADER_SIZE, offset))))
+            size = h["buffer_size"]
+            if size < L.BUFFER_HEADER_SIZE or size > MAX_BUFFER_SIZE:
+                header.walk_errors.append(_err(path, index, offset, "bad_buffer_size",
+                                               f"BufferSize {size} outside [0x48, {MAX_BUFFER_SIZE}]; chain ends here"))
+                break
+            if offset + size > file_size:
+                header.walk_errors.append(_err(path, index, offset, "truncated",
+                                               f"BufferSize {size} runs past the end of the file ({file_size} bytes)"))
+                break
+            flag = int(h["buffer_flag"])
+            compressed = bool(flag & L.BUFFER_FLAG_COMPRESSED)
+            if compressed:
+                data_len = max(int(h["saved_offset"]) - L.BUFFER_HEADER_SIZE, 0)
             else:
-                errors.append(_err(path, count, pos, "truncated",
-                                   f"BufferSize {size} runs past the end of the file ({file_size} bytes)"))
-        break
-    if not found_offsets:
-        return np.zeros(0, np.int64), np.zeros((0, L.BUFFER_HEADER_SIZE), np.uint8)
-    return np.concatenate(found_offsets), np.concatenate(found_headers)
+                data_len = max(min(int(h["offset"]), size) - L.BUFFER_HEADER_SIZE, 0)
+            cpu = int(h["processor_index"]) & L.PROCESSOR_INDEX_MASK
+            descs.append((index, offset, size, data_len, cpu, int(h["sequence"]), flag,
+                          int(h["buffer_type"]), compressed))
+            offset += size
+            index += 1
+    return header, np.array(descs, dtype=BUFFER_DESC)
 
 
 def _err(path: Path, buffer: int, offset: int, kind: str, message: str) -> dict[str, Any]:

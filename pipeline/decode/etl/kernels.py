@@ -753,38 +753,3 @@ def hash_frame_lists(offsets, values, h1, h2, count):
         h1[i] = a
         h2[i] = c
         count[i] = offsets[i + 1] - offsets[i]
-
-
-#: ``chain_headers`` stopped because: the window ends before the next header (map the next one), the
-#: chain ends at the end of the file, a header is cut by the end of the file, a BufferSize is absurd, a
-#: buffer runs past the end of the file, or the output arrays are full.
-CHAIN_WINDOW, CHAIN_END, CHAIN_TRAILING, CHAIN_BAD_SIZE, CHAIN_PAST_END, CHAIN_FULL = range(6)
-
-
-@nb.njit(**JIT)
-def chain_headers(win, base, pos, file_size, max_size, offsets, headers):
-    """Follow the buffer chain through ``win`` (file bytes [base, base + len(win))) from file offset ``pos``,
-    hopping by each BufferSize: each buffer's offset and its 0x48 header bytes go to ``offsets`` and
-    ``headers``. Returns (buffers found, offset reached, why it stopped: ``CHAIN_*``)."""
-    n = 0
-    end = base + win.shape[0]
-    hsize = L.BUFFER_HEADER_SIZE
-    while True:
-        if pos >= file_size:
-            return n, pos, CHAIN_END
-        if pos + hsize > file_size:
-            return n, pos, CHAIN_TRAILING
-        if pos + hsize > end:
-            return n, pos, CHAIN_WINDOW
-        if n == offsets.shape[0]:
-            return n, pos, CHAIN_FULL
-        size = np.int64(_u32(win, pos - base))
-        if size < hsize or size > max_size:
-            return n, pos, CHAIN_BAD_SIZE
-        if pos + size > file_size:
-            return n, pos, CHAIN_PAST_END
-        offsets[n] = pos
-        for j in range(hsize):
-            headers[n, j] = win[pos - base + j]
-        n += 1
-        pos += size
