@@ -53,13 +53,15 @@ class InlineScratch:
     def __init__(self, scratch_dir: Path, flush_bytes: int = 16 << 20):
         self.dir, self.flush_bytes = scratch_dir, flush_bytes
         self.pending: dict[str, list[pa.Table]] = {}
+        self.pending_bytes: dict[str, int] = {}
         self.parts = 0
 
     def take(self, result: dict) -> None:
         """Take the small tables out of a partition's result (called as each result arrives)."""
         for table, data in result.pop("inline", {}).items():
             self.pending.setdefault(table, []).append(data)
-            if sum(t.nbytes for t in self.pending[table]) >= self.flush_bytes:
+            self.pending_bytes[table] = self.pending_bytes.get(table, 0) + data.get_total_buffer_size()
+            if self.pending_bytes[table] >= self.flush_bytes:
                 self._write(table)
 
     def close(self) -> None:
@@ -68,6 +70,7 @@ class InlineScratch:
 
     def _write(self, table: str) -> None:
         data = pa.concat_tables(self.pending.pop(table), promote_options="permissive")
+        self.pending_bytes.pop(table, None)
         directory = self.dir / f"{table}.parquet"
         directory.mkdir(parents=True, exist_ok=True)
         text = [f.name for f in data.schema if pa.types.is_string(f.type) or pa.types.is_dictionary(f.type)]
@@ -313,7 +316,7 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> tuple[
         if table in BUCKETED:
             times.append(_write_bucketed(data, table, part, scratch_dir, sources))
             continue
-        if table.startswith("_") and data.nbytes <= INLINE_BYTES:
+        if table.startswith("_") and data.get_total_buffer_size() <= INLINE_BYTES:
             inline[table] = data
             continue
         directory = (scratch_dir if table.startswith("_") else out_dir) / f"{table}.parquet"
