@@ -6,7 +6,9 @@ its pieces share (timestamp, thread). So the events can be cut into time ranges 
 bucket joined on its own, in parallel, in memory bounded by the bucket's size:
 
 1. Partitions write the event-like scratch tables (``BUCKETED``) as Arrow IPC files with their time
-   range, and return a sample of their times. ``plan`` cuts the merged sample into buckets of about
+   range, and return a sample of their times. Most stack pieces never get there: a sample adopts the
+   pieces that directly follow it in its buffer (``adopt_pieces``) and carries its stack id, computed
+   once per distinct stack of the partition. ``plan`` cuts the merged sample into buckets of about
    ``rows_per_bucket`` rows; a bucket task reads its time range of every partition's file that overlaps
    it, through a memory map.
 2. ``bucket_task`` (one per bucket, on the workers): stack pieces sorted by (event time, thread, user,
@@ -16,8 +18,10 @@ bucket joined on its own, in parallel, in memory bounded by the bucket's size:
    ids however they were cut into pieces, and no global id map is needed. Then the samples,
    VirtualAlloc, heap and stack-link rows of the bucket, sorted by (time, cpu, stream position), find
    their group by a merge join in numba, get the owning thread's pid, and are written as the bucket's
-   part of the final table. Parts are named by bucket, so each table's dataset is in global time order.
-   The task also writes its distinct stacks with the pieces they are made of.
+   part of the final table. A sample that adopted its pieces keeps its stack, unless another row of the
+   bucket could share them: then they rejoin the pieces at their exact place (``Adopted.give_back``),
+   so the result is the one without adoption. Parts are named by bucket, so each table's dataset is in
+   global time order. The task also writes its distinct stacks with the pieces they are made of.
 3. ``joins`` builds the ``stacks`` table once per distinct stack from those pieces' frames, and reports
    any two different frame lists that share an id (a hash collision).
 """
