@@ -23,6 +23,8 @@ event's CPU.
 
 from __future__ import annotations
 
+import concurrent.futures
+
 import time
 from pathlib import Path
 from typing import Any
@@ -114,15 +116,15 @@ def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
                                  "preserve_insertion_order": False})
     clock = [time.perf_counter()]
     lap = lambda: clock.append(time.perf_counter())  # noqa: E731
+    beside = concurrent.futures.ThreadPoolExecutor(max_workers=1)
     try:
         # The heap-snapshot tables are still being written (``before_stacks``): opened later.
         _open_scratch(con, scratch, [t for t in SCRATCH_TABLES if not t.startswith("_heapsnap")])
-        for table, spec in LIFETIMES.items():
-            _lifetime(con, table, *spec)
-        _image_ids(con)
-        for table in ("processes", "threads", "images", "image_ids"):
-            _copy(con, table, out.table_path(table))
+        # The buckets need the threads only; the other lifetimes are built beside them.
+        _lifetime(con, "threads", *LIFETIMES["threads"])
+        _copy(con, "threads", out.table_path("threads"))
         threads = _thread_slots(con, scratch / "threads.npz")
+        others = beside.submit(_other_lifetimes, con.cursor(), out)
         lap()
 
         sources: dict[str, list[tuple[str, int, int]]] = {t: [] for t in B.BUCKETED}
@@ -141,6 +143,7 @@ def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
                                          "bucket": k, "lo": lo, "hi": hi}
                                         for k, (lo, hi) in enumerate(buckets)])
         lap()
+        others.result()
         stats.update(before_stacks())
         _open_scratch(con, scratch, ["_heapsnap_stacks"])
         stats.update(_stacks(con, scratch, errors, str(out.path)))
@@ -158,7 +161,20 @@ def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
                                           np.round(np.diff(clock), 3).tolist()))
         return stats
     finally:
+        beside.shutdown(wait=True)
         con.close()
+
+
+def _other_lifetimes(cur, out) -> None:
+    """``processes``, ``images`` and ``image_ids`` (on their own cursor: this runs on a thread)."""
+    try:
+        for table in ("processes", "images"):
+            _lifetime(cur, table, *LIFETIMES[table])
+        _image_ids(cur)
+        for table in ("processes", "images", "image_ids"):
+            _copy(cur, table, out.table_path(table))
+    finally:
+        cur.close()
 
 
 def _check_rows(sources: dict[str, list[tuple[str, int, int]]], done: list[dict[str, Any]], errors: list[dict[str, Any]],
