@@ -186,14 +186,7 @@ def _claim_adjacent(s_rec, s_ts, s_tid, rbuf, piece_at, p_ev, p_tid, p_user, p_p
         if ok and k >= 0 and u >= 0 and p_pid[k] != p_pid[u]:
             ok = False
         if not ok or (k < 0 and u < 0):
-            k_out[s] = -1
-            u_out[s] = -1
-            k_dt[s] = 0
-            u_dt[s] = 0
-            k_d[s] = 0
-            u_d[s] = 0
-            pid_out[s] = 0
-            continue
+            continue                        # the outputs hold "nothing adopted" already
         k_out[s] = k
         u_out[s] = u
         h1 = np.uint64(0)
@@ -245,10 +238,10 @@ def adopt_pieces(samples: pa.Table, refs: pa.Table, rbuf: np.ndarray) -> tuple[p
     stackwalk = np.flatnonzero(prec >= 0)
     piece_at = np.full(len(rbuf), -1, np.int64)
     piece_at[prec[stackwalk]] = stackwalk
-    k, u = np.empty(n_s, np.int64), np.empty(n_s, np.int64)
-    k_dt, u_dt = np.empty(n_s, np.uint16), np.empty(n_s, np.uint16)
-    k_d, u_d = np.empty(n_s, np.uint8), np.empty(n_s, np.uint8)
-    pid = np.empty(n_s, np.uint32)
+    k, u = np.full(n_s, -1, np.int64), np.full(n_s, -1, np.int64)
+    k_dt, u_dt = np.zeros(n_s, np.uint16), np.zeros(n_s, np.uint16)
+    k_d, u_d = np.zeros(n_s, np.uint8), np.zeros(n_s, np.uint8)
+    pid = np.zeros(n_s, np.uint32)
     key1, key2 = np.zeros(n_s, np.uint64), np.zeros(n_s, np.uint64)
     claimed = np.zeros(refs.num_rows, np.bool_)
     col = lambda t, c: t.column(c).to_numpy()  # noqa: E731
@@ -659,27 +652,22 @@ def shared_keys(ts, tid, cpu, adopted, o_ts, o_tid, va_ts, va_cpu, out):
         for a in range(i, e):
             if not adopted[a]:
                 continue
-            hit = False
-            q = m
-            while q < va_ts.shape[0] and va_ts[q] == t:
-                if va_cpu[q] == cpu[a]:
-                    hit = True
-                    break
-                q += 1
-            if not hit:
-                for c in range(i, e):
-                    if c != a and tid[c] == tid[a]:
-                        hit = True
-                        break
-            if not hit:
-                q = j
-                while q < o_ts.shape[0] and o_ts[q] == t:
-                    if o_tid[q] == tid[a]:
-                        hit = True
-                        break
-                    q += 1
+            hit = _run_has(va_ts, va_cpu, m, t, cpu[a]) or _run_has(o_ts, o_tid, j, t, tid[a])
+            for c in range(i, e):
+                hit = hit or (c != a and tid[c] == tid[a])
             out[a] = hit
         i = e
+
+
+@nb.njit(**JIT)
+def _run_has(ts, key, start, t, value):
+    """Whether a row from ``start`` on with ``ts`` == ``t`` (sorted ``ts``) has ``key`` == ``value``."""
+    q = start
+    while q < ts.shape[0] and ts[q] == t:
+        if key[q] == value:
+            return True
+        q += 1
+    return False
 
 
 class Adopted:
