@@ -252,3 +252,24 @@ def test_samples_adopt_only_the_pieces_that_directly_follow_them(tmp_path):
     assert back.column("user").to_pylist() == [False, True] and back.column("pid").to_pylist() == [40, 40]
     assert back.column("h1").to_pylist() == [hashes[0][0], hashes[1][0]]
     assert not a.mask.any()
+
+
+def test_small_scratch_tables_come_back_to_the_client_and_are_written_in_parts(tmp_path):
+    """Partitions hand small scratch tables back in their results; the client writes each table as it
+    gathers them, a part whenever ``flush_bytes`` have come together, and the rest at the end: all rows,
+    none twice, and the results no longer carry them."""
+    from pipeline.decode.etl.partition import InlineScratch
+
+    sink = InlineScratch(tmp_path, flush_bytes=1000)          # ~400 bytes a table: a part every third
+    results = [{"part": k, "inline": {"_thread_events": pa.table({"tid": np.arange(k * 100, k * 100 + 100, dtype=np.uint32)}),
+                                      "_process_events": pa.table({"pid": np.array([k], np.uint32)})}}
+               for k in range(7)]
+    for r in results:
+        sink.take(r)
+    sink.close()
+    assert all("inline" not in r for r in results)
+    threads = duckdb.sql(f"SELECT tid FROM read_parquet('{tmp_path}/_thread_events.parquet/*.parquet') ORDER BY tid")
+    assert [t for (t,) in threads.fetchall()] == list(range(700))
+    assert len(list((tmp_path / "_thread_events.parquet").glob("*.parquet"))) >= 3       # flushed on the way
+    processes = duckdb.sql(f"SELECT pid FROM read_parquet('{tmp_path}/_process_events.parquet/*.parquet') ORDER BY pid")
+    assert [p for (p,) in processes.fetchall()] == list(range(7))
