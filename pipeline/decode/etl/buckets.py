@@ -679,6 +679,23 @@ class Adopted:
         self.d, self.unsorted = d, unsorted
         self.mask = self.idx >= 0
 
+    def shared(self, s: pa.Table, pieces, heap, links, vallocs) -> np.ndarray:
+        """The adopted samples whose pieces another row of the bucket could need: a piece, heap event or
+        stack link with the sample's (time, thread), another sample with it, or a VirtualAlloc event
+        with its (time, cpu) (``shared_keys``)."""
+        if not self.mask.any():
+            return np.zeros(0, np.int64)
+        others = [(t, c) for t, c in ((pieces, "event_ts"), (heap, "timestamp"), (links, "timestamp")) if t is not None]
+        o_ts = np.concatenate([_np(t, c) for t, c in others]) if others else np.zeros(0, np.int64)
+        o_tid = np.concatenate([_np(t, "tid") for t, _ in others]) if others else np.zeros(0, np.uint32)
+        by_ts = np.argsort(o_ts, kind="stable")
+        va_ts = _np(vallocs, "timestamp") if vallocs is not None else np.zeros(0, np.int64)   # in time order
+        va_cpu = _np(vallocs, "cpu") if vallocs is not None else np.zeros(0, np.uint16)
+        out = np.zeros(s.num_rows, np.bool_)
+        shared_keys(_np(s, "timestamp"), _np(s, "tid"), _np(s, "cpu"), self.mask, o_ts[by_ts], o_tid[by_ts],
+                    va_ts, va_cpu, out)
+        return np.flatnonzero(out)
+
     def give_back(self, s: pa.Table, which: np.ndarray) -> pa.Table | None:
         """The adopted pieces of samples ``which`` as stack pieces, at their exact place in the order; those
         samples then find them as a group like any other row."""
@@ -730,16 +747,12 @@ def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
     written = result["tables"]
     threads = thread_slots(task["threads"])
 
-    rows = {}
     s, adopted_d, unsorted = read_samples(src.get("_samples", []), lo, hi)
-    rows["_samples"] = s
-    for table in ("_virtual_allocs", "_heap_events", "_event_stack_links"):
-        rows[table] = _sorted_rows(src.get(table, []), lo, hi)
-    for table, t in rows.items():
-        result["rows_in"][table] = t.num_rows if t is not None else 0
+    v, h, e = (_sorted_rows(src.get(t, []), lo, hi) for t in ("_virtual_allocs", "_heap_events", "_event_stack_links"))
     pieces = read_bucket(src.get("_pieces", []), "event_ts", lo, hi, PIECE_COLUMNS)
-    result["rows_in"]["_pieces"] = pieces.num_rows if pieces is not None else 0
-    s, v, h, e = rows["_samples"], rows["_virtual_allocs"], rows["_heap_events"], rows["_event_stack_links"]
+    for table, t in (("_samples", s), ("_virtual_allocs", v), ("_heap_events", h), ("_event_stack_links", e),
+                     ("_pieces", pieces)):
+        result["rows_in"][table] = t.num_rows if t is not None else 0
     if e is not None:
         ts, cpu, spos = _np(e, "timestamp"), _np(e, "cpu"), _np(e, "stream_pos")
         # One row per event: an event with several stack items has several identical links.
@@ -748,23 +761,13 @@ def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
         e = e.filter(pa.array(~dup))
 
     adopted = Adopted(s, adopted_d, unsorted) if s is not None else None
-    if adopted is not None and adopted.mask.any():
+    if adopted is not None:
         # Adopted pieces that another row of the bucket could share go back among the pieces.
-        o_ts = [_np(t, c) for t, c in ((pieces, "event_ts"), (h, "timestamp"), (e, "timestamp")) if t is not None]
-        o_tid = [_np(t, "tid") for t in (pieces, h, e) if t is not None]
-        o_ts = np.concatenate(o_ts) if o_ts else np.zeros(0, np.int64)
-        o_tid = np.concatenate(o_tid) if o_tid else np.zeros(0, np.uint32)
-        by_ts = np.argsort(o_ts, kind="stable")
-        va_ts = _np(v, "timestamp") if v is not None else np.zeros(0, np.int64)         # sorted: v is in time order
-        va_cpu = _np(v, "cpu") if v is not None else np.zeros(0, np.uint16)
-        shared = np.zeros(s.num_rows, np.bool_)
-        shared_keys(_np(s, "timestamp"), _np(s, "tid"), _np(s, "cpu"), adopted.mask, o_ts[by_ts], o_tid[by_ts],
-                    va_ts, va_cpu, shared)
-        back = adopted.give_back(s, np.flatnonzero(shared))
-        result["adopted_stacks_rejoined"] = int(shared.sum())
+        which = adopted.shared(s, pieces, h, e, v)
+        result["adopted_stacks_rejoined"] = len(which)
+        back = adopted.give_back(s, which)
         if back is not None:
-            pieces = back if pieces is None else pa.concat_tables([pieces.select(PIECE_COLUMNS), back.cast(
-                pieces.select(PIECE_COLUMNS).schema)]).combine_chunks()
+            pieces = back if pieces is None else pa.concat_tables([pieces, back.cast(pieces.schema)]).combine_chunks()
     groups, piece_cpus, stacks = _groups(pieces)
     result["groups"] = len(groups.ts)
 
