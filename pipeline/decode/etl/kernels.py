@@ -529,17 +529,7 @@ def read_fields(blob, pay_off, ptr, idx, off32, nptr, nbytes, out):
         r = idx[i]
         P = np.int64(ptr[r])
         p = pay_off[r] + off32 + (P - 4) * nptr
-        w = nbytes if nbytes > 0 else P
-        if p < 0 or p + w > n:
-            out[i] = 0
-        elif w == 8:
-            out[i] = _u64(blob, p)
-        elif w == 4:
-            out[i] = _u32(blob, p)
-        elif w == 2:
-            out[i] = _u16(blob, p)
-        else:
-            out[i] = blob[p]
+        out[i] = _uint_at(blob, n, p, nbytes if nbytes > 0 else P)
 
 
 @nb.njit(**JIT)
@@ -548,17 +538,22 @@ def read_uints(blob, pos, nbytes, out):
     not fit inside ``blob`` (callers bound reads by payload length; this keeps the kernel safe anyway)."""
     n = blob.shape[0]
     for i in range(pos.shape[0]):
-        p = pos[i]
-        if p < 0 or p + nbytes > n:
-            out[i] = 0
-        elif nbytes == 8:
-            out[i] = _u64(blob, p)
-        elif nbytes == 4:
-            out[i] = _u32(blob, p)
-        elif nbytes == 2:
-            out[i] = _u16(blob, p)
-        else:
-            out[i] = blob[p]
+        out[i] = _uint_at(blob, n, pos[i], nbytes)
+
+
+@nb.njit(**JIT)
+def _uint_at(blob, n, p, w):
+    """The little-endian unsigned integer of ``w`` (1, 2, 4 or 8) bytes at blob[p] (``n`` = its length),
+    or 0 when it would not fit."""
+    if p < 0 or p + w > n:
+        return np.uint64(0)
+    if w == 8:
+        return _u64(blob, p)
+    if w == 4:
+        return np.uint64(_u32(blob, p))
+    if w == 2:
+        return np.uint64(_u16(blob, p))
+    return np.uint64(blob[p])
 
 
 @nb.njit(**JIT)
