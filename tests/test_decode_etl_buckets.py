@@ -273,3 +273,21 @@ def test_small_scratch_tables_come_back_to_the_client_and_are_written_in_parts(t
     assert len(list((tmp_path / "_thread_events.parquet").glob("*.parquet"))) >= 3       # flushed on the way
     processes = duckdb.sql(f"SELECT pid FROM read_parquet('{tmp_path}/_process_events.parquet/*.parquet') ORDER BY pid")
     assert [p for (p,) in processes.fetchall()] == list(range(7))
+
+
+def test_small_scratch_parts_keep_small_row_groups(tmp_path, monkeypatch):
+    """The client's parts of small scratch tables keep row groups of about ``INLINE_BYTES``, the size of
+    a partition's own part: DuckDB reads a row group's column at once, and the heap-snapshot assembly
+    sorts the chunks' blobs within ``join_memory_limit`` (with 16 MB groups the 4 GB synth trace no
+    longer fit in 64MB)."""
+    import pyarrow.parquet as pq
+
+    from pipeline.decode.etl import partition
+
+    monkeypatch.setattr(partition, "INLINE_BYTES", 4000)
+    sink = partition.InlineScratch(tmp_path)
+    sink.take({"inline": {"_heapsnap_chunks": pa.table({"x": np.arange(10_000, dtype=np.uint32)})}})
+    sink.close()
+    (part,) = (tmp_path / "_heapsnap_chunks.parquet").glob("*.parquet")
+    meta = pq.ParquetFile(part).metadata
+    assert meta.num_rows == 10_000 and meta.num_row_groups == 10

@@ -74,7 +74,12 @@ class InlineScratch:
         directory = self.dir / f"{table}.parquet"
         directory.mkdir(parents=True, exist_ok=True)
         text = [f.name for f in data.schema if pa.types.is_string(f.type) or pa.types.is_dictionary(f.type)]
-        write_part(data, directory / f"inline-{self.parts:05d}.parquet", compression="none", use_dictionary=text)
+        # Row groups of about INLINE_BYTES, as the partitions' own parts were: DuckDB reads a row group's
+        # column at once, and the heap-snapshot assembly needs the chunks' blobs to come in small groups
+        # to stay within its memory limit.
+        rows = max(1, data.num_rows * INLINE_BYTES // max(data.get_total_buffer_size(), 1))
+        write_part(data, directory / f"inline-{self.parts:05d}.parquet", compression="none", use_dictionary=text,
+                   row_group_size=rows)
         self.parts += 1
 
 
