@@ -291,3 +291,22 @@ def test_small_scratch_parts_keep_small_row_groups(tmp_path, monkeypatch):
     (part,) = (tmp_path / "_heapsnap_chunks.parquet").glob("*.parquet")
     meta = pq.ParquetFile(part).metadata
     assert meta.num_rows == 10_000 and meta.num_row_groups == 10
+
+
+def test_heap_snapshots_assembled_in_batches_equal_one_query(synth_traces, dask_pool, tmp_path, monkeypatch):  # noqa: F811
+    """The chunks of heap snapshots are ordered by DuckDB in batches of snapshots that fit a share of
+    ``join_memory_limit``; one snapshot per batch gives the same tables as one query for all (a trace
+    with more snapshot data than the limit failed with DuckDB's out-of-memory error before)."""
+    from pipeline import decode
+    from pipeline.config import Config
+    from pipeline.decode.etl import heapsnap
+
+    runs = {}
+    for tag, share in (("one query", heapsnap.BATCH_SHARE), ("per snapshot", 1 << 40)):
+        monkeypatch.setattr(heapsnap, "BATCH_SHARE", share)
+        runs[tag] = tmp_path / tag.replace(" ", "_")
+        decode.run(runs[tag], Config(), dask_pool, inputs=[synth_traces["plain64"].path])
+    for table in ("heap_snapshots", "heap_snapshot_blocks", "stacks"):
+        a, b = (read_table(runs[tag], "decoded", table) for tag in runs)
+        assert a.num_rows > 0 and a.equals(b), table
+    assert read_manifest(runs["per snapshot"], "decoded")["etl"]["heap_snapshots"] > 1

@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.config import parse_size
 from pipeline.decode.etl.batch import Batch
 from pipeline.decode.etl.kernels import JIT, _u16, _u32, _u64, hash_frame_lists, stack_ids
 
@@ -216,13 +217,13 @@ SNAPSHOT_SCHEMA = pa.schema([
 def assemble(scratch: Path, out, errors: list[dict[str, Any]], path: str, memory_limit: str = "256MB") -> dict[str, int]:
     """Write ``heap_snapshots`` and the scratch tables ``_heapsnap_stacks`` (with stack ids)/``_heapsnap_blocks``.
 
-    Chunks stream from one ordered query; only the chunks of one (pid, instance) are in memory at a time,
-    and blocks are written as each snapshot is parsed.
+    Chunks come from ordered queries, each over the snapshots of one batch (``_batches``: a share of
+    ``memory_limit`` each); in Python only the chunks of one (pid, instance) are in memory at a time, and
+    blocks are written as each snapshot is parsed.
     """
     import duckdb
 
     chunks_dir, ends_dir = scratch / "_heapsnap_chunks.parquet", scratch / "_heapsnap_ends.parquet"
-    # Ordering every chunk sorts the snapshots' bytes: bounded memory, spilled beyond it.
     con = duckdb.connect(config={"memory_limit": memory_limit, "temp_directory": str(scratch / "duckdb.tmp"),
                                  "threads": 1})
     ends: dict[tuple, list] = {}
@@ -239,19 +240,25 @@ def assemble(scratch: Path, out, errors: list[dict[str, Any]], path: str, memory
             rows.append(_snapshot(len(rows), *key, group, group_ends, errors, path, stack_rows, blocks))
 
     if chunks_dir.exists():
-        cur = con.execute(f"""SELECT pid, instance, sequence, data, timestamp, timestamp_ns
-                              FROM read_parquet('{chunks_dir}/*.parquet')
-                              ORDER BY pid, instance, timestamp, cpu, stream_pos""")
-        key, chunks = None, []
-        while batch := cur.fetchmany(1024):
-            for pid, instance, *chunk in batch:
-                if (pid, instance) != key:
-                    if key is not None:
-                        finish(key, chunks)
-                    key, chunks = (pid, instance), []
-                chunks.append(tuple(chunk))
-        if key is not None:
-            finish(key, chunks)
+        chunk_files = f"read_parquet('{chunks_dir}/*.parquet')"
+        batches = _batches(con, chunk_files, parse_size(memory_limit) // BATCH_SHARE)
+        for keys in batches:
+            where = ""
+            if len(batches) > 1:
+                con.register("batch_keys", pa.table({"pid": [k[0] for k in keys], "instance": [k[1] for k in keys]}))
+                where = "WHERE (pid, instance) IN (SELECT pid, instance FROM batch_keys)"
+            cur = con.execute(f"""SELECT pid, instance, sequence, data, timestamp, timestamp_ns FROM {chunk_files}
+                                  {where} ORDER BY pid, instance, timestamp, cpu, stream_pos""")
+            key, chunks = None, []
+            while batch := cur.fetchmany(1024):
+                for pid, instance, *chunk in batch:
+                    if (pid, instance) != key:
+                        if key is not None:
+                            finish(key, chunks)
+                        key, chunks = (pid, instance), []
+                    chunks.append(tuple(chunk))
+            if key is not None:
+                finish(key, chunks)
     for key in sorted(ends):  # end events without any chunk
         finish(key, [])
     con.close()
@@ -259,6 +266,28 @@ def assemble(scratch: Path, out, errors: list[dict[str, Any]], path: str, memory
     stack_rows.close()
     out.write_table("heap_snapshots", pa.Table.from_pylist(rows, schema=SNAPSHOT_SCHEMA))
     return {"heap_snapshots": len(rows), "heap_snapshots_incomplete": sum(not r["complete"] for r in rows)}
+
+
+#: One ordered query takes the chunks of snapshots totalling at most this share of ``join_memory_limit``:
+#: DuckDB held the whole ordered result (about the chunks' size again beyond it), and with all the chunks
+#: of the trace in one query a trace with more snapshot data than the limit failed for lack of memory.
+BATCH_SHARE = 4
+
+
+def _batches(con, chunk_files: str, budget: int) -> list[list[tuple[int, int]]]:
+    """The (pid, instance) keys of the chunks in order, cut into runs whose chunks total at most
+    ``budget`` bytes (a key larger than that alone): each run is one ordered query."""
+    sizes = con.execute(f"""SELECT pid, instance, sum(octet_length(data)) FROM {chunk_files}
+                            GROUP BY pid, instance ORDER BY pid, instance""").fetchall()
+    batches: list[list[tuple[int, int]]] = []
+    total = 0
+    for pid, instance, size in sizes:
+        if not batches or total + (size or 0) > budget:
+            batches.append([])
+            total = 0
+        batches[-1].append((pid, instance))
+        total += size or 0
+    return batches
 
 
 class BlockWriter:
