@@ -241,7 +241,9 @@ def assemble(scratch: Path, out, errors: list[dict[str, Any]], path: str, memory
 
     if chunks_dir.exists():
         chunk_files = f"read_parquet('{chunks_dir}/*.parquet')"
-        batches = _batches(con, chunk_files, parse_size(memory_limit) // BATCH_SHARE)
+        budget = parse_size(memory_limit) // BATCH_SHARE
+        # Usually everything fits in one batch; the parquet footers tell without reading the chunks.
+        batches = _batches(con, chunk_files, budget) if _data_bytes(chunks_dir) > budget else [None]
         for keys in batches:
             where = ""
             if len(batches) > 1:
@@ -272,6 +274,16 @@ def assemble(scratch: Path, out, errors: list[dict[str, Any]], path: str, memory
 #: DuckDB held the whole ordered result (about the chunks' size again beyond it), and with all the chunks
 #: of the trace in one query a trace with more snapshot data than the limit failed for lack of memory.
 BATCH_SHARE = 4
+
+
+def _data_bytes(chunks_dir: Path) -> int:
+    """Uncompressed bytes of the chunks' ``data`` column, from the parquet footers."""
+    total = 0
+    for part in chunks_dir.glob("*.parquet"):
+        meta = pq.read_metadata(part)
+        column = meta.schema.names.index("data")
+        total += sum(meta.row_group(g).column(column).total_uncompressed_size for g in range(meta.num_row_groups))
+    return total
 
 
 def _batches(con, chunk_files: str, budget: int) -> list[list[tuple[int, int]]]:
