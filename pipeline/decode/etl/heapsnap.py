@@ -21,7 +21,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.config import parse_size
 from pipeline.decode.etl.batch import Batch
 from pipeline.decode.etl.kernels import JIT, _u16, _u32, _u64, hash_frame_lists, stack_ids
 
@@ -222,6 +221,8 @@ def assemble(scratch: Path, out, errors: list[dict[str, Any]], path: str, memory
     blocks are written as each snapshot is parsed.
     """
     import duckdb
+
+    from pipeline.config import parse_size     # here: the workers import this module, and need none of it
 
     chunks_dir, ends_dir = scratch / "_heapsnap_chunks.parquet", scratch / "_heapsnap_ends.parquet"
     con = duckdb.connect(config={"memory_limit": memory_limit, "temp_directory": str(scratch / "duckdb.tmp"),
