@@ -243,11 +243,11 @@ def assemble(scratch: Path, out, errors: list[dict[str, Any]], path: str, memory
     if chunks_dir.exists():
         chunk_files = f"read_parquet('{chunks_dir}/*.parquet')"
         budget = parse_size(memory_limit) // BATCH_SHARE
-        # Usually everything fits in one batch; the parquet footers tell without reading the chunks.
+        # Usually everything fits in one query (None: no filter); the parquet footers tell without reading the chunks.
         batches = _batches(con, chunk_files, budget) if _data_bytes(chunks_dir) > budget else [None]
         for keys in batches:
             where = ""
-            if len(batches) > 1:
+            if keys is not None:
                 con.register("batch_keys", pa.table({"pid": [k[0] for k in keys], "instance": [k[1] for k in keys]}))
                 where = "WHERE (pid, instance) IN (SELECT pid, instance FROM batch_keys)"
             cur = con.execute(f"""SELECT pid, instance, sequence, data, timestamp, timestamp_ns FROM {chunk_files}

@@ -23,7 +23,8 @@ import pyarrow as pa
 from pipeline.decode.etl import kernels as K
 from pipeline.decode.etl import layout as L
 from pipeline.decode.etl.batch import Batch, record_error, unique_pairs, walk
-from pipeline.decode.etl.buckets import BUCKETED, MAP_POPULATE, adopt_pieces, pack_hashes, write_part, write_scratch
+from pipeline.decode.etl.buckets import (BUCKETED, MAP_POPULATE, adopt_pieces, pack_hashes, text_columns, write_part,
+                                        write_scratch)
 from pipeline.decode.etl.buffers import MAX_BUFFER_SIZE
 from pipeline.decode.etl.interpret import extended_stacks, lookup
 from pipeline.warmup import set_aside
@@ -73,13 +74,12 @@ class InlineScratch:
         self.pending_bytes.pop(table, None)
         directory = self.dir / f"{table}.parquet"
         directory.mkdir(parents=True, exist_ok=True)
-        text = [f.name for f in data.schema if pa.types.is_string(f.type) or pa.types.is_dictionary(f.type)]
         # Row groups of about INLINE_BYTES, as the partitions' own parts were: DuckDB reads a row group's
         # column at once, and the heap-snapshot assembly needs the chunks' blobs to come in small groups
         # to stay within its memory limit.
         rows = max(1, data.num_rows * INLINE_BYTES // max(data.get_total_buffer_size(), 1))
-        write_part(data, directory / f"inline-{self.parts:05d}.parquet", compression="none", use_dictionary=text,
-                   row_group_size=rows)
+        write_part(data, directory / f"inline-{self.parts:05d}.parquet", compression="none",
+                   use_dictionary=text_columns(data.schema), row_group_size=rows)
         self.parts += 1
 
 
@@ -327,8 +327,8 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> tuple[
         directory = (scratch_dir if table.startswith("_") else out_dir) / f"{table}.parquet"
         directory.mkdir(parents=True, exist_ok=True)
         target = directory / f"part-{part:05d}.parquet"
-        text = [f.name for f in data.schema if pa.types.is_string(f.type) or pa.types.is_dictionary(f.type)]
-        write_part(data, target, compression="none" if table.startswith("_") else "zstd", use_dictionary=text)
+        write_part(data, target, compression="none" if table.startswith("_") else "zstd",
+                   use_dictionary=text_columns(data.schema))
         written[table] = str(target)
     return written, (np.concatenate(times) if times else np.zeros(0, np.int64)), sources, inline
 
