@@ -284,6 +284,85 @@ def adopted_hashes(kh1, kh2, kn, uh1, uh2, un, h1, h2, count):
         count[i] = kn[i] + un[i]
 
 
+# --- samples whose stack is complete in their partition (partition side) -------------------------------
+#: Processes whose threads never run in user mode (Idle, System): a kernel piece is their whole stack.
+KERNEL_ONLY_PIDS = (0, 4)
+#: What ``settle_samples`` counts, summed with the buckets' counts in the manifest.
+SAMPLE_COUNTS = ("samples", "samples_with_stack", "samples_with_stack_records", "samples_adopted_stacks")
+
+
+def settle_samples(samples: pa.Table, others: list[tuple[np.ndarray, np.ndarray]], vallocs: pa.Table | None,
+                   clock: tuple[int, int]) -> tuple[pa.Table | None, pa.Table, Stacks, dict[str, int]]:
+    """The samples of a partition (after ``adopt_pieces``) whose stack is already complete, as final
+    ``samples`` rows, so they never go through scratch and the buckets.
+
+    A sample is complete when it adopted its user piece: a stack's user piece is its last (the kernel piece,
+    when there is one, is logged first, with the sample), so no piece of another buffer can belong to it.
+    So is a sample of the Idle or System process that adopted its kernel piece (``KERNEL_ONLY_PIDS``: their
+    threads have no user stack). Other samples with a kernel piece only may still get a user piece logged
+    later, on another cpu.
+    It must also share its (time, thread) with no other row of the partition (another sample, a piece it
+    did not adopt, a stack-key reference, a heap event, a stack link) and its (time, cpu) with no
+    VirtualAlloc event (``shared_keys``): such a sample stays for the buckets, which decide as before.
+    ``others``: the (time, thread) of those rows. Its pid is its stack record's (the process that the
+    StackWalk event names).
+
+    Returns the final rows (sorted by time, cpu, stream position; None when there are none), the other
+    samples (for scratch), the distinct stacks of the final rows (for the ``stacks`` table) and counts."""
+    col = samples.column("adopted").combine_chunks()
+    idx = col.indices.fill_null(-1).to_numpy().astype(np.int64)
+    d = {f: col.dictionary.field(f).to_numpy() for f in ADOPTED_FIELDS}
+    whole = (d["u_n"] > 0) | ((d["k_n"] > 0) & np.isin(d["pid"], KERNEL_ONLY_PIDS))
+    user = np.append(whole, False)[idx]
+    if not user.any():
+        return None, samples, Stacks.empty(), {}
+    ts, tid, cpu, pos = (_np(samples, c) for c in ("timestamp", "tid", "cpu", "stream_pos"))
+    order = sort_order(ts, cpu.astype(np.int64), pos)
+    o_ts = np.concatenate([t for t, _ in others] + [np.zeros(0, np.int64)]).astype(np.int64, copy=False)
+    o_tid = np.concatenate([t for _, t in others] + [np.zeros(0, np.uint32)]).astype(np.uint32, copy=False)
+    by_ts = np.argsort(o_ts, kind="stable")
+    va_ts, va_cpu = np.zeros(0, np.int64), np.zeros(0, np.uint16)
+    if vallocs is not None and vallocs.num_rows:
+        va_ts, va_cpu = _np(vallocs, "timestamp"), _np(vallocs, "cpu")
+        by_va = np.argsort(va_ts, kind="stable")
+        va_ts, va_cpu = va_ts[by_va], va_cpu[by_va]
+    shared = np.zeros(len(ts), np.bool_)
+    shared_keys(ts[order], tid[order], cpu[order], user[order], o_ts[by_ts], o_tid[by_ts], va_ts, va_cpu, shared)
+    done = order[user[order] & ~shared]
+    if not len(done):
+        return None, samples, Stacks.empty(), {}
+    a = idx[done]
+    final = pa.table({
+        "timestamp": ts[done], "timestamp_ns": to_ns(ts[done], *clock), "cpu": cpu[done], "tid": tid[done],
+        "pid": d["pid"][a], "ip": _np(samples, "ip")[done], "stack_id": _stack_column(d["stack_id"][a]),
+        "stream_pos": pos[done]}).cast(OUTPUT_SCHEMAS["samples"])
+    rest = np.ones(len(ts), np.bool_)
+    rest[done] = False
+    n = len(done)
+    counts = dict.fromkeys(SAMPLE_COUNTS, n)
+    return final, samples.take(np.flatnonzero(rest)), adopted_stacks(d, a), counts
+
+
+def adopted_stacks(d: dict[str, np.ndarray], codes: np.ndarray) -> Stacks:
+    """The distinct stacks among the adopted stacks ``codes`` (indexes into ``d``, ``ADOPTED_FIELDS``
+    arrays; -1 is none), with their pieces in order."""
+    seen = np.zeros(len(d["stack_id"]) + 1, np.bool_)
+    seen[codes] = True
+    used = np.flatnonzero(seen[:-1])
+    if not len(used):
+        return Stacks.empty()
+    first, _ = unique_pairs(d["stack_id"][used].view(np.uint64), d["id_check"][used])
+    u = used[first]
+    kn, un = d["k_n"][u], d["u_n"][u]
+    kd, ud = np.flatnonzero(kn > 0), np.flatnonzero(un > 0)
+    owner = np.concatenate([kd, ud])
+    ordinal = np.concatenate([np.zeros(len(kd), np.int64), (kn[ud] > 0).astype(np.int64)])
+    ph1 = np.concatenate([d["k_h1"][u][kd], d["u_h1"][u][ud]])
+    ph2 = np.concatenate([d["k_h2"][u][kd], d["u_h2"][u][ud]])
+    o = np.lexsort((ordinal, owner))
+    return Stacks(d["stack_id"][u], d["id_check"][u], owner[o], ordinal[o], ph1[o], ph2[o])
+
+
 def read_samples(paths: list[str], lo: int, hi: int | None):
     """The bucket's samples in (time, cpu, stream position) order, their ``adopted`` column as an index
     into the bucket's adopted stacks (all files' dictionaries side by side, ``ADOPTED_FIELDS`` arrays),
@@ -616,17 +695,23 @@ class Stacks:
                       np.concatenate([self.ordinal, other.ordinal[rows]]),
                       np.concatenate([self.h1, other.h1[rows]]), np.concatenate([self.h2, other.h2[rows]]))
 
+    def tables(self, k: int) -> dict[str, pa.Table]:
+        """The stacks as the scratch tables ``_bucket_stacks`` and ``_bucket_stack_pieces``, under writer
+        number ``k`` (a bucket, or a partition's negative number): ``joins`` takes each stack's pieces from
+        one writer."""
+        return {"_bucket_stacks": pa.table({"stack_id": self.sid, "id_check": self.check,
+                                            "bucket": np.full(len(self.sid), k, np.int32)}),
+                "_bucket_stack_pieces": pa.table({"stack_id": self.sid[self.owner], "id_check": self.check[self.owner],
+                                                  "bucket": np.full(len(self.owner), k, np.int32),
+                                                  "ord": self.ordinal.astype(np.int32), "h1": self.h1, "h2": self.h2})}
+
     def write(self, scratch: Path, k: int) -> None:
         if not len(self.sid):
             return
-        for name, table in (
-                ("_bucket_stacks", {"stack_id": self.sid, "id_check": self.check, "bucket": np.full(len(self.sid), k, np.int32)}),
-                ("_bucket_stack_pieces", {"stack_id": self.sid[self.owner], "id_check": self.check[self.owner],
-                                          "bucket": np.full(len(self.owner), k, np.int32),
-                                          "ord": self.ordinal.astype(np.int32), "h1": self.h1, "h2": self.h2})):
+        for name, table in self.tables(k).items():
             path = scratch / f"{name}.parquet" / f"part-{k:05d}.parquet"
             path.parent.mkdir(exist_ok=True)
-            pq.write_table(pa.table(table), path, compression="none")
+            pq.write_table(table, path, compression="none")
 
 
 @nb.njit(**JIT)
@@ -722,21 +807,7 @@ class Adopted:
         """Stack id of every sample (-1 where it adopted nothing) and the distinct adopted stacks."""
         idx = np.where(self.mask, self.idx, -1)
         sid = np.append(self.d["stack_id"], np.int64(-1))[idx]
-        seen = np.zeros(len(self.d["stack_id"]) + 1, np.bool_)
-        seen[idx] = True
-        used = np.flatnonzero(seen[:-1])
-        if not len(used):
-            return sid, Stacks.empty()
-        first, _ = unique_pairs(self.d["stack_id"][used].view(np.uint64), self.d["id_check"][used])
-        d = used[first]
-        kn, un = self.d["k_n"][d], self.d["u_n"][d]
-        kd, ud = np.flatnonzero(kn > 0), np.flatnonzero(un > 0)
-        owner = np.concatenate([kd, ud])
-        ordinal = np.concatenate([np.zeros(len(kd), np.int64), (kn[ud] > 0).astype(np.int64)])
-        ph1 = np.concatenate([self.d["k_h1"][d][kd], self.d["u_h1"][d][ud]])
-        ph2 = np.concatenate([self.d["k_h2"][d][kd], self.d["u_h2"][d][ud]])
-        o = np.lexsort((ordinal, owner))
-        return sid, Stacks(self.d["stack_id"][d], self.d["id_check"][d], owner[o], ordinal[o], ph1[o], ph2[o])
+        return sid, adopted_stacks(self.d, idx)
 
 
 def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
@@ -784,15 +855,17 @@ def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
             with_records |= adopted.mask
             result["samples_adopted_stacks"] = int(adopted.mask.sum())
             stacks = stacks.plus(adopted_stacks)
+        # The process its stack record names (as for the samples settled in their partition), else the
+        # thread's owner at that time.
         tpid, has = np.zeros(len(ts), np.uint32), np.zeros(len(ts), np.bool_)
         thread_pids(ts, tid, *threads, tpid, has)
-        pid = np.where(has, tpid, group_pid).astype(np.uint32)
+        pid = np.where(with_records, group_pid, tpid).astype(np.uint32)
         table = pa.table({
             "timestamp": s.column("timestamp"), "timestamp_ns": to_ns(ts, *task["clock"]), "cpu": s.column("cpu"),
             "tid": s.column("tid"), "pid": pa.array(pid, pa.uint32(), mask=~has & ~with_records), "ip": s.column("ip"),
             "stack_id": _stack_column(stack), "stream_pos": s.column("stream_pos"),
         })
-        written["samples"] = _write(table, out_dir / "samples.parquet", k)
+        written["samples"] = write_final(table, out_dir / "samples.parquet", k)
         result["samples"] = len(ts)
         result["samples_with_stack"] = int((stack >= 0).sum())
         result["samples_with_stack_records"] = int(with_records.sum())
@@ -821,7 +894,7 @@ def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
             "kind": pa.array(np.where(free, "free", "alloc").astype(object), pa.string()),
             "stack_id": _stack_column(stack),
         })
-        written["virtual_allocs"] = _write(table, out_dir / "virtual_allocs.parquet", k)
+        written["virtual_allocs"] = write_final(table, out_dir / "virtual_allocs.parquet", k)
 
     if h is not None:
         gi = groups.match(_np(h, "timestamp"), _np(h, "tid"))
@@ -830,14 +903,14 @@ def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
                 "old_address", "old_size", "flags", "source"]
         table = h.select(cols).append_column("stack_id", _stack_column(stack))
         table = table.cast(OUTPUT_SCHEMAS["heap_events"])      # kind: dictionary in scratch, text here
-        written["heap_events"] = _write(table, out_dir / "heap_events.parquet", k)
+        written["heap_events"] = write_final(table, out_dir / "heap_events.parquet", k)
 
     if e is not None:
         gi = groups.match(_np(e, "timestamp"), _np(e, "tid"))
         stack = groups.stack[gi]
         table = e.select(["timestamp", "timestamp_ns", "cpu", "stream_pos", "tid"]).append_column(
             "stack_id", _stack_column(stack))
-        written["event_stacks"] = _write(table, out_dir / "event_stacks.parquet", k)
+        written["event_stacks"] = write_final(table, out_dir / "event_stacks.parquet", k)
     return result
 
 
@@ -863,9 +936,9 @@ def _sorted_rows(paths: list[str], lo: int, hi: int) -> pa.Table | None:
     return t.take(order)
 
 
-def _write(table: pa.Table, directory: Path, k: int) -> str:
+def write_final(table: pa.Table, directory: Path, k: int, prefix: str = "part-") -> str:
     directory.mkdir(parents=True, exist_ok=True)
-    target = directory / f"part-{k:05d}.parquet"
+    target = directory / f"{prefix}{k:05d}.parquet"
     # Dictionary pages for text, and for stack ids and instruction pointers (few distinct values per
     # part; parquet falls back to plain pages when a dictionary grows past 1 MB). Time columns are
     # sorted: delta encoding. On the samples of the 1 GB synth trace both together: 47 -> 14 MB, and

@@ -23,8 +23,8 @@ import pyarrow as pa
 from pipeline.decode.etl import kernels as K
 from pipeline.decode.etl import layout as L
 from pipeline.decode.etl.batch import Batch, record_error, unique_pairs, walk
-from pipeline.decode.etl.buckets import (BUCKETED, MAP_POPULATE, adopt_pieces, pack_hashes, text_columns, write_part,
-                                        write_scratch)
+from pipeline.decode.etl.buckets import (BUCKETED, MAP_POPULATE, adopt_pieces, pack_hashes, settle_samples, text_columns,
+                                        write_final, write_part, write_scratch)
 from pipeline.decode.etl.buffers import MAX_BUFFER_SIZE
 from pipeline.decode.etl.interpret import extended_stacks, lookup
 from pipeline.warmup import set_aside
@@ -184,9 +184,10 @@ def _decode_partition(task: dict[str, Any]) -> dict[str, Any]:
     b = Batch(blob, cols, bufs, dict(task["consts"], path=path, starts=starts))
     b.errors = errors
     counts = interpret(b)
-    written, times, sources, inline = write_parts(b, part, Path(task["out_dir"]), Path(task["scratch_dir"]))
+    written, times, sources, inline, settled = write_parts(b, part, Path(task["out_dir"]), Path(task["scratch_dir"]))
     return {
         "part": part, "tables": written, "times": times, "sources": sources, "inline": inline, "records": int(b.n),
+        "samples_settled": settled,
         "bytes": int(bufs["buffer_size"].sum()),
         "event_counts": counts, "errors": b.errors, "buffers_skipped": int(skipped + (rstatus != 0).sum()),
     }
@@ -298,12 +299,22 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> tuple[
     inline: dict[str, pa.Table] = {}
     times = []
     tables = {table: pa.concat_tables(pieces, promote_options="permissive") for table, pieces in b.out.items()}
+    settled: dict[str, int] = {}
     if "_samples" in tables:
         refs = tables.get("_stack_refs")
         usable = refs is not None and "_rec" in refs.column_names
         tables["_samples"], refs = adopt_pieces(tables["_samples"], refs if usable else EMPTY_REFS, b.c["rbuf"])
         if usable:
             tables["_stack_refs"] = refs
+        # Samples with a complete adopted stack are written final here; the rest go through the buckets.
+        others = [(t.column(c).to_numpy(), t.column("tid").to_numpy())
+                  for t, c in ((tables.get("_stack_refs"), "event_ts"), (tables.get("_heap_events"), "timestamp"),
+                               (tables.get("_event_stack_links"), "timestamp")) if t is not None and t.num_rows]
+        final, tables["_samples"], stacks, settled = settle_samples(
+            tables["_samples"], others, tables.get("_virtual_allocs"), (b.consts["header_ts"], b.consts["perf_freq"]))
+        if final is not None:
+            written["samples"] = write_final(final, out_dir / "samples.parquet", part, prefix="partition-")
+            tables.update(stacks.tables(-1 - part))
     for table, data in tables.items():
         if "_rec" in data.column_names:
             data = data.drop_columns(["_rec"])
@@ -326,11 +337,12 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> tuple[
             continue
         directory = (scratch_dir if table.startswith("_") else out_dir) / f"{table}.parquet"
         directory.mkdir(parents=True, exist_ok=True)
-        target = directory / f"part-{part:05d}.parquet"
+        # (a partition's own name: buckets write part-<bucket> into some of these directories)
+        target = directory / f"partition-{part:05d}.parquet"
         write_part(data, target, compression="none" if table.startswith("_") else "zstd",
                    use_dictionary=text_columns(data.schema))
         written[table] = str(target)
-    return written, (np.concatenate(times) if times else np.zeros(0, np.int64)), sources, inline
+    return written, (np.concatenate(times) if times else np.zeros(0, np.int64)), sources, inline, settled
 
 
 def _write_bucketed(data: pa.Table, table: str, part: int, scratch_dir: Path, sources: dict) -> np.ndarray:
