@@ -37,6 +37,7 @@ from typing import Any
 import numba as nb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.decode.etl.batch import to_ns, unique_pairs
@@ -303,21 +304,21 @@ def settle_samples(samples: pa.Table, others: list[tuple[np.ndarray, np.ndarray]
     later, on another cpu.
     It must also share its (time, thread) with no other row of the partition (another sample, a piece it
     did not adopt, a stack-key reference, a heap event, a stack link) and its (time, cpu) with no
-    VirtualAlloc event (``shared_keys``): such a sample stays for the buckets, which decide as before.
+    VirtualAlloc event (``settled_rows``): such a sample stays for the buckets, which decide as before.
     ``others``: the (time, thread) of those rows. Its pid is its stack record's (the process that the
     StackWalk event names).
 
-    Returns the final rows (sorted by time, cpu, stream position; None when there are none), the other
-    samples (for scratch), the distinct stacks of the final rows (for the ``stacks`` table) and counts."""
+    Returns the final rows in the partition's record order (None when there are none; not sorted by time:
+    the part is written as it is, which compresses better and skips a sort), the other samples
+    (for scratch), the distinct stacks of the final rows (for the ``stacks`` table) and counts."""
     col = samples.column("adopted").combine_chunks()
-    idx = col.indices.fill_null(-1).to_numpy().astype(np.int64)
+    idx = col.indices.fill_null(-1).to_numpy()
     d = {f: col.dictionary.field(f).to_numpy() for f in ADOPTED_FIELDS}
     whole = (d["u_n"] > 0) | ((d["k_n"] > 0) & np.isin(d["pid"], KERNEL_ONLY_PIDS))
     user = np.append(whole, False)[idx]
     if not user.any():
         return None, samples, Stacks.empty(), {}
-    ts, tid, cpu, pos = (_np(samples, c) for c in ("timestamp", "tid", "cpu", "stream_pos"))
-    order = sort_order(ts, cpu.astype(np.int64), pos)
+    ts, tid, cpu = _np(samples, "timestamp"), _np(samples, "tid"), _np(samples, "cpu")
     o_ts = np.concatenate([t for t, _ in others] + [np.zeros(0, np.int64)]).astype(np.int64, copy=False)
     o_tid = np.concatenate([t for _, t in others] + [np.zeros(0, np.uint32)]).astype(np.uint32, copy=False)
     by_ts = np.argsort(o_ts, kind="stable")
@@ -326,21 +327,51 @@ def settle_samples(samples: pa.Table, others: list[tuple[np.ndarray, np.ndarray]
         va_ts, va_cpu = _np(vallocs, "timestamp"), _np(vallocs, "cpu")
         by_va = np.argsort(va_ts, kind="stable")
         va_ts, va_cpu = va_ts[by_va], va_cpu[by_va]
-    shared = np.zeros(len(ts), np.bool_)
-    shared_keys(ts[order], tid[order], cpu[order], user[order], o_ts[by_ts], o_tid[by_ts], va_ts, va_cpu, shared)
-    done = order[user[order] & ~shared]
+    final = np.zeros(len(ts), np.bool_)
+    settled_rows(np.argsort(ts, kind="stable"), ts, tid, cpu, user, o_ts[by_ts], o_tid[by_ts], va_ts, va_cpu, final)
+    done = np.flatnonzero(final)
     if not len(done):
         return None, samples, Stacks.empty(), {}
     a = idx[done]
-    final = pa.table({
-        "timestamp": ts[done], "timestamp_ns": to_ns(ts[done], *clock), "cpu": cpu[done], "tid": tid[done],
-        "pid": d["pid"][a], "ip": _np(samples, "ip")[done], "stack_id": _stack_column(d["stack_id"][a]),
-        "stream_pos": pos[done]}).cast(OUTPUT_SCHEMAS["samples"])
-    rest = np.ones(len(ts), np.bool_)
-    rest[done] = False
-    n = len(done)
-    counts = dict.fromkeys(SAMPLE_COUNTS, n)
-    return final, samples.take(np.flatnonzero(rest)), adopted_stacks(d, a), counts
+    keep = pa.array(final)
+    s = samples.select(["timestamp", "cpu", "tid", "ip", "stream_pos"]).filter(keep)      # (arrow: 5x numpy's take)
+    out = pa.table({
+        "timestamp": s.column("timestamp"), "timestamp_ns": to_ns(_np(s, "timestamp"), *clock), "cpu": s.column("cpu"),
+        "tid": s.column("tid"), "pid": d["pid"][a], "ip": s.column("ip"), "stack_id": _stack_column(d["stack_id"][a]),
+        "stream_pos": s.column("stream_pos")}).cast(OUTPUT_SCHEMAS["samples"])
+    counts = dict.fromkeys(SAMPLE_COUNTS, len(done))
+    return out, samples.filter(pc.invert(keep)), adopted_stacks(d, a), counts
+
+
+@nb.njit(**JIT)
+def settled_rows(order, ts, tid, cpu, whole, o_ts, o_tid, va_ts, va_cpu, out):
+    """``out[r]``: sample ``r`` is ``whole`` and shares its (time, thread) with no other sample and no row of
+    (``o_ts``, ``o_tid``) (sorted by time), and its (time, cpu) with no VirtualAlloc event (``va_ts``,
+    ``va_cpu``, sorted by time). ``order`` sorts the samples by time."""
+    n = order.shape[0]
+    j = 0
+    m = 0
+    i = 0
+    while i < n:
+        t = ts[order[i]]
+        e = i + 1
+        while e < n and ts[order[e]] == t:
+            e += 1
+        while j < o_ts.shape[0] and o_ts[j] < t:
+            j += 1
+        while m < va_ts.shape[0] and va_ts[m] < t:
+            m += 1
+        for a in range(i, e):
+            r = order[a]
+            if not whole[r]:
+                continue
+            hit = _run_has(va_ts, va_cpu, m, t, cpu[r]) or _run_has(o_ts, o_tid, j, t, tid[r])
+            c = i
+            while not hit and c < e:
+                hit = c != a and tid[order[c]] == tid[r]
+                c += 1
+            out[r] = not hit
+        i = e
 
 
 def adopted_stacks(d: dict[str, np.ndarray], codes: np.ndarray) -> Stacks:
@@ -936,7 +967,7 @@ def _sorted_rows(paths: list[str], lo: int, hi: int) -> pa.Table | None:
     return t.take(order)
 
 
-def write_final(table: pa.Table, directory: Path, k: int, prefix: str = "part-") -> str:
+def write_final(table: pa.Table, directory: Path, k: int, prefix: str = "part-", extra_delta: tuple[str, ...] = ()) -> str:
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / f"{prefix}{k:05d}.parquet"
     # Dictionary pages for text, and for stack ids and instruction pointers (few distinct values per
@@ -944,10 +975,12 @@ def write_final(table: pa.Table, directory: Path, k: int, prefix: str = "part-")
     # sorted: delta encoding. On the samples of the 1 GB synth trace both together: 47 -> 14 MB, and
     # a 25 % faster write.
     text = text_columns(table.schema) + [c for c in ("stack_id", "ip") if c in table.column_names]
-    # (stream_pos is not sorted: plain pages, 10 ms and 0.39 MB per 362k samples against 11 ms and 0.48
-    # MB delta-encoded. BYTE_STREAM_SPLIT would write the other integers 20-30 % faster, but DuckDB reads
-    # it for integers only since mid-2026 (duckdb#24175): a user's older DuckDB could not open the tables.)
-    delta = {c: "DELTA_BINARY_PACKED" for c in ("timestamp", "timestamp_ns") if c in table.column_names}
+    # stream_pos too, in the parts that partitions write (record order: it grows within each buffer): on
+    # 316k samples 25.5 -> 21.9 ms and 761 -> 469 KB. In time order (the buckets' parts) it is not sorted,
+    # and plain pages were smaller (10 ms and 0.39 MB per 362k samples against 11 ms and 0.48 MB).
+    # BYTE_STREAM_SPLIT would write the other integers 20-30 % faster, but DuckDB reads it for integers
+    # only since mid-2026 (duckdb#24175): a user's older DuckDB could not open the tables.
+    delta = {c: "DELTA_BINARY_PACKED" for c in ("timestamp", "timestamp_ns") + extra_delta if c in table.column_names}
     write_part(table, target, compression="zstd", compression_level=1, use_dictionary=text, column_encoding=delta)
     return str(target)
 

@@ -313,7 +313,8 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> tuple[
         final, tables["_samples"], stacks, settled = settle_samples(
             tables["_samples"], others, tables.get("_virtual_allocs"), (b.consts["header_ts"], b.consts["perf_freq"]))
         if final is not None:
-            written["samples"] = write_final(final, out_dir / "samples.parquet", part, prefix="partition-")
+            written["samples"] = write_final(final, out_dir / "samples.parquet", part, prefix="partition-",
+                                             extra_delta=("stream_pos",))
             tables.update(stacks.tables(-1 - part))
     for table, data in tables.items():
         if "_rec" in data.column_names:
