@@ -91,9 +91,7 @@ def decode_etl(path: Path, out, cfg, pool) -> dict[str, Any]:
     snap_errors: list[dict[str, Any]] = []
 
     def snapshots_beside() -> dict[str, Any]:
-        done = heapsnap.assemble(scratch, out, snap_errors, str(path), cfg.join_memory_limit)
-        joins.heap_snapshot_blocks(out, scratch, cfg.join_memory_limit)
-        return done
+        return heapsnap.assemble(scratch, out, snap_errors, str(path), cfg.join_memory_limit)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as beside:
         snapshots = beside.submit(snapshots_beside)

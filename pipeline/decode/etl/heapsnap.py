@@ -214,7 +214,8 @@ SNAPSHOT_SCHEMA = pa.schema([
 
 
 def assemble(scratch: Path, out, errors: list[dict[str, Any]], path: str, memory_limit: str = "256MB") -> dict[str, int]:
-    """Write ``heap_snapshots`` and the scratch tables ``_heapsnap_stacks`` (with stack ids)/``_heapsnap_blocks``.
+    """Write ``heap_snapshots``, ``heap_snapshot_blocks`` and the scratch table ``_heapsnap_stacks`` (frames
+    with their stack ids, for the ``stacks`` table).
 
     Chunks come from ordered queries, each over the snapshots of one batch (``_batches``: a share of
     ``memory_limit`` each); in Python only the chunks of one (pid, instance) are in memory at a time, and
@@ -234,7 +235,7 @@ def assemble(scratch: Path, out, errors: list[dict[str, Any]], path: str, memory
             ends.setdefault((pid, instance), []).append(tuple(rest))
     rows: list[dict[str, Any]] = []
     stack_rows = BlockWriter(scratch / "_heapsnap_stacks.parquet")
-    blocks = BlockWriter(scratch / "_heapsnap_blocks.parquet")
+    blocks = BlockWriter(out.table_path("heap_snapshot_blocks"), BLOCKS_SCHEMA, compression_level=1)
 
     def finish(key, chunks):
         for group, group_ends in _split(chunks, ends.pop(key, [])):
@@ -303,20 +304,45 @@ def _batches(con, chunk_files: str, budget: int) -> list[list[tuple[int, int]]]:
     return batches
 
 
-class BlockWriter:
-    """Appends the blocks (or stacks) of each parsed snapshot to one parquet file (opened on the first
-    rows), so memory holds one snapshot at a time."""
+#: ``heap_snapshot_blocks`` (schema.md): busy blocks of the complete snapshots, by (snapshot, heap, address).
+BLOCKS_SCHEMA = pa.schema([
+    pa.field("snapshot_id", pa.int64(), False), pa.field("pid", pa.uint32(), False),
+    pa.field("instance", pa.uint32(), False), pa.field("timestamp_ns", pa.int64(), False),
+    pa.field("heap", pa.uint64(), False), pa.field("address", pa.uint64(), False), pa.field("size", pa.uint64(), False),
+    pa.field("stack_ref", pa.uint64(), False), pa.field("stack_id", pa.int64())])
 
-    def __init__(self, target: Path):
-        self.target = target
+
+class BlockWriter:
+    """Appends the blocks (or stacks) of each parsed snapshot to one parquet file, in row groups of about
+    ``ROW_GROUP`` rows, so memory holds a row group at a time. With a ``schema``, the file is written even
+    when no rows come (a table with no rows); without, only once rows come."""
+
+    ROW_GROUP = 122_880
+
+    def __init__(self, target: Path, schema: pa.Schema | None = None, **options):
+        self.target, self.schema, self.options = target, schema, {"compression": "zstd", **options}
         self.writer = None
+        self.pending: list[pa.Table] = []
+        self.rows = 0
 
     def append(self, table: pa.Table) -> None:
+        self.pending.append(table if self.schema is None else table.cast(self.schema))
+        self.rows += table.num_rows
+        if self.rows >= self.ROW_GROUP:
+            self._flush()
+
+    def _flush(self) -> None:
+        data = pa.concat_tables(self.pending)
+        self.pending, self.rows = [], 0
         if self.writer is None:
-            self.writer = pq.ParquetWriter(self.target, table.schema, compression="zstd")
-        self.writer.write_table(table)
+            self.writer = pq.ParquetWriter(self.target, data.schema, **self.options)
+        self.writer.write_table(data, row_group_size=self.ROW_GROUP)
 
     def close(self) -> None:
+        if self.pending:
+            self._flush()
+        if self.writer is None and self.schema is not None:
+            self.writer = pq.ParquetWriter(self.target, self.schema, **self.options)
         if self.writer is not None:
             self.writer.close()
 
@@ -379,12 +405,22 @@ def _snapshot(snapshot_id, pid, instance, chunks, ends, errors, path, stack_rows
         "snapshot_id": pa.array(np.full(n, snapshot_id, np.int64)), "stack_ref": pa.array(parts["stk_id"], pa.uint64()),
         "stack_id": pa.array(sid, mask=count == 0), "id_check": check, "frames": lists}))
     n = len(blk)
+    heap = parts["heaps"][parts["heap_of_block"], 0]
+    order = np.lexsort((blk[:, 0], heap))
+    ref = blk[order, 1]
+    # Each block's stack: the snapshot's stack of its StackRef (the first, should one repeat); none for
+    # StackRef 0 (allocated before the process enabled stack tracking) or a ref the blob does not define.
+    ids = parts["stk_id"]
+    by_id = np.argsort(ids, kind="stable")
+    at = np.minimum(np.searchsorted(ids[by_id], ref), max(len(ids) - 1, 0))
+    j = by_id[at] if len(ids) else np.zeros(n, np.int64)
+    known = (ids[j] == ref) & (count[j] > 0) if len(ids) else np.zeros(n, np.bool_)
     blocks.append(pa.table({
         "snapshot_id": pa.array(np.full(n, snapshot_id, np.int64)), "pid": pa.array(np.full(n, pid, np.uint32)),
         "instance": pa.array(np.full(n, instance, np.uint32)),
         "timestamp_ns": pa.array(np.full(n, row["timestamp_ns"], np.int64)),
-        "heap": parts["heaps"][parts["heap_of_block"], 0], "address": blk[:, 0], "size": blk[:, 2],
-        "stack_ref": blk[:, 1],
+        "heap": heap[order], "address": blk[order, 0], "size": blk[order, 2], "stack_ref": ref,
+        "stack_id": pa.array(sid[j] if len(ids) else np.zeros(n, np.int64), mask=~known),
     }))
     return row
 

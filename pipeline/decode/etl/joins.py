@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 SCRATCH_TABLES = ("_process_events", "_thread_events", "_image_events", "_image_id_info", "_image_id_dbg",
-                  "_stack_refs", "_stack_defs", "_stack_frames", "_heapsnap_stacks", "_heapsnap_blocks")
+                  "_stack_refs", "_stack_defs", "_stack_frames", "_heapsnap_stacks")
 
 #: Empty shapes of scratch tables, so the SQL below runs on traces that lack some event kinds.
 EMPTY = {
@@ -58,8 +58,6 @@ EMPTY = {
                    "opcode UTINYINT, h1 UBIGINT, h2 UBIGINT, n INTEGER",
     "_stack_frames": "h1 UBIGINT, h2 UBIGINT, frames UBIGINT[]",
     "_heapsnap_stacks": "snapshot_id BIGINT, stack_ref UBIGINT, stack_id BIGINT, id_check UBIGINT, frames UBIGINT[]",
-    "_heapsnap_blocks": "snapshot_id BIGINT, pid UINTEGER, instance UINTEGER, timestamp_ns BIGINT, heap UBIGINT, address UBIGINT, "
-                        "size UBIGINT, stack_ref UBIGINT",
     # written by the bucket tasks: each bucket's distinct stacks and the pieces they are made of
     "_bucket_stacks": "stack_id BIGINT, id_check UBIGINT, bucket INTEGER",
     "_bucket_stack_pieces": "stack_id BIGINT, id_check UBIGINT, bucket INTEGER, ord INTEGER, h1 UBIGINT, h2 UBIGINT",
@@ -346,25 +344,5 @@ def _stacks(con, scratch: Path, errors: list[dict[str, Any]], where: str) -> dic
     collisions = con.execute("SELECT count(*) FROM stacks WHERE _lists > 1").fetchone()[0]
     con.execute("DROP TABLE all_stacks")
     return {"stacks": con.execute("SELECT count(*) FROM stacks").fetchone()[0], "stack_id_collisions": int(collisions)}
-
-
-def heap_snapshot_blocks(out, scratch: Path, memory_limit: str) -> None:
-    """Write ``heap_snapshot_blocks``: busy blocks of complete heap snapshots with their stack ids (NULL for
-    StackRef 0: allocated before the process enabled stack tracking). Needs only what ``heapsnap.assemble``
-    wrote, so it runs on the same thread, beside the bucket joins, with a connection of its own."""
-    import duckdb
-
-    con = duckdb.connect(config={"memory_limit": memory_limit, "temp_directory": str(scratch / "duckdb.tmp"),
-                                 "threads": 1})
-    try:
-        _open_scratch(con, scratch, ["_heapsnap_stacks", "_heapsnap_blocks"])
-        con.execute("""
-            CREATE VIEW heap_snapshot_blocks AS
-            SELECT b.snapshot_id, b.pid, b.instance, b.timestamp_ns, b.heap, b.address, b.size, b.stack_ref, s.stack_id
-            FROM _heapsnap_blocks b
-            LEFT JOIN _heapsnap_stacks s ON s.snapshot_id = b.snapshot_id AND s.stack_ref = b.stack_ref""")
-        _copy(con, "heap_snapshot_blocks", out.table_path("heap_snapshot_blocks"), "snapshot_id, heap, address")
-    finally:
-        con.close()
 
 
