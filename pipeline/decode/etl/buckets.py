@@ -233,46 +233,70 @@ def adopt_pieces(samples: pa.Table, refs: pa.Table, rbuf: np.ndarray) -> tuple[p
     bucket puts adopted pieces back among the others whenever another row of the bucket could share them
     (``Adopted.give_back``). ``samples`` and ``refs`` carry ``_rec``, their record index in the partition
     (``refs``: null for rows that are not StackWalk records)."""
-    n_s = samples.num_rows
-    rec_col = refs.column("_rec")
-    prec = rec_col.fill_null(-1).to_numpy() if rec_col.null_count else rec_col.to_numpy()
-    stackwalk = np.flatnonzero(prec >= 0)
-    piece_at = np.full(len(rbuf), -1, np.int64)
-    piece_at[prec[stackwalk]] = stackwalk
-    k, u = np.full(n_s, -1, np.int64), np.full(n_s, -1, np.int64)
-    k_dt, u_dt = np.zeros(n_s, np.uint16), np.zeros(n_s, np.uint16)
-    k_d, u_d = np.zeros(n_s, np.uint8), np.zeros(n_s, np.uint8)
-    pid = np.zeros(n_s, np.uint32)
-    key1, key2 = np.zeros(n_s, np.uint64), np.zeros(n_s, np.uint64)
-    claimed = np.zeros(refs.num_rows, np.bool_)
-    col = lambda t, c: t.column(c).to_numpy()  # noqa: E731
-    h1, h2, cnt = col(refs, "h1"), col(refs, "h2"), col(refs, "n")
-    claim_adjacent(col(samples, "_rec"), col(samples, "timestamp"), col(samples, "tid"), rbuf, piece_at,
-                   col(refs, "event_ts"), col(refs, "tid"), col(refs, "user"), col(refs, "pid"), col(refs, "timestamp"),
-                   h1, h2, cnt, ADOPT_WINDOW, k, u, k_dt, u_dt, k_d, u_d, pid, key1, key2, claimed)
-    # One dictionary entry per distinct adopted stack (and cut into kernel and user piece).
-    some = np.flatnonzero((k >= 0) | (u >= 0))
-    codes = np.full(n_s, -1, np.int32)
-    first = np.zeros(0, np.int64)
-    if len(some):
-        first, codes[some] = unique_pairs(key1[some], key2[some])
-        first = some[first]
-    kf, uf = k[first], u[first]
-    h1, h2, cnt = np.append(h1, np.uint64(0)), np.append(h2, np.uint64(0)), np.append(cnt, 0).astype(np.int64)
-    dh1, dh2, dn = np.empty(len(first), np.uint64), np.empty(len(first), np.uint64), np.empty(len(first), np.int64)
-    adopted_hashes(h1[kf], h2[kf], cnt[kf], h1[uf], h2[uf], cnt[uf], dh1, dh2, dn)
-    sid, check = np.empty(len(first), np.int64), np.empty(len(first), np.uint64)
-    stack_ids(dh1, dh2, dn, sid, check)
-    distinct = pa.StructArray.from_arrays(
-        [pa.array(a) for a in (sid, check, h1[kf], h2[kf], cnt[kf].astype(np.int32), h1[uf], h2[uf], cnt[uf].astype(np.int32),
-                               pid[first])],
-        names=list(ADOPTED_FIELDS))
+    c = Claim(samples, refs, rbuf)
+    codes = c.codes
+    distinct = pa.StructArray.from_arrays([pa.array(c.d[f]) for f in ADOPTED_FIELDS], names=list(ADOPTED_FIELDS))
     samples = samples.append_column("adopted", pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32(), mask=codes < 0),
                                                                                distinct))
-    for name, values in (("k_dt", k_dt), ("u_dt", u_dt), ("k_d", k_d), ("u_d", u_d)):
+    for name, values in (("k_dt", c.k_dt), ("u_dt", c.u_dt), ("k_d", c.k_d), ("u_d", c.u_d)):
         samples = samples.append_column(name, pa.array(values))
-    # (take: the few pieces left are gathered; a filter would scan the mask once per column.)
-    return samples, (refs.take(np.flatnonzero(~claimed)) if claimed.any() else refs)
+    return samples, c.left(c.claimed)
+
+
+class Claim:
+    """The stack pieces of ``refs`` that directly follow each row of ``rows`` in its buffer
+    (``claim_adjacent``: at most a kernel and a user piece of the row's time and thread), and the
+    distinct stacks they make: ``codes`` (per row, -1 for none) index ``d`` (``ADOPTED_FIELDS`` arrays)."""
+
+    def __init__(self, rows: pa.Table, refs: pa.Table, rbuf: np.ndarray):
+        n = rows.num_rows
+        self.refs = refs
+        rec_col = refs.column("_rec")
+        prec = rec_col.fill_null(-1).to_numpy() if rec_col.null_count else rec_col.to_numpy()
+        stackwalk = np.flatnonzero(prec >= 0)
+        piece_at = np.full(len(rbuf), -1, np.int64)
+        piece_at[prec[stackwalk]] = stackwalk
+        k, u = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
+        self.k_dt, self.u_dt = np.zeros(n, np.uint16), np.zeros(n, np.uint16)
+        self.k_d, self.u_d = np.zeros(n, np.uint8), np.zeros(n, np.uint8)
+        pid = np.zeros(n, np.uint32)
+        key1, key2 = np.zeros(n, np.uint64), np.zeros(n, np.uint64)
+        self.claimed = np.zeros(refs.num_rows, np.bool_)
+        col = lambda t, c: t.column(c).to_numpy()  # noqa: E731
+        h1, h2, cnt = col(refs, "h1"), col(refs, "h2"), col(refs, "n")
+        claim_adjacent(col(rows, "_rec"), col(rows, "timestamp"), col(rows, "tid"), rbuf, piece_at,
+                       col(refs, "event_ts"), col(refs, "tid"), col(refs, "user"), col(refs, "pid"), col(refs, "timestamp"),
+                       h1, h2, cnt, ADOPT_WINDOW, k, u, self.k_dt, self.u_dt, self.k_d, self.u_d, pid, key1, key2,
+                       self.claimed)
+        self.k, self.u = k, u
+        # One dictionary entry per distinct adopted stack (and cut into kernel and user piece).
+        some = np.flatnonzero((k >= 0) | (u >= 0))
+        codes = np.full(n, -1, np.int32)
+        first = np.zeros(0, np.int64)
+        if len(some):
+            first, codes[some] = unique_pairs(key1[some], key2[some])
+            first = some[first]
+        self.codes = codes
+        kf, uf = k[first], u[first]
+        h1, h2, cnt = np.append(h1, np.uint64(0)), np.append(h2, np.uint64(0)), np.append(cnt, 0).astype(np.int64)
+        dh1, dh2, dn = np.empty(len(first), np.uint64), np.empty(len(first), np.uint64), np.empty(len(first), np.int64)
+        adopted_hashes(h1[kf], h2[kf], cnt[kf], h1[uf], h2[uf], cnt[uf], dh1, dh2, dn)
+        sid, check = np.empty(len(first), np.int64), np.empty(len(first), np.uint64)
+        stack_ids(dh1, dh2, dn, sid, check)
+        self.d = dict(zip(ADOPTED_FIELDS, (sid, check, h1[kf], h2[kf], cnt[kf].astype(np.int32), h1[uf], h2[uf],
+                                           cnt[uf].astype(np.int32), pid[first])))
+
+    def left(self, gone: np.ndarray) -> pa.Table:
+        """``refs`` without the pieces marked in ``gone``."""
+        # (take: the few pieces left are gathered; a filter would scan the mask once per column.)
+        return self.refs.take(np.flatnonzero(~gone)) if gone.any() else self.refs
+
+    def pieces_of(self, rows: np.ndarray) -> np.ndarray:
+        """Mask over ``refs`` of the pieces that ``rows`` claimed."""
+        gone = np.zeros(self.refs.num_rows, np.bool_)
+        for side in (self.k[rows], self.u[rows]):
+            gone[side[side >= 0]] = True
+        return gone
 
 
 @nb.njit(**JIT)
@@ -318,17 +342,7 @@ def settle_samples(samples: pa.Table, others: list[tuple[np.ndarray, np.ndarray]
     user = np.append(whole, False)[idx]
     if not user.any():
         return None, samples, Stacks.empty(), {}
-    ts, tid, cpu = _np(samples, "timestamp"), _np(samples, "tid"), _np(samples, "cpu")
-    o_ts = np.concatenate([t for t, _ in others] + [np.zeros(0, np.int64)]).astype(np.int64, copy=False)
-    o_tid = np.concatenate([t for _, t in others] + [np.zeros(0, np.uint32)]).astype(np.uint32, copy=False)
-    by_ts = np.argsort(o_ts, kind="stable")
-    va_ts, va_cpu = np.zeros(0, np.int64), np.zeros(0, np.uint16)
-    if vallocs is not None and vallocs.num_rows:
-        va_ts, va_cpu = _np(vallocs, "timestamp"), _np(vallocs, "cpu")
-        by_va = np.argsort(va_ts, kind="stable")
-        va_ts, va_cpu = va_ts[by_va], va_cpu[by_va]
-    final = np.zeros(len(ts), np.bool_)
-    settled_rows(np.argsort(ts, kind="stable"), ts, tid, cpu, user, o_ts[by_ts], o_tid[by_ts], va_ts, va_cpu, final)
+    final = unshared(samples, user, others, vallocs)
     done = np.flatnonzero(final)
     if not len(done):
         return None, samples, Stacks.empty(), {}
@@ -341,6 +355,56 @@ def settle_samples(samples: pa.Table, others: list[tuple[np.ndarray, np.ndarray]
         "stream_pos": s.column("stream_pos")}).cast(OUTPUT_SCHEMAS["samples"])
     counts = dict.fromkeys(SAMPLE_COUNTS, len(done))
     return out, samples.filter(pc.invert(keep)), adopted_stacks(d, a), counts
+
+
+def unshared(rows: pa.Table, whole: np.ndarray, others: list[tuple[np.ndarray, np.ndarray]],
+             vallocs: pa.Table | None) -> np.ndarray:
+    """Mask of the ``whole`` rows whose (time, thread) no other row of ``rows`` and no row of ``others`` has,
+    and whose (time, cpu) no VirtualAlloc event has (``settled_rows``)."""
+    ts, tid, cpu = _np(rows, "timestamp"), _np(rows, "tid"), _np(rows, "cpu")
+    o_ts = np.concatenate([t for t, _ in others] + [np.zeros(0, np.int64)]).astype(np.int64, copy=False)
+    o_tid = np.concatenate([t for _, t in others] + [np.zeros(0, np.uint32)]).astype(np.uint32, copy=False)
+    by_ts = np.argsort(o_ts, kind="stable")
+    va_ts, va_cpu = np.zeros(0, np.int64), np.zeros(0, np.uint16)
+    if vallocs is not None and vallocs.num_rows:
+        va_ts, va_cpu = _np(vallocs, "timestamp"), _np(vallocs, "cpu")
+        by_va = np.argsort(va_ts, kind="stable")
+        va_ts, va_cpu = va_ts[by_va], va_cpu[by_va]
+    final = np.zeros(len(ts), np.bool_)
+    settled_rows(np.argsort(ts, kind="stable"), ts, tid, cpu, whole, o_ts[by_ts], o_tid[by_ts], va_ts, va_cpu, final)
+    return final
+
+
+#: The columns of ``heap_events`` that come from the event itself.
+HEAP_COLUMNS = ["timestamp", "timestamp_ns", "cpu", "pid", "tid", "kind", "heap", "address", "size", "old_address",
+                "old_size", "flags", "source"]
+
+
+def settle_heap_events(heap: pa.Table, refs: pa.Table, rbuf: np.ndarray, others: list[tuple[np.ndarray, np.ndarray]],
+                       vallocs: pa.Table | None) -> tuple[pa.Table | None, pa.Table, pa.Table, Stacks]:
+    """Heap events whose stack is complete in their partition, as final ``heap_events`` rows, as
+    ``settle_samples`` does for samples: the event claims the pieces that directly follow it in its
+    buffer (``Claim``); it is complete when it claimed its user piece (a stack's last) and shares its
+    (time, thread) with no other row of the partition (``others``: samples, stack links, the pieces it
+    did not claim) and its (time, cpu) with no VirtualAlloc event. The others keep their pieces and go
+    through the buckets as before.
+
+    Returns the final rows in record order (None when there are none), the other heap events, the pieces
+    left and the distinct stacks of the final rows."""
+    c = Claim(heap, refs, rbuf)
+    whole = np.append(c.d["u_n"] > 0, False)[c.codes]
+    if not whole.any():
+        return None, heap, refs, Stacks.empty()
+    mine = c.left(c.claimed)
+    final = unshared(heap, whole, others + [(_np(mine, "event_ts"), _np(mine, "tid"))], vallocs)
+    done = np.flatnonzero(final)
+    if not len(done):
+        return None, heap, refs, Stacks.empty()
+    a = c.codes[done]
+    keep = pa.array(final)
+    out = heap.select(HEAP_COLUMNS).filter(keep).append_column("stack_id", _stack_column(c.d["stack_id"][a]))
+    return (out.cast(OUTPUT_SCHEMAS["heap_events"]), heap.filter(pc.invert(keep)), c.left(c.pieces_of(done)),
+            adopted_stacks(c.d, a))
 
 
 @nb.njit(**JIT)
@@ -930,9 +994,7 @@ def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
     if h is not None:
         gi = groups.match(_np(h, "timestamp"), _np(h, "tid"))
         stack = groups.stack[gi]
-        cols = ["timestamp", "timestamp_ns", "cpu", "pid", "tid", "kind", "heap", "address", "size",
-                "old_address", "old_size", "flags", "source"]
-        table = h.select(cols).append_column("stack_id", _stack_column(stack))
+        table = h.select(HEAP_COLUMNS).append_column("stack_id", _stack_column(stack))
         table = table.cast(OUTPUT_SCHEMAS["heap_events"])      # kind: dictionary in scratch, text here
         written["heap_events"] = write_final(table, out_dir / "heap_events.parquet", k)
 

@@ -314,7 +314,7 @@ def heap(b: Batch, idx: np.ndarray) -> None:
     b.emit("_heap_events", {
         **b.common(idx), "pid": b.c["pid"][idx], "tid": b.c["tid"][idx],
         "kind": pa.DictionaryArray.from_arrays(pa.array(op.astype(np.int8) - 32), _HEAP_KIND_NAMES),
-        **cols, "flags": flags, "source": source,
+        **cols, "flags": flags, "source": source, "_rec": idx,     # (as for samples: see _samples)
     }, idx)
 
 

@@ -23,8 +23,8 @@ import pyarrow as pa
 from pipeline.decode.etl import kernels as K
 from pipeline.decode.etl import layout as L
 from pipeline.decode.etl.batch import Batch, record_error, unique_pairs, walk
-from pipeline.decode.etl.buckets import (BUCKETED, MAP_POPULATE, adopt_pieces, pack_hashes, settle_samples, text_columns,
-                                        write_final, write_part, write_scratch)
+from pipeline.decode.etl.buckets import (BUCKETED, MAP_POPULATE, Stacks, adopt_pieces, pack_hashes, settle_heap_events,
+                                        settle_samples, text_columns, write_final, write_part, write_scratch)
 from pipeline.decode.etl.buffers import MAX_BUFFER_SIZE
 from pipeline.decode.etl.interpret import extended_stacks, lookup
 from pipeline.warmup import set_aside
@@ -306,16 +306,27 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> tuple[
         tables["_samples"], refs = adopt_pieces(tables["_samples"], refs if usable else EMPTY_REFS, b.c["rbuf"])
         if usable:
             tables["_stack_refs"] = refs
-        # Samples with a complete adopted stack are written final here; the rest go through the buckets.
-        others = [(t.column(c).to_numpy(), t.column("tid").to_numpy())
-                  for t, c in ((tables.get("_stack_refs"), "event_ts"), (tables.get("_heap_events"), "timestamp"),
-                               (tables.get("_event_stack_links"), "timestamp")) if t is not None and t.num_rows]
-        final, tables["_samples"], stacks, settled = settle_samples(
-            tables["_samples"], others, tables.get("_virtual_allocs"), (b.consts["header_ts"], b.consts["perf_freq"]))
+    # Samples and heap events with a complete stack are written final here; the rest go through the buckets.
+    keys = lambda table, c: [(tables[table].column(c).to_numpy(), tables[table].column("tid").to_numpy())] \
+        if table in tables and tables[table].num_rows else []  # noqa: E731
+    links = keys("_event_stack_links", "timestamp")
+    stacks = Stacks.empty()
+    if "_heap_events" in tables and "_stack_refs" in tables and "_rec" in tables["_stack_refs"].column_names:
+        final, tables["_heap_events"], tables["_stack_refs"], stacks = settle_heap_events(
+            tables["_heap_events"], tables["_stack_refs"], b.c["rbuf"], keys("_samples", "timestamp") + links,
+            tables.get("_virtual_allocs"))
+        if final is not None:
+            written["heap_events"] = write_final(final, out_dir / "heap_events.parquet", part, prefix="partition-")
+    if "_samples" in tables:
+        final, tables["_samples"], sample_stacks, settled = settle_samples(
+            tables["_samples"], keys("_stack_refs", "event_ts") + keys("_heap_events", "timestamp") + links,
+            tables.get("_virtual_allocs"), (b.consts["header_ts"], b.consts["perf_freq"]))
         if final is not None:
             written["samples"] = write_final(final, out_dir / "samples.parquet", part, prefix="partition-",
                                              extra_delta=("stream_pos",))
-            tables.update(stacks.tables(-1 - part))
+            stacks = stacks.plus(sample_stacks)
+    if len(stacks.sid):
+        tables.update(stacks.tables(-1 - part))
     for table, data in tables.items():
         if "_rec" in data.column_names:
             data = data.drop_columns(["_rec"])
