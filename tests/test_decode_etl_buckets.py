@@ -65,6 +65,10 @@ def test_tables_do_not_depend_on_partition_or_bucket_size(synth_traces, dask_poo
         assert etl["default"]["samples_adopted_stacks"] > 0.9 * etl["default"]["samples_with_stack"]
         assert etl["default"]["samples_final_in_partitions"] > 0.9 * etl["default"]["samples"]
         assert etl["tiny"]["samples_final_in_partitions"] > 0.5 * etl["tiny"]["samples"]
+        heap = read_table(runs["default"], "decoded", "heap_events")
+        with_stack = heap.num_rows - heap.column("stack_id").null_count
+        assert etl["default"]["heap_events_final_in_partitions"] > 0.9 * with_stack
+        assert etl["default"]["heap_events_final_in_partitions"] < heap.num_rows       # frees without a stack
         assert etl["default"]["adopted_stacks_rejoined"] > 0 and etl["tiny"]["adopted_stacks_rejoined"] > 0
     else:
         assert etl["default"]["samples_adopted_stacks"] == 0        # stack keys: resolved in the joins
@@ -320,3 +324,55 @@ def test_heap_snapshots_assembled_in_batches_equal_one_query(synth_traces, dask_
         a, b = (read_table(runs[tag], "decoded", table) for tag in runs)
         assert a.num_rows > 0 and a.equals(b), table
     assert read_manifest(runs["per snapshot"], "decoded")["etl"]["heap_snapshots"] > 1
+
+
+def _refs(rows):
+    """Stack pieces: (record, event time, thread, user, pid, own time)."""
+    hashes = [_piece_hash(USER if user else KERNEL) for _, _, _, user, _, _ in rows]
+    return pa.table({"event_ts": np.array([p[1] for p in rows], np.int64), "tid": np.array([p[2] for p in rows], np.uint32),
+                     "user": [p[3] for p in rows], "pid": np.array([p[4] for p in rows], np.uint32),
+                     "timestamp": np.array([p[5] for p in rows], np.int64),
+                     "h1": np.array([h[0] for h in hashes], np.uint64), "h2": np.array([h[1] for h in hashes], np.uint64),
+                     "n": np.array([h[2] for h in hashes], np.int32), "_rec": np.array([p[0] for p in rows], np.int64)})
+
+
+def test_rows_with_a_complete_stack_are_settled_in_their_partition():
+    """A sample or heap event whose stack is complete where it was logged (its user piece follows it; or,
+    for the Idle and System processes, its kernel piece) is written by the partition; one that may still
+    get a piece from elsewhere (a kernel piece only), or shares its (time, thread) with another row, is
+    left for the buckets with its pieces."""
+    rbuf = np.zeros(20, np.int32)
+    # records: 0 sample (user process, k+u) | 3 sample (System, k only) | 5 sample (user process, k only)
+    #          7 heap (k+u) | 10 heap (k only) | 12 heap (k+u, but a sample at 14 shares its time and thread)
+    rows = [(1, 100, 1, False, 40, 101), (2, 100, 1, True, 40, 102), (4, 200, 2, False, 4, 201), (6, 300, 3, False, 40, 301),
+            (8, 400, 5, False, 40, 401), (9, 400, 5, True, 40, 402), (11, 500, 6, False, 40, 501),
+            (13, 600, 7, False, 40, 601), (17, 700, 8, False, 40, 701), (18, 700, 8, True, 40, 702)]
+    # ... 14 sample (no piece follows) | 16 sample (k+u, but a stack link at 700 shares its time and thread)
+    samples = pa.table({"timestamp": np.array([100, 200, 300, 600, 700], np.int64), "cpu": np.zeros(5, np.uint16),
+                        "stream_pos": np.array([0, 3, 5, 14, 16], np.int64), "tid": np.array([1, 2, 3, 7, 8], np.uint32),
+                        "ip": np.arange(5, dtype=np.uint64), "_rec": np.array([0, 3, 5, 14, 16], np.int64)})
+    heap = pa.table({"timestamp": np.array([400, 500, 600], np.int64), "timestamp_ns": np.array([400, 500, 600], np.int64),
+                     "cpu": np.zeros(3, np.uint16), "stream_pos": np.array([7, 10, 12], np.int64),
+                     "pid": np.full(3, 40, np.uint32), "tid": np.array([5, 6, 7], np.uint32),
+                     "kind": pa.DictionaryArray.from_arrays(pa.array([1, 1, 1], pa.int8()), pa.array(["create", "alloc"])),
+                     **{c: np.zeros(3, np.uint64) for c in ("heap", "address", "size", "old_address", "old_size")},
+                     "flags": np.zeros(3, np.uint32), "source": np.zeros(3, np.uint32), "_rec": np.array([7, 10, 12], np.int64)})
+    samples, refs = buckets.adopt_pieces(samples, _refs(rows), rbuf)
+    assert samples.column("adopted").null_count == 1            # all but the last adopted what follows them
+    sample_keys = [(samples.column("timestamp").to_numpy(), samples.column("tid").to_numpy())]
+    final, rest, left, stacks = buckets.settle_heap_events(heap, refs, rbuf, sample_keys, None)
+    assert final.column("timestamp").to_pylist() == [400]
+    assert final.column("stack_id").to_pylist() == [_group_id([KERNEL, USER])]
+    assert rest.column("timestamp").to_pylist() == [500, 600]
+    assert sorted(left.column("_rec").to_pylist()) == [11, 13]     # the pieces of the events left stay
+    assert stacks.sid.tolist() == [_group_id([KERNEL, USER])]
+    others = [(left.column("event_ts").to_numpy(), left.column("tid").to_numpy()),
+              (rest.column("timestamp").to_numpy(), rest.column("tid").to_numpy()),
+              (np.array([700], np.int64), np.array([8], np.uint32))]
+    final, rest, stacks, counts = buckets.settle_samples(samples, others, None, (0, 10_000_000))
+    assert final.column("timestamp").to_pylist() == [100, 200]    # k+u; System with its kernel piece
+    assert final.column("pid").to_pylist() == [40, 4]
+    assert final.column("stack_id").to_pylist() == [_group_id([KERNEL, USER]), _group_id([KERNEL])]
+    assert final.column("timestamp_ns").to_pylist() == [10_000, 20_000]
+    assert rest.column("timestamp").to_pylist() == [300, 600, 700]  # kernel piece only; no piece; shared
+    assert counts["samples"] == 2 and len(stacks.sid) == 2

@@ -153,6 +153,8 @@ def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
         for key in B.SAMPLE_COUNTS + ("adopted_stacks_rejoined",):
             stats[key] = sum(d[key] for d in done) + sum(r["samples_settled"].get(key, 0) for r in results)
         stats["samples_final_in_partitions"] = sum(r["samples_settled"].get("samples", 0) for r in results)
+        stats["heap_events_final_in_partitions"] = sum(r["samples_settled"].get("heap_events_final_in_partitions", 0)
+                                                       for r in results)
         stats["bucket_rows_lost"] = _check_rows(sources, done, errors, str(out.path))
         stats["join_buckets"] = len(buckets)
         stats["join_phases_s"] = dict(zip(("lifetimes", "stack_keys", "buckets", "stacks"),

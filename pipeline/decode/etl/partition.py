@@ -311,12 +311,14 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> tuple[
         if table in tables and tables[table].num_rows else []  # noqa: E731
     links = keys("_event_stack_links", "timestamp")
     stacks = Stacks.empty()
+    heap_final = 0
     if "_heap_events" in tables and "_stack_refs" in tables and "_rec" in tables["_stack_refs"].column_names:
         final, tables["_heap_events"], tables["_stack_refs"], stacks = settle_heap_events(
             tables["_heap_events"], tables["_stack_refs"], b.c["rbuf"], keys("_samples", "timestamp") + links,
             tables.get("_virtual_allocs"))
         if final is not None:
             written["heap_events"] = write_final(final, out_dir / "heap_events.parquet", part, prefix="partition-")
+            heap_final = final.num_rows
     if "_samples" in tables:
         final, tables["_samples"], sample_stacks, settled = settle_samples(
             tables["_samples"], keys("_stack_refs", "event_ts") + keys("_heap_events", "timestamp") + links,
@@ -327,6 +329,8 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> tuple[
             stacks = stacks.plus(sample_stacks)
     if len(stacks.sid):
         tables.update(stacks.tables(-1 - part))
+    if heap_final:
+        settled = {**settled, "heap_events_final_in_partitions": heap_final}
     for table, data in tables.items():
         if "_rec" in data.column_names:
             data = data.drop_columns(["_rec"])
