@@ -656,7 +656,7 @@ def test_heap_snapshot_parser_refuses_bad_blobs():
     bad[db_len:db_len + 2] = b"\x03\x00"  # heap section version 3
     assert heapsnap.parse(np.frombuffer(bytes(bad), np.uint8))[0] == heapsnap.PARSE_BAD_VERSION
     status, _, parts = heapsnap.parse(np.frombuffer(blob, np.uint8))
-    assert status == heapsnap.PARSE_OK and heapsnap.stack_frames(parts)[1] == [1, 2, 3]
+    assert status == heapsnap.PARSE_OK and heapsnap.stack_frames(parts)[1].as_py() == [1, 2, 3]
 
 
 def test_heap_snapshot_parser_32bit_layout():
@@ -669,7 +669,7 @@ def test_heap_snapshot_parser_32bit_layout():
             + struct.pack("<III", 0x300010, 0x50, 24) + struct.pack("<III", 0x1234CDEF, 0, 0xFFFFFFFF))
     status, pos, parts = heapsnap.parse(np.frombuffer(blob, np.uint8))
     assert (status, pos) == (heapsnap.PARSE_OK, len(blob))
-    assert heapsnap.stack_frames(parts) == [[0x401000, 0x402000]] and parts["stk_ref"].tolist() == [3]
+    assert heapsnap.stack_frames(parts).to_pylist() == [[0x401000, 0x402000]] and parts["stk_ref"].tolist() == [3]
     assert parts["blocks"].tolist() == [[0x300010, 0x50, 24]] and parts["heaps"].tolist() == [[0x300000, 0x1000, 0x2000]]
 
 

@@ -187,21 +187,22 @@ def parse(blob: np.ndarray) -> tuple[int, int, dict[str, Any]]:
     }
 
 
-def stack_frames(parts: dict[str, Any]) -> list[list[int]] | None:
-    """Frames of every stack (concatenated segments), or None when a stack names an unknown segment."""
-    where = {int(s): i for i, s in enumerate(parts["seg_id"].tolist())}
-    off, frames = parts["seg_off"], parts["seg_frames"]
-    out = []
-    refs = parts["stk_segs"].tolist()
-    for s in range(len(parts["stk_id"])):
-        f: list[int] = []
-        for r in refs[parts["stk_off"][s]:parts["stk_off"][s + 1]]:
-            i = where.get(r)
-            if i is None:
-                return None
-            f.extend(frames[off[i]:off[i + 1]].tolist())
-        out.append(f)
-    return out
+def stack_frames(parts: dict[str, Any]) -> pa.ListArray | None:
+    """Frames of every stack (its segments' frames, concatenated), or None when a stack names a segment
+    the blob does not define. A segment id defined twice means its last definition."""
+    seg_id, off, frames = parts["seg_id"], parts["seg_off"], parts["seg_frames"]
+    refs = parts["stk_segs"]
+    order = np.argsort(seg_id, kind="stable")
+    at = np.searchsorted(seg_id[order], refs, side="right") - 1
+    if len(refs) and (at.min() < 0 or not np.array_equal(seg_id[order][np.maximum(at, 0)], refs)):
+        return None
+    seg = order[at]                                   # segment of each reference, in stack order
+    length = off[seg + 1] - off[seg]
+    ends = np.cumsum(length)
+    starts = np.repeat(off[seg] - (ends - length), length)
+    values = frames[starts + np.arange(int(ends[-1]) if len(ends) else 0)]
+    stack_offsets = np.append(0, ends)[parts["stk_off"]]
+    return pa.ListArray.from_arrays(pa.array(stack_offsets.astype(np.int32)), pa.array(values, pa.uint64()))
 
 
 # --- assembly ---------------------------------------------------------------------------------------
@@ -394,7 +395,7 @@ def _snapshot(snapshot_id, pid, instance, chunks, ends, errors, path, stack_rows
     row.update(complete=True, heaps=len(parts["heaps"]), blocks=len(blk),
                block_bytes=int(blk[:, 2].sum()) if len(blk) else 0, stacks=len(frames))
     # Stack ids as the event stacks get them: the same content hash of the frame list.
-    lists = pa.array(frames, pa.list_(pa.uint64()))
+    lists = frames
     n = len(lists)
     h1, h2, count = np.empty(n, np.uint64), np.empty(n, np.uint64), np.empty(n, np.int64)
     hash_frame_lists(lists.offsets.to_numpy().astype(np.int64), lists.values.to_numpy(zero_copy_only=False),

@@ -126,10 +126,14 @@ def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
         lap()
 
         sources: dict[str, list[tuple[str, int, int]]] = {t: [] for t in B.BUCKETED}
+        written: dict[str, int] = {}        # rows of each scratch file, as its partition wrote it
         times = []
         for r in results:
             for table, source in r["sources"].items():
-                sources[table].append(source)
+                if table == "_rows":
+                    written.update(source)
+                else:
+                    sources[table].append(source)
             times.append(r["times"])
         stats = _keyed_pieces(con, scratch, sources["_pieces"], times)
         lap()
@@ -155,7 +159,7 @@ def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
         stats["samples_final_in_partitions"] = sum(r["samples_settled"].get("samples", 0) for r in results)
         stats["heap_events_final_in_partitions"] = sum(r["samples_settled"].get("heap_events_final_in_partitions", 0)
                                                        for r in results)
-        stats["bucket_rows_lost"] = _check_rows(sources, done, errors, str(out.path))
+        stats["bucket_rows_lost"] = _check_rows(sources, written, done, errors, str(out.path))
         stats["join_buckets"] = len(buckets)
         stats["join_phases_s"] = dict(zip(("lifetimes", "stack_keys", "buckets", "stacks"),
                                           np.round(np.diff(clock), 3).tolist()))
@@ -177,15 +181,16 @@ def _other_lifetimes(cur, out) -> None:
         cur.close()
 
 
-def _check_rows(sources: dict[str, list[tuple[str, int, int]]], done: list[dict[str, Any]], errors: list[dict[str, Any]],
-                where: str) -> int:
+def _check_rows(sources: dict[str, list[tuple[str, int, int]]], rows: dict[str, int], done: list[dict[str, Any]],
+                errors: list[dict[str, Any]], where: str) -> int:
     """Every scratch row must have been read by exactly one bucket (the buckets cover every time once);
-    a difference would be a bug of the decoder, reported as such instead of passing silently."""
+    a difference would be a bug of the decoder, reported as such instead of passing silently. ``rows``:
+    the rows of each file as its writer counted them (else read from the file's footer)."""
     from pipeline.decode.etl import buckets as B
 
     lost = 0
     for table, paths in sources.items():
-        written = sum(B.file_rows(p) for p, _, _ in paths)
+        written = sum(rows[p] if p in rows else B.file_rows(p) for p, _, _ in paths)
         read = sum(d["rows_in"].get(table, 0) for d in done)
         if written != read:
             lost += abs(written - read)

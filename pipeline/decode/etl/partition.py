@@ -7,6 +7,7 @@ dispatch table and writes one parquet part per table. It returns the part paths 
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import ctypes
 import functools
@@ -66,21 +67,27 @@ class InlineScratch:
                 self._write(table)
 
     def close(self) -> None:
-        for table in list(self.pending):
-            self._write(table)
+        """Write what is left, the tables side by side (the workers wait for this before the buckets; the
+        writes release the GIL)."""
+        tables = list(self.pending)
+        numbers = range(self.parts, self.parts + len(tables))
+        self.parts += len(tables)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+            list(pool.map(self._write, tables, numbers))
 
-    def _write(self, table: str) -> None:
+    def _write(self, table: str, number: int | None = None) -> None:
         data = pa.concat_tables(self.pending.pop(table), promote_options="permissive")
         self.pending_bytes.pop(table, None)
+        if number is None:
+            number, self.parts = self.parts, self.parts + 1
         directory = self.dir / f"{table}.parquet"
         directory.mkdir(parents=True, exist_ok=True)
         # Row groups of about INLINE_BYTES, as the partitions' own parts were: DuckDB reads a row group's
         # column at once, and the heap-snapshot assembly needs the chunks' blobs to come in small groups
         # to stay within its memory limit.
         rows = max(1, data.num_rows * INLINE_BYTES // max(data.get_total_buffer_size(), 1))
-        write_part(data, directory / f"inline-{self.parts:05d}.parquet", compression="none",
+        write_part(data, directory / f"inline-{number:05d}.parquet", compression="none",
                    use_dictionary=text_columns(data.schema), row_group_size=rows)
-        self.parts += 1
 
 
 #: glibc malloc settings for the decode tasks (see :func:`reuse_freed_memory`).
@@ -365,6 +372,7 @@ def _write_bucketed(data: pa.Table, table: str, part: int, scratch_dir: Path, so
     directory = scratch_dir / f"{table}.arrow"
     directory.mkdir(parents=True, exist_ok=True)
     times, sources[table] = write_scratch(data, BUCKETED[table], directory / f"part-{part:05d}.arrow")
+    sources.setdefault("_rows", {})[sources[table][0]] = data.num_rows
     return times
 
 
