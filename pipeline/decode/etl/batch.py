@@ -48,7 +48,11 @@ def walk(blob: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> tuple[dict[s
         K.walk_records(blob, starts, lens, True, *(cols[name] for name, _ in RECORD_COLUMNS), status, status_pos)
     if n:
         _record_size[:] = [max(total / n, 8.0)]
-    return {name: a[:n] for name, a in cols.items()}, status, status_pos
+    # Shrunk in place (realloc gives the unused tail back to the heap): the margin would otherwise stay
+    # allocated through the whole task, and the task's peak is during the interpretation.
+    for a in cols.values():
+        a.resize(n, refcheck=False)
+    return cols, status, status_pos
 
 
 class Batch:
