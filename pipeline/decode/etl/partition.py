@@ -191,8 +191,8 @@ def _decode_partition(task: dict[str, Any]) -> dict[str, Any]:
     b = Batch(blob, cols, bufs, dict(task["consts"], path=path, starts=starts))
     b.errors = errors
     counts = interpret(b)
-    # The tables are built: the record columns (but the buffer of each record) and the mapped bytes go
-    # before the writes (with the margin of the walk's columns given back, in one process on the 4 GB synth: peak 483-492 -> 444 MB).
+    # The tables are built: the record columns (but each record's buffer) and the mapped bytes go before
+    # the writes. (With the walk's margin given back too: peak RSS 483-492 -> 444 MB, 4 GB synth.)
     b.c, b.blob, b.cpu, b.stream_pos, b.consumed = {"rbuf": b.c["rbuf"]}, None, None, None, None
     del blob, cols
     written, times, sources, inline, settled = write_parts(b, part, Path(task["out_dir"]), Path(task["scratch_dir"]))
