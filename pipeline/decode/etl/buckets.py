@@ -810,36 +810,6 @@ class Stacks:
 
 
 @nb.njit(**JIT)
-def shared_keys(ts, tid, cpu, adopted, o_ts, o_tid, va_ts, va_cpu, out):
-    """For samples sorted by time: whether an adopted sample's (time, thread) is shared by another
-    sample or by a row of (``o_ts``, ``o_tid``) (sorted by time), or its (time, cpu) by a VirtualAlloc
-    event (``va_ts``, ``va_cpu``, sorted by time; such an event finds its thread through a piece logged on
-    its cpu for its time, and adopted pieces were logged on their sample's cpu): such a row could need the
-    adopted pieces."""
-    n = ts.shape[0]
-    j = 0
-    m = 0
-    i = 0
-    while i < n:
-        e = i + 1
-        t = ts[i]
-        while e < n and ts[e] == t:
-            e += 1
-        while j < o_ts.shape[0] and o_ts[j] < t:
-            j += 1
-        while m < va_ts.shape[0] and va_ts[m] < t:
-            m += 1
-        for a in range(i, e):
-            if not adopted[a]:
-                continue
-            hit = _run_has(va_ts, va_cpu, m, t, cpu[a]) or _run_has(o_ts, o_tid, j, t, tid[a])
-            for c in range(i, e):
-                hit = hit or (c != a and tid[c] == tid[a])
-            out[a] = hit
-        i = e
-
-
-@nb.njit(**JIT)
 def _run_has(ts, key, start, t, value):
     """Whether a row from ``start`` on with ``ts`` == ``t`` (sorted ``ts``) has ``key`` == ``value``."""
     q = start
@@ -862,19 +832,13 @@ class Adopted:
     def shared(self, s: pa.Table, pieces, heap, links, vallocs) -> np.ndarray:
         """The adopted samples whose pieces another row of the bucket could need: a piece, heap event or
         stack link with the sample's (time, thread), another sample with it, or a VirtualAlloc event
-        with its (time, cpu) (``shared_keys``)."""
+        with its (time, cpu) (such an event finds its thread through a piece logged on its cpu for its
+        time, and adopted pieces were logged on their sample's cpu)."""
         if not self.mask.any():
             return np.zeros(0, np.int64)
-        others = [(t, c) for t, c in ((pieces, "event_ts"), (heap, "timestamp"), (links, "timestamp")) if t is not None]
-        o_ts = np.concatenate([_np(t, c) for t, c in others]) if others else np.zeros(0, np.int64)
-        o_tid = np.concatenate([_np(t, "tid") for t, _ in others]) if others else np.zeros(0, np.uint32)
-        by_ts = np.argsort(o_ts, kind="stable")
-        va_ts = _np(vallocs, "timestamp") if vallocs is not None else np.zeros(0, np.int64)   # in time order
-        va_cpu = _np(vallocs, "cpu") if vallocs is not None else np.zeros(0, np.uint16)
-        out = np.zeros(s.num_rows, np.bool_)
-        shared_keys(_np(s, "timestamp"), _np(s, "tid"), _np(s, "cpu"), self.mask, o_ts[by_ts], o_tid[by_ts],
-                    va_ts, va_cpu, out)
-        return np.flatnonzero(out)
+        others = [(_np(t, c), _np(t, "tid")) for t, c in ((pieces, "event_ts"), (heap, "timestamp"), (links, "timestamp"))
+                  if t is not None]
+        return np.flatnonzero(self.mask & ~unshared(s, self.mask, others, vallocs))
 
     def give_back(self, s: pa.Table, which: np.ndarray) -> pa.Table | None:
         """The adopted pieces of samples ``which`` as stack pieces, at their exact place in the order; those
