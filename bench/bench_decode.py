@@ -238,7 +238,7 @@ def main() -> int:
     trace = synthesize(args.size)
     sl = make_slice(trace, parse_size(args.slice))
     d = dissect(sl)
-    rows.append(row(f"dissect.etl, slice (headers only)", sl, d, d["seconds"]))
+    rows.append(row("dissect.etl, slice (headers only)", sl, d, d["seconds"]))
     df = dissect(sl, DISSECT_FIELDS)
     fields_row = row("dissect.etl, slice (every record's fields)", sl, df, df["seconds"])
     s1 = decode(sl, 1, "slice-1w")

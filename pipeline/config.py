@@ -35,7 +35,7 @@ class ClusterConfig(Section):
 
 class DecodeConfig(Section):
     partition_bytes: int = Field(
-        32 << 20, ge=1 << 16,
+        24 << 20, ge=1 << 16,
         description="Bytes of ETL buffers handed to one dask task (inflated size for compressed buffers).",
     )
     join_memory_limit: str = Field(
