@@ -44,8 +44,10 @@ from pipeline.decode.etl.batch import to_ns, unique_pairs
 from pipeline.decode.etl.kernels import JIT, POLY_B1, POLY_B2, dedupe_pairs, poly_pow, stack_ids
 
 #: Scratch tables that partitions write for the bucket joins: table -> time column.
-BUCKETED = {"_samples": "timestamp", "_pieces": "event_ts", "_virtual_allocs": "timestamp",
+BUCKETED = {"_samples": "timestamp", "_pieces": "event_ts", "_keyed_refs": "event_ts", "_virtual_allocs": "timestamp",
             "_heap_events": "timestamp", "_event_stack_links": "timestamp"}
+#: A stack-key reference as partitions write it for the buckets (``resolve_keys`` makes it a piece).
+KEYED_REF_COLUMNS = ["event_ts", "tid", "pid", "cpu", "timestamp", "stream_pos", "user", "key"]
 #: Every STRIDE-th time of a scratch file (record order) is returned to the planner.
 STRIDE = 1024
 
@@ -873,6 +875,7 @@ def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
     lo, hi, k = task["lo"], task["hi"], task["bucket"]
     out_dir, src, scratch = Path(task["out_dir"]), task["sources"], Path(task["scratch_dir"])
     result: dict[str, Any] = {"bucket": k, "tables": {}, "rows_in": {}, "groups": 0, "samples": 0, "samples_with_stack": 0,
+                              "stack_keys_unresolved": 0,
                               "samples_with_stack_records": 0, "samples_adopted_stacks": 0, "adopted_stacks_rejoined": 0}
     written = result["tables"]
     threads = thread_slots(task["threads"])
@@ -880,9 +883,13 @@ def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
     s, adopted_d, unsorted = read_samples(src.get("_samples", []), lo, hi)
     v, h, e = (_sorted_rows(src.get(t, []), lo, hi) for t in ("_virtual_allocs", "_heap_events", "_event_stack_links"))
     pieces = read_bucket(src.get("_pieces", []), "event_ts", lo, hi, PIECE_COLUMNS)
+    keyed = read_bucket(src.get("_keyed_refs", []), "event_ts", lo, hi, KEYED_REF_COLUMNS)
     for table, t in (("_samples", s), ("_virtual_allocs", v), ("_heap_events", h), ("_event_stack_links", e),
-                     ("_pieces", pieces)):
+                     ("_pieces", pieces), ("_keyed_refs", keyed)):
         result["rows_in"][table] = t.num_rows if t is not None else 0
+    if keyed is not None:
+        keyed, result["stack_keys_unresolved"] = resolve_keys(keyed, task["stack_defs"])
+        pieces = keyed if pieces is None else pa.concat_tables([pieces, keyed.cast(pieces.schema)]).combine_chunks()
     if e is not None:
         ts, cpu, spos = _np(e, "timestamp"), _np(e, "cpu"), _np(e, "stream_pos")
         # One row per event: an event with several stack items has several identical links.
@@ -969,6 +976,43 @@ def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
             "stack_id", _stack_column(stack))
         written["event_stacks"] = write_final(table, out_dir / "event_stacks.parquet", k)
     return result
+
+
+def resolve_keys(refs: pa.Table, defs_path: str) -> tuple[pa.Table, int]:
+    """Stack-key references as stack pieces: each takes the frames (hashes and count) of the first
+    definition of its key at or after it (keys are reused after a KeyDelete, so "any definition" would be
+    wrong); one without a definition is a piece without frames (``valid`` 0). ``defs_path``: the trace's
+    definitions sorted by (key, time, cpu, stream position) (``joins._stack_key_defs``). Returns the
+    pieces (``PIECE_COLUMNS``) and how many found no definition."""
+    d = np.load(defs_path)
+    at = np.full(refs.num_rows, -1, np.int64)
+    first_at_or_after(_np(refs, "key"), _np(refs, "timestamp"), d["key"], d["timestamp"], at)
+    found = at >= 0
+    i = np.where(found, at, 0)
+    pick = (lambda a: np.where(found, a[i], 0)) if len(d["key"]) else (lambda a: np.zeros(len(at), a.dtype))
+    return pa.table({
+        "event_ts": refs.column("event_ts"), "tid": refs.column("tid"), "pid": refs.column("pid"), "cpu": refs.column("cpu"),
+        "timestamp": refs.column("timestamp"), "stream_pos": refs.column("stream_pos"), "user": refs.column("user"),
+        "valid": found.astype(np.uint8), "h1": pick(d["h1"]).astype(np.uint64), "h2": pick(d["h2"]).astype(np.uint64),
+        "n": pick(d["n"]).astype(np.int32)}), int(len(at) - found.sum())
+
+
+@nb.njit(**JIT)
+def first_at_or_after(key, ts, d_key, d_ts, out):
+    """``out[i]``: the first definition (``d_key``, ``d_ts`` sorted by key, then time) of ``key[i]`` with a
+    time at or after ``ts[i]``; -1 when there is none."""
+    n = d_key.shape[0]
+    for i in range(key.shape[0]):
+        k, t = key[i], ts[i]
+        lo, hi = 0, n
+        while lo < hi:                      # the first definition of a larger key, or of the key at or after t
+            mid = (lo + hi) // 2
+            if d_key[mid] < k or (d_key[mid] == k and d_ts[mid] < t):
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo < n and d_key[lo] == k:
+            out[i] = lo
 
 
 def thread_slots(threads_path: str):

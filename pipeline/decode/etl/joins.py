@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 SCRATCH_TABLES = ("_process_events", "_thread_events", "_image_events", "_image_id_info", "_image_id_dbg",
-                  "_stack_refs", "_stack_defs", "_stack_frames", "_heapsnap_stacks")
+                  "_stack_defs", "_stack_frames", "_heapsnap_stacks")
 
 #: Empty shapes of scratch tables, so the SQL below runs on traces that lack some event kinds.
 EMPTY = {
@@ -51,9 +51,6 @@ EMPTY = {
                       "size UBIGINT, pid UINTEGER, time_date_stamp UINTEGER, original_file_name VARCHAR",
     "_image_id_dbg": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, base UBIGINT, "
                      "pid UINTEGER, pdb_guid VARCHAR, pdb_age UINTEGER, pdb_name VARCHAR, il BOOLEAN",
-    "_stack_refs": "timestamp BIGINT, cpu USMALLINT, stream_pos BIGINT, event_ts BIGINT, "
-                   "pid UINTEGER, tid UINTEGER, kind UTINYINT, user BOOLEAN, key UBIGINT, h1 UBIGINT, h2 UBIGINT, "
-                   "n INTEGER",
     "_stack_defs": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, key UBIGINT, "
                    "opcode UTINYINT, h1 UBIGINT, h2 UBIGINT, n INTEGER",
     "_stack_frames": "h1 UBIGINT, h2 UBIGINT, frames UBIGINT[]",
@@ -135,13 +132,15 @@ def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
                 else:
                     sources[table].append(source)
             times.append(r["times"])
-        stats = _keyed_pieces(con, scratch, sources["_pieces"], times)
+        stack_defs = _stack_key_defs(con, scratch / "stack_defs.npz")
+        stats = {"stack_keys": sum(written[p] if p in written else B.file_rows(p) for p, _, _ in sources["_keyed_refs"])}
         lap()
 
         buckets = B.plan(times, cfg.bucket_rows, pool.n_workers)
         done = pool.map(B.bucket_task, [{"sources": {t: B.overlapping(s, lo, hi) for t, s in sources.items()},
                                          "scratch_dir": str(scratch), "out_dir": str(out.path),
-                                         "threads": threads, "clock": (header.header_ts, header.perf_freq),
+                                         "threads": threads, "stack_defs": stack_defs,
+                                         "clock": (header.header_ts, header.perf_freq),
                                          "bucket": k, "lo": lo, "hi": hi}
                                         for k, (lo, hi) in enumerate(buckets)])
         lap()
@@ -154,6 +153,7 @@ def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
         for table, schema in B.OUTPUT_SCHEMAS.items():
             if not out.table_path(table).exists():
                 pq.write_table(schema.empty_table(), out.table_path(table))
+        stats["stack_keys_unresolved"] = sum(d["stack_keys_unresolved"] for d in done)
         for key in B.SAMPLE_COUNTS + ("adopted_stacks_rejoined",):
             stats[key] = sum(d[key] for d in done) + sum(r["samples_settled"].get(key, 0) for r in results)
         stats["samples_final_in_partitions"] = sum(r["samples_settled"].get("samples", 0) for r in results)
@@ -273,54 +273,14 @@ def _image_ids(con) -> None:
         ORDER BY pid, base, timestamp""")
 
 
-def _keyed_pieces(con, scratch: Path, pieces: list[tuple[str, int, int]], times: list) -> dict[str, Any]:
-    """Stack-key references resolved to the first definition of their key at or after the reference
-    (keys are reused, so "any definition" is wrong; an ASOF join picks the right one). The result joins
-    the full pieces as more sorted scratch files (``pieces`` and ``times`` grow), one per
-    ``KEYED_FILE_ROWS`` rows of the stream ordered by event time; a reference whose key has no
-    definition is a piece without frames (``valid`` 0)."""
-    from pipeline.decode.etl import buckets as B
-
-    refs = con.execute("SELECT count(*) FROM _stack_refs").fetchone()[0]
-    unresolved = 0
-    if refs == 0:
-        return {"stack_keys": 0, "stack_keys_unresolved": 0}
-    cursor = con.cursor()   # a streamed result of its own, so the connection stays usable after it
-    rel = cursor.sql("""
-        SELECT r.event_ts, r.tid, r.pid, r.cpu, r.timestamp, r.stream_pos, r.user,
-               coalesce(d.h1, 0::UBIGINT) AS h1, coalesce(d.h2, 0::UBIGINT) AS h2,
-               coalesce(d.n, 0)::INTEGER AS n, (d.h1 IS NOT NULL)::UTINYINT AS valid
-        FROM (SELECT * EXCLUDE (h1, h2) FROM _stack_refs) r
-        ASOF LEFT JOIN (SELECT key, timestamp, h1, h2, n FROM _stack_defs) d
-            ON r.key = d.key AND d.timestamp >= r.timestamp
-        ORDER BY r.event_ts""")
-    reader = rel.to_arrow_reader(KEYED_FILE_ROWS)
-    directory = scratch / "_pieces.arrow"
-    directory.mkdir(parents=True, exist_ok=True)
-    buffered, n, part = [], 0, 0
-
-    def flush():
-        nonlocal buffered, n, part
-        if buffered:
-            path = directory / f"keyed-{part:05d}.arrow"
-            sample, source = B.write_scratch(pa.Table.from_batches(buffered), "event_ts", path)
-            times.append(sample)
-            pieces.append(source)
-            buffered, n, part = [], 0, part + 1
-
-    for batch in reader:
-        unresolved += batch.num_rows - int(np.count_nonzero(batch.column("valid").to_numpy()))
-        buffered.append(batch)
-        n += batch.num_rows
-        if n >= KEYED_FILE_ROWS:
-            flush()
-    flush()
-    cursor.close()
-    return {"stack_keys": int(refs), "stack_keys_unresolved": int(unresolved)}
-
-
-#: Rows per sorted scratch file of resolved key references.
-KEYED_FILE_ROWS = 1 << 20
+def _stack_key_defs(con, path: Path) -> str:
+    """The stack-key definitions of the whole trace (KeyDelete, KeyRundown), sorted by (key, time, cpu,
+    stream position), saved as arrays for the buckets, which resolve their references against them
+    (``buckets.resolve_keys``): a reference takes the first definition of its key at or after it."""
+    d = con.execute("SELECT key, timestamp, h1, h2, n FROM _stack_defs ORDER BY key, timestamp, cpu, stream_pos").fetchnumpy()
+    np.savez(path, key=np.asarray(d["key"], np.uint64), timestamp=np.asarray(d["timestamp"], np.int64),
+             h1=np.asarray(d["h1"], np.uint64), h2=np.asarray(d["h2"], np.uint64), n=np.asarray(d["n"], np.int32))
+    return str(path)
 
 
 def _stacks(con, scratch: Path, errors: list[dict[str, Any]], where: str) -> dict[str, Any]:

@@ -24,8 +24,9 @@ import pyarrow as pa
 from pipeline.decode.etl import kernels as K
 from pipeline.decode.etl import layout as L
 from pipeline.decode.etl.batch import Batch, record_error, unique_pairs, walk
-from pipeline.decode.etl.buckets import (BUCKETED, MAP_POPULATE, Stacks, adopt_pieces, pack_hashes, settle_heap_events,
-                                        settle_samples, text_columns, write_final, write_part, write_scratch)
+from pipeline.decode.etl.buckets import (BUCKETED, KEYED_REF_COLUMNS, MAP_POPULATE, Stacks, adopt_pieces, pack_hashes,
+                                        settle_heap_events, settle_samples, text_columns, write_final, write_part,
+                                        write_scratch)
 from pipeline.decode.etl.buffers import MAX_BUFFER_SIZE
 from pipeline.decode.etl.interpret import extended_stacks, lookup
 from pipeline.warmup import set_aside
@@ -355,7 +356,10 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> tuple[
                     "valid", pa.array(np.ones(stacks.num_rows, np.uint8)))), "_pieces", part, scratch_dir, sources))
             if full.all():
                 continue
-            data = data.filter(pa.array(~full))
+            # Key references: resolved in the buckets, against every definition of the trace.
+            keyed = data.filter(pa.array(~full)).select(KEYED_REF_COLUMNS)
+            times.append(_write_bucketed(keyed, "_keyed_refs", part, scratch_dir, sources))
+            continue
         if table in BUCKETED:
             times.append(_write_bucketed(data, table, part, scratch_dir, sources))
             continue
