@@ -13,7 +13,9 @@ over the CLI process, the dask scheduler side and every worker, sampled every 50
   without dask (``cluster.mode: synchronous``: no cluster to start);
 * ``bootprof decode`` (one worker) and dissect.etl (record headers only: its fastest mode) on the slice;
 * dissect.etl parsing every record's fields (the work the decoder does: 3x slower) on the same slice;
-* ``bootprof decode`` (one worker) on an XPRESS-compressed trace of 512 MB of event data (~120 MB file).
+* ``bootprof decode`` (one worker) on an XPRESS-compressed trace of 512 MB of event data (~120 MB file);
+* ``bootprof decode`` (one worker) on a trace of the main size with stack keys instead of full stacks
+  (what WPR records by default: StackKeyKernel/User references, KeyDelete/KeyRundown definitions).
 
 Every run starts with its input in the page cache (read through once just before). Each decode runs
 twice and the faster run is reported (with the first run's time beside it). Per core is
@@ -85,12 +87,12 @@ print(n, time.perf_counter() - t)
 """
 
 
-def synthesize(size: str, compress: bool = False) -> Path:
+def synthesize(size: str, compress: bool = False, stack_caching: bool = False) -> Path:
     from pipeline import synth
     from pipeline.config import SynthConfig
 
-    cfg = SynthConfig(seed=SEED, size=size, cpus=SIM_CPUS, compress=compress)
-    trace = OUT / f"synth-{size}{'-xpress' if compress else ''}" / "trace.etl"
+    cfg = SynthConfig(seed=SEED, size=size, cpus=SIM_CPUS, compress=compress, stack_caching=stack_caching)
+    trace = OUT / f"synth-{size}{'-xpress' if compress else ''}{'-keys' if stack_caching else ''}" / "trace.etl"
     truth = trace.with_name("trace.truth.json")
     if trace.exists() and truth.exists():
         t = json.loads(truth.read_text())
@@ -253,6 +255,10 @@ def main() -> int:
     packed = synthesize("512MB", compress=True)
     c1 = decode(packed, 1, "512MB-xpress-1w")
     rows.append(row("bootprof decode, 512MB XPRESS, 1 worker", packed, c1, c1["seconds"]))
+    # Stack keys instead of full stacks (WPR's default: references resolved against the trace's definitions).
+    keyed = synthesize(args.size, stack_caching=True)
+    k1 = decode(keyed, 1, f"{args.size}-keys-1w")
+    rows.append(row(f"bootprof decode, {args.size} stack keys, 1 worker", keyed, k1, k1["seconds"]))
     sizes = [args.size]
     if args.big:
         big = synthesize("4GB")
@@ -262,6 +268,7 @@ def main() -> int:
         rows.append(row(f"bootprof decode, 4GB, {cores} workers", big, bn, bn["seconds"]))
         sizes.append("4GB")
     one_row, all_row, inproc_row = rows[2], rows[3], rows[4]
+    keyed_row = next(r for r in rows if "stack keys" in r["measure"])
     rows.insert(1, fields_row)
     # Per GB beyond the first: the 4 GB run minus the 1 GB run, both with one worker (fixed costs cancel).
     marginal = 0.0
@@ -301,6 +308,7 @@ def main() -> int:
               "cli_in_process_MB_per_s": inproc_row["MB_per_s"],
               "MB_per_cpu_second": per_cpu_second, "marginal_1_worker_MB_per_s": marginal, "dissect_MB_per_s": dissect_rate, "ratio_vs_dissect": round(ratio, 1),
               "dissect_fields_MB_per_s": fields_rate, "ratio_vs_dissect_fields": round(fields_ratio, 1),
+              "stack_keys_1_worker_MB_per_s": keyed_row.get("stage_MB_per_s", 0.0),
               "peak_rss_MB": peak, "target_per_core_MB_per_s": 300, "target_ratio": 100, "target_peak_rss_MB": 1500,
               "failed_runs": len(failed), "rows": rows}
     (OUT / "decode.json").write_text(json.dumps(result, indent=2) + "\n")
