@@ -2,9 +2,9 @@
 
 The global order of events is (raw timestamp, cpu, stream_pos): §1.5/§5.3 of the format notes. What is
 small or needs the whole trace is SQL in DuckDB over the partitions' scratch parquet (which may spill
-to disk): process, thread and image lifetimes, ImageID/DbgID, stack-key resolution and the ``stacks``
-table. The per-event joins (samples, VirtualAlloc, heap events, event stacks: millions of rows) run in
-time buckets on the workers, in ``buckets``.
+to disk): process, thread and image lifetimes, ImageID/DbgID, the stack-key definitions (sorted once, for
+the buckets) and the ``stacks`` table. The per-event joins (samples, VirtualAlloc, heap events, event
+stacks, stack-key references: millions of rows) run in time buckets on the workers, in ``buckets``.
 
 Stacks (§3.5, §3.6)::
 
@@ -12,7 +12,7 @@ Stacks (§3.5, §3.6)::
                             StackKeyKernel/User {event_ts=ts, T, key} (kernel half, later user half,
                                                                       maybe on another CPU's buffer)
     key ──► first KeyDelete/KeyRundown/Create definition of that key at or after the reference
-            (keys are reused, so "any definition" is wrong; an ASOF join picks the right one)
+            (keys are reused, so "any definition" is wrong; ``buckets.resolve_keys`` picks the right one)
 
 All pieces of one (event_ts, thread) are concatenated, kernel pieces before user pieces (a piece is a
 user half when its leaf frame is a user address, or a StackKeyUser), each kind in stream order, and the
