@@ -127,10 +127,8 @@ def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
         times = []
         for r in results:
             for table, source in r["sources"].items():
-                if table == "_rows":
-                    written.update(source)
-                else:
-                    sources[table].append(source)
+                sources[table].append(source)
+            written.update(r["scratch_rows"])
             times.append(r["times"])
         stack_defs = _stack_key_defs(con, scratch / "stack_defs.npz")
         stats = {"stack_keys": sum(written[p] if p in written else B.file_rows(p) for p, _, _ in sources["_keyed_refs"])}
@@ -155,9 +153,9 @@ def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
                 pq.write_table(schema.empty_table(), out.table_path(table))
         stats["stack_keys_unresolved"] = sum(d["stack_keys_unresolved"] for d in done)
         for key in B.SAMPLE_COUNTS + ("adopted_stacks_rejoined",):
-            stats[key] = sum(d[key] for d in done) + sum(r["samples_settled"].get(key, 0) for r in results)
-        stats["samples_final_in_partitions"] = sum(r["samples_settled"].get("samples", 0) for r in results)
-        stats["heap_events_final_in_partitions"] = sum(r["samples_settled"].get("heap_events_final_in_partitions", 0)
+            stats[key] = sum(d[key] for d in done) + sum(r["settled"].get(key, 0) for r in results)
+        stats["samples_final_in_partitions"] = sum(r["settled"].get("samples", 0) for r in results)
+        stats["heap_events_final_in_partitions"] = sum(r["settled"].get("heap_events_final_in_partitions", 0)
                                                        for r in results)
         stats["bucket_rows_lost"] = _check_rows(sources, written, done, errors, str(out.path))
         stats["join_buckets"] = len(buckets)

@@ -196,10 +196,8 @@ def _decode_partition(task: dict[str, Any]) -> dict[str, Any]:
     # the writes. (With the walk's margin given back too: peak RSS 483-492 -> 444 MB, 4 GB synth.)
     b.c, b.blob, b.cpu, b.stream_pos, b.consumed = {"rbuf": b.c["rbuf"]}, None, None, None, None
     del blob, cols
-    written, times, sources, inline, settled = write_parts(b, part, Path(task["out_dir"]), Path(task["scratch_dir"]))
     return {
-        "part": part, "tables": written, "times": times, "sources": sources, "inline": inline, "records": int(b.n),
-        "samples_settled": settled,
+        "part": part, **write_parts(b, part, Path(task["out_dir"]), Path(task["scratch_dir"])), "records": int(b.n),
         "bytes": int(bufs["buffer_size"].sum()),
         "event_counts": counts, "errors": b.errors, "buffers_skipped": int(skipped + (rstatus != 0).sum()),
     }
@@ -297,17 +295,21 @@ def interpret(b: Batch) -> list[tuple]:
             for k, n in zip(kinds.tolist(), counts.tolist())]
 
 
-def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> tuple[dict[str, str], np.ndarray, dict, dict]:
+def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> dict[str, Any]:
     """One file per table: final tables into the stage directory (parquet, zstd); the event-like scratch
     tables of the bucket joins (``buckets.BUCKETED``) as Arrow IPC files; other ``_`` scratch
     tables into the scratch directory as uncompressed parquet (they live for seconds), or, when they are
     small (``INLINE_BYTES``: process, thread and image events, usually), handed back to the client in the
     result, which writes them together (``InlineScratch``): ten files less per partition. Dictionary pages
-    only for text columns: numeric columns compress better and faster without. Returns the paths, the
-    sample of times the bucket planner cuts, the scratch files as bucket sources (table -> (path, lo,
-    hi)) and the small tables."""
+    only for text columns: numeric columns compress better and faster without. Samples and heap events
+    whose stack is complete are written final here (``settle_samples``, ``settle_heap_events``). Returns,
+    for the task's result: the paths (``tables``), the sample of times the bucket planner cuts
+    (``times``), the scratch files as bucket sources (``sources``: table -> (path, lo, hi)) with their rows
+    (``scratch_rows``: path -> rows), the small tables (``inline``) and the counts of the rows settled
+    here (``settled``)."""
     written: dict[str, str] = {}
     sources: dict[str, tuple[str, int, int]] = {}
+    rows: dict[str, int] = {}
     inline: dict[str, pa.Table] = {}
     times = []
     tables = {table: pa.concat_tables(pieces, promote_options="permissive") for table, pieces in b.out.items()}
@@ -319,8 +321,11 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> tuple[
         if usable:
             tables["_stack_refs"] = refs
     # Samples and heap events with a complete stack are written final here; the rest go through the buckets.
-    keys = lambda table, c: [(tables[table].column(c).to_numpy(), tables[table].column("tid").to_numpy())] \
-        if table in tables and tables[table].num_rows else []  # noqa: E731
+    def keys(table: str, ts: str) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The (time, thread) of a table's rows, as ``settle_*`` take the rows that could share a stack."""
+        t = tables.get(table)
+        return [(t.column(ts).to_numpy(), t.column("tid").to_numpy())] if t is not None and t.num_rows else []
+
     links = keys("_event_stack_links", "timestamp")
     stacks = Stacks.empty()
     heap_final = 0
@@ -353,15 +358,15 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> tuple[
             if full.any():
                 stacks = data if full.all() else data.filter(pa.array(full))
                 times.append(_write_bucketed(pack_hashes(stacks.drop_columns(["kind", "key"]).append_column(
-                    "valid", pa.array(np.ones(stacks.num_rows, np.uint8)))), "_pieces", part, scratch_dir, sources))
+                    "valid", pa.array(np.ones(stacks.num_rows, np.uint8)))), "_pieces", part, scratch_dir, sources, rows))
             if full.all():
                 continue
             # Key references: resolved in the buckets, against every definition of the trace.
             keyed = data.filter(pa.array(~full)).select(KEYED_REF_COLUMNS)
-            times.append(_write_bucketed(keyed, "_keyed_refs", part, scratch_dir, sources))
+            times.append(_write_bucketed(keyed, "_keyed_refs", part, scratch_dir, sources, rows))
             continue
         if table in BUCKETED:
-            times.append(_write_bucketed(data, table, part, scratch_dir, sources))
+            times.append(_write_bucketed(data, table, part, scratch_dir, sources, rows))
             continue
         if table.startswith("_") and data.get_total_buffer_size() <= INLINE_BYTES:
             inline[table] = data
@@ -373,14 +378,15 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> tuple[
         write_part(data, target, compression="none" if table.startswith("_") else "zstd",
                    use_dictionary=text_columns(data.schema))
         written[table] = str(target)
-    return written, (np.concatenate(times) if times else np.zeros(0, np.int64)), sources, inline, settled
+    return {"tables": written, "times": np.concatenate(times) if times else np.zeros(0, np.int64), "sources": sources,
+            "scratch_rows": rows, "inline": inline, "settled": settled}
 
 
-def _write_bucketed(data: pa.Table, table: str, part: int, scratch_dir: Path, sources: dict) -> np.ndarray:
+def _write_bucketed(data: pa.Table, table: str, part: int, scratch_dir: Path, sources: dict, rows: dict) -> np.ndarray:
     directory = scratch_dir / f"{table}.arrow"
     directory.mkdir(parents=True, exist_ok=True)
     times, sources[table] = write_scratch(data, BUCKETED[table], directory / f"part-{part:05d}.arrow")
-    sources.setdefault("_rows", {})[sources[table][0]] = data.num_rows
+    rows[sources[table][0]] = data.num_rows
     return times
 
 
