@@ -311,7 +311,7 @@ def adopted_hashes(kh1, kh2, kn, uh1, uh2, un, h1, h2, count):
         count[i] = kn[i] + un[i]
 
 
-# --- samples whose stack is complete in their partition (partition side) -------------------------------
+# --- samples and heap events whose stack is complete in their partition (partition side) --------------
 #: Processes whose threads never run in user mode (Idle, System): a kernel piece is their whole stack.
 KERNEL_ONLY_PIDS = (0, 4)
 #: What ``settle_samples`` counts, summed with the buckets' counts in the manifest.
@@ -341,10 +341,10 @@ def settle_samples(samples: pa.Table, others: list[tuple[np.ndarray, np.ndarray]
     idx = col.indices.fill_null(-1).to_numpy()
     d = {f: col.dictionary.field(f).to_numpy() for f in ADOPTED_FIELDS}
     whole = (d["u_n"] > 0) | ((d["k_n"] > 0) & np.isin(d["pid"], KERNEL_ONLY_PIDS))
-    user = np.append(whole, False)[idx]
-    if not user.any():
+    complete = np.append(whole, False)[idx]
+    if not complete.any():
         return None, samples, Stacks.empty(), {}
-    final = unshared(samples, user, others, vallocs)
+    final = unshared(samples, complete, others, vallocs)
     done = np.flatnonzero(final)
     if not len(done):
         return None, samples, Stacks.empty(), {}
