@@ -411,9 +411,9 @@ def settle_heap_events(heap: pa.Table, refs: pa.Table, rbuf: np.ndarray, others:
 
 @nb.njit(**JIT)
 def settled_rows(order, ts, tid, cpu, whole, o_ts, o_tid, va_ts, va_cpu, out):
-    """``out[r]``: sample ``r`` is ``whole`` and shares its (time, thread) with no other sample and no row of
-    (``o_ts``, ``o_tid``) (sorted by time), and its (time, cpu) with no VirtualAlloc event (``va_ts``,
-    ``va_cpu``, sorted by time). ``order`` sorts the samples by time."""
+    """``out[r]``: row ``r`` (a sample or a heap event) is ``whole`` and shares its (time, thread) with no
+    other of these rows and no row of (``o_ts``, ``o_tid``) (sorted by time), and its (time, cpu) with no
+    VirtualAlloc event (``va_ts``, ``va_cpu``, sorted by time). ``order`` sorts the rows by time."""
     n = order.shape[0]
     j = 0
     m = 0

@@ -395,16 +395,15 @@ def _snapshot(snapshot_id, pid, instance, chunks, ends, errors, path, stack_rows
     row.update(complete=True, heaps=len(parts["heaps"]), blocks=len(blk),
                block_bytes=int(blk[:, 2].sum()) if len(blk) else 0, stacks=len(frames))
     # Stack ids as the event stacks get them: the same content hash of the frame list.
-    lists = frames
-    n = len(lists)
+    n = len(frames)
     h1, h2, count = np.empty(n, np.uint64), np.empty(n, np.uint64), np.empty(n, np.int64)
-    hash_frame_lists(lists.offsets.to_numpy().astype(np.int64), lists.values.to_numpy(zero_copy_only=False),
+    hash_frame_lists(frames.offsets.to_numpy().astype(np.int64), frames.values.to_numpy(zero_copy_only=False),
                      h1, h2, count)
     sid, check = np.empty(n, np.int64), np.empty(n, np.uint64)
     stack_ids(h1, h2, count, sid, check)
     stack_rows.append(pa.table({
         "snapshot_id": pa.array(np.full(n, snapshot_id, np.int64)), "stack_ref": pa.array(parts["stk_id"], pa.uint64()),
-        "stack_id": pa.array(sid, mask=count == 0), "id_check": check, "frames": lists}))
+        "stack_id": pa.array(sid, mask=count == 0), "id_check": check, "frames": frames}))
     n = len(blk)
     heap = parts["heaps"][parts["heap_of_block"], 0]
     order = np.lexsort((blk[:, 0], heap))
