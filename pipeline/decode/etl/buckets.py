@@ -245,6 +245,21 @@ def adopt_pieces(samples: pa.Table, refs: pa.Table, rbuf: np.ndarray) -> tuple[p
     return samples, c.left(c.claimed)
 
 
+def claimable(refs: pa.Table, full: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of ``refs`` that a row can claim, and every ref's record index (-1: none): StackWalk pieces
+    (``full``) or stack-key references (StackKeyKernel/User records); a StackWalk piece carries its frames'
+    hashes, a key reference only its key. Pieces of extended data items have no record of their own."""
+    rec_col = refs.column("_rec")
+    prec = rec_col.fill_null(-1).to_numpy() if rec_col.null_count else rec_col.to_numpy()
+    has = prec >= 0
+    if "kind" in refs.column_names:
+        kind = refs.column("kind").to_numpy()
+        has &= (kind == 0) if full else (kind != 0)
+    elif not full:
+        has[:] = False
+    return np.flatnonzero(has), prec
+
+
 class Claim:
     """The stack pieces of ``refs`` that directly follow each row of ``rows`` in its buffer
     (``claim_adjacent``: at most a kernel and a user piece of the row's time and thread), and the
@@ -253,9 +268,7 @@ class Claim:
     def __init__(self, rows: pa.Table, refs: pa.Table, rbuf: np.ndarray):
         n = rows.num_rows
         self.refs = refs
-        rec_col = refs.column("_rec")
-        prec = rec_col.fill_null(-1).to_numpy() if rec_col.null_count else rec_col.to_numpy()
-        stackwalk = np.flatnonzero(prec >= 0)
+        stackwalk, prec = claimable(refs, full=True)
         piece_at = np.full(len(rbuf), -1, np.int64)
         piece_at[prec[stackwalk]] = stackwalk
         k, u = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
@@ -337,6 +350,8 @@ def settle_samples(samples: pa.Table, others: list[tuple[np.ndarray, np.ndarray]
     Returns the final rows in the partition's record order (None when there are none; not sorted by time:
     the part is written as it is, which compresses better and skips a sort), the other samples
     (for scratch), the distinct stacks of the final rows (for the ``stacks`` table) and counts."""
+    if not samples.num_rows:
+        return None, samples, Stacks.empty(), {}
     col = samples.column("adopted").combine_chunks()
     idx = col.indices.fill_null(-1).to_numpy()
     d = {f: col.dictionary.field(f).to_numpy() for f in ADOPTED_FIELDS}
@@ -407,6 +422,129 @@ def settle_heap_events(heap: pa.Table, refs: pa.Table, rbuf: np.ndarray, others:
     out = heap.select(HEAP_COLUMNS).filter(keep).append_column("stack_id", _stack_column(c.d["stack_id"][a]))
     return (out.cast(OUTPUT_SCHEMAS["heap_events"]), heap.filter(pc.invert(keep)), c.left(c.pieces_of(done)),
             adopted_stacks(c.d, a))
+
+
+# --- samples whose stack keys directly follow them (partition side, then a task per partition) ---------
+#: A sample settled by its stack keys, as its partition writes it for ``keyed_samples_task``: its final
+#: columns but the stack, and the key of its kernel and user reference (``sides``: bit 0 kernel, bit 1
+#: user) with the reference's time after the sample (ticks, at most ``ADOPT_MAX_DT``).
+KEYED_SAMPLE_COLUMNS = ["timestamp", "cpu", "tid", "pid", "ip", "stream_pos", "k_key", "u_key", "k_dt", "u_dt", "sides"]
+
+
+def settle_keyed_samples(samples: pa.Table, refs: pa.Table, rbuf: np.ndarray,
+                         others: list[tuple[np.ndarray, np.ndarray]], vallocs: pa.Table | None
+                         ) -> tuple[pa.Table | None, pa.Table, pa.Table, int]:
+    """Samples whose stack was recorded as stack keys (StackKeyKernel/User records: what WPR records by
+    default) that directly follow them in their buffer. As ``settle_samples`` does for StackWalk pieces: a
+    sample claims the key references of its (time, thread) that follow it (``claim_adjacent``); it is
+    complete when it claimed its user reference (or, in the Idle or System process, its kernel reference)
+    and shares its (time, thread) with no other row of the partition (``others``, the references it did
+    not claim, other samples) and its (time, cpu) with no VirtualAlloc event.
+
+    Its stack needs the keys' definitions, which come later in the trace (when a key leaves the cache, or
+    at the rundown at its end). So the rows (``KEYED_SAMPLE_COLUMNS``, record order) go to a scratch file
+    of the partition's own, and ``keyed_samples_task`` resolves their keys once every definition is known,
+    without the buckets' sort and grouping. Samples that adopted a StackWalk piece are not looked at.
+
+    Returns those rows (None when there are none), the other samples, the references left and how many
+    references went with the rows."""
+    which, prec = claimable(refs, full=False)
+    if not len(which) or "adopted" not in samples.column_names:
+        return None, samples, refs, 0
+    free = np.flatnonzero(samples.column("adopted").is_null().to_numpy(zero_copy_only=False))
+    if not len(free):
+        return None, samples, refs, 0
+    piece_at = np.full(len(rbuf), -1, np.int64)
+    piece_at[prec[which]] = np.arange(len(which))
+    col = lambda t, c: t.column(c).to_numpy()  # noqa: E731
+    r_ev, r_tid = col(refs, "event_ts"), col(refs, "tid")
+    keyed = {c: col(refs, c)[which] for c in ("event_ts", "tid", "user", "pid", "timestamp", "key")}
+    key = keyed["key"]
+    n = len(free)
+    k, u = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
+    k_dt, u_dt, k_d, u_d = np.zeros(n, np.uint16), np.zeros(n, np.uint16), np.zeros(n, np.uint8), np.zeros(n, np.uint8)
+    pid, key1, key2 = np.zeros(n, np.uint32), np.zeros(n, np.uint64), np.zeros(n, np.uint64)
+    claimed = np.zeros(len(which), np.bool_)
+    zeros = np.zeros(len(which), np.uint64)
+    # (the hash inputs are unused here: a reference's frames are not known yet)
+    claim_adjacent(col(samples, "_rec")[free], col(samples, "timestamp")[free], col(samples, "tid")[free], rbuf,
+                   piece_at, keyed["event_ts"], keyed["tid"], keyed["user"], keyed["pid"], keyed["timestamp"], key,
+                   zeros, np.zeros(len(which), np.int32), ADOPT_WINDOW, k, u, k_dt, u_dt, k_d, u_d, pid, key1, key2,
+                   claimed)
+    complete = (u >= 0) | ((k >= 0) & np.isin(pid, KERNEL_ONLY_PIDS))
+    if not complete.any():
+        return None, samples, refs, 0
+    whole = np.zeros(samples.num_rows, np.bool_)
+    whole[free[complete]] = True
+    mine = np.ones(refs.num_rows, np.bool_)          # the references no sample claimed
+    mine[which[claimed]] = False
+    final = unshared(samples, whole, others + [(r_ev[mine], r_tid[mine])], vallocs)
+    done = np.flatnonzero(final[free])             # positions among ``free``
+    if not len(done):
+        return None, samples, refs, 0
+    rows = free[done]
+    kd, ud = k[done], u[done]
+    keep = np.ones(samples.num_rows, np.bool_)
+    keep[rows] = False
+    # (filters, not takes: most rows are kept, and a take first joins a column's chunks into one)
+    s = samples.select(["timestamp", "cpu", "tid", "ip", "stream_pos"]).filter(pa.array(~keep))
+    out = pa.table({
+        "timestamp": s.column("timestamp"), "cpu": s.column("cpu"), "tid": s.column("tid"), "pid": pid[done],
+        "ip": s.column("ip"), "stream_pos": s.column("stream_pos"),
+        "k_key": np.where(kd >= 0, key[kd], 0), "u_key": np.where(ud >= 0, key[ud], 0),
+        "k_dt": k_dt[done], "u_dt": u_dt[done], "sides": ((kd >= 0) + 2 * (ud >= 0)).astype(np.uint8)})
+    left = np.ones(refs.num_rows, np.bool_)
+    left[which[kd[kd >= 0]]] = False
+    left[which[ud[ud >= 0]]] = False
+    rest = samples.filter(pa.array(keep)) if keep.any() else samples.slice(0, 0)    # (a filter to nothing has no chunks)
+    return out, rest, refs.filter(pa.array(left)), int(refs.num_rows - left.sum())
+
+
+def keyed_samples_task(task: dict[str, Any]) -> dict[str, Any]:
+    """The final ``samples`` rows of one partition's samples settled by their stack keys
+    (``settle_keyed_samples``): each reference takes the first definition of its key at or after it
+    (``first_at_or_after``, as ``resolve_keys`` does for the buckets), the two pieces' hashes make the stack
+    id as a group of those pieces would get it in a bucket, and the rows are written in record order
+    (``keyed-<partition>.parquet``) with their distinct stacks (writer ``task["writer"]``)."""
+    from pipeline.decode.etl.partition import reuse_freed_memory
+
+    with reuse_freed_memory("bucket"):
+        reader = pa.ipc.open_file(mapped(task["keyed_samples"]))
+        t = pa.Table.from_batches([reader.get_batch(i) for i in range(reader.num_record_batches)], reader.schema)
+        n = t.num_rows
+        defs = np.load(task["stack_defs"])
+        ts, sides = _np(t, "timestamp"), _np(t, "sides")
+        hashes, unresolved = {}, 0
+        for prefix, bit in (("k_", 1), ("u_", 2)):
+            rows = np.flatnonzero(sides & bit)
+            at = np.full(len(rows), -1, np.int64)
+            first_at_or_after(_np(t, prefix + "key")[rows], ts[rows] + _np(t, prefix + "dt")[rows], defs["key"],
+                              defs["timestamp"], at)
+            found = at >= 0
+            unresolved += int(len(rows) - found.sum())
+            rows, at = rows[found], at[found]
+            h1, h2, cnt = np.zeros(n, np.uint64), np.zeros(n, np.uint64), np.zeros(n, np.int64)
+            h1[rows], h2[rows], cnt[rows] = defs["h1"][at], defs["h2"][at], defs["n"][at]
+            hashes[prefix] = (h1, h2, cnt)
+        h1, h2, cnt = np.empty(n, np.uint64), np.empty(n, np.uint64), np.empty(n, np.int64)
+        adopted_hashes(*hashes["k_"], *hashes["u_"], h1, h2, cnt)
+        sid, check = np.empty(n, np.int64), np.empty(n, np.uint64)
+        stack_ids(h1, h2, cnt, sid, check)
+        stack = np.where(cnt > 0, sid, -1)
+        pid = _np(t, "pid")
+        table = pa.table({
+            "timestamp": t.column("timestamp"), "timestamp_ns": to_ns(ts, *task["clock"]), "cpu": t.column("cpu"),
+            "tid": t.column("tid"), "pid": t.column("pid"), "ip": t.column("ip"), "stack_id": _stack_column(stack),
+            "stream_pos": t.column("stream_pos")}).cast(OUTPUT_SCHEMAS["samples"])
+        path = write_final(table, Path(task["out_dir"]) / "samples.parquet", task["part"], prefix="keyed-",
+                           extra_delta=("stream_pos",))
+        (kh1, kh2, kn), (uh1, uh2, un) = hashes["k_"], hashes["u_"]
+        per_row = dict(zip(ADOPTED_FIELDS, (sid, check, kh1, kh2, kn.astype(np.int32), uh1, uh2, un.astype(np.int32), pid)))
+        adopted_stacks(per_row, np.where(cnt > 0, np.arange(n), -1)).write(Path(task["scratch_dir"]), task["writer"])
+    with_stack = int((stack >= 0).sum())
+    return {"bucket": task["writer"], "tables": {"samples": path}, "rows_in": {"_keyed_samples": n}, "groups": 0,
+            "samples": n, "samples_with_stack": with_stack, "samples_with_stack_records": n, "samples_adopted_stacks": n,
+            "samples_settled_by_keys": n, "stack_keys_unresolved": unresolved, "adopted_stacks_rejoined": 0}
 
 
 @nb.njit(**JIT)
@@ -700,8 +838,12 @@ def _np(t: pa.Table, name: str, dtype=None) -> np.ndarray:
 
 
 def bucket_task(task: dict[str, Any]) -> dict[str, Any]:
+    """One time bucket's joins, or (a task with ``keyed_samples``) one partition's samples settled by their
+    stack keys: both run in one map, after the partitions."""
     from pipeline.decode.etl.partition import reuse_freed_memory
 
+    if "keyed_samples" in task:
+        return keyed_samples_task(task)
     with reuse_freed_memory("bucket"):
         return _bucket_task(task)
 

@@ -225,7 +225,7 @@ def stack_key_ref(b: Batch, idx: np.ndarray) -> None:
         **b.common(idx, ns=False), "event_ts": b.field(idx, W["event_ts"], 0, 8).view(np.int64),
         "pid": b.field(idx, W["pid"], 0, 4), "tid": b.field(idx, W["tid"], 0, 4),
         "kind": np.where(b.c["opcode"][idx] == 37, 1, 2).astype(np.uint8), "user": b.c["opcode"][idx] == 38,
-        "key": b.pointer(idx, 0x10, 0), "h1": zero, "h2": zero, "n": np.zeros(len(idx), np.int32),
+        "key": b.pointer(idx, 0x10, 0), "h1": zero, "h2": zero, "n": np.zeros(len(idx), np.int32), "_rec": idx,
     }, idx)
 
 

@@ -131,16 +131,23 @@ def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
             written.update(r["scratch_rows"])
             times.append(r["times"])
         stack_defs = _stack_key_defs(con, scratch / "stack_defs.npz")
-        stats = {"stack_keys": sum(written[p] if p in written else B.file_rows(p) for p, _, _ in sources["_keyed_refs"])}
+        stats = {"stack_keys": sum(written[p] if p in written else B.file_rows(p) for p, _, _ in sources["_keyed_refs"])
+                 + sum(r["settled"].get("stack_keys_with_samples", 0) for r in results)}
         lap()
 
         buckets = B.plan(times, cfg.bucket_rows, pool.n_workers)
-        done = pool.map(B.bucket_task, [{"sources": {t: B.overlapping(s, lo, hi) for t, s in sources.items()},
-                                         "scratch_dir": str(scratch), "out_dir": str(out.path),
-                                         "threads": threads, "stack_defs": stack_defs,
-                                         "clock": (header.header_ts, header.perf_freq),
-                                         "bucket": k, "lo": lo, "hi": hi}
-                                        for k, (lo, hi) in enumerate(buckets)])
+        common = {"scratch_dir": str(scratch), "out_dir": str(out.path), "stack_defs": stack_defs,
+                  "clock": (header.header_ts, header.perf_freq)}
+        # The samples that partitions settled by their stack keys: a task per partition, beside the buckets
+        # (writers numbered after them, for the stacks they write).
+        keyed = [r["keyed_samples"] for r in results if r.get("keyed_samples")]
+        tasks = [{**common, "keyed_samples": path, "part": part, "writer": len(buckets) + i}
+                 for i, (path, _, part) in enumerate(keyed)]
+        tasks += [{**common, "sources": {t: B.overlapping(s, lo, hi) for t, s in sources.items()}, "threads": threads,
+                   "bucket": k, "lo": lo, "hi": hi} for k, (lo, hi) in enumerate(buckets)]
+        done = pool.map(B.bucket_task, tasks)
+        sources["_keyed_samples"] = [(path, 0, 0) for path, _, _ in keyed]
+        written.update({path: rows for path, rows, _ in keyed})
         lap()
         others.result()
         stats.update(before_stacks())
@@ -155,6 +162,7 @@ def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
         for key in B.SAMPLE_COUNTS + ("adopted_stacks_rejoined",):
             stats[key] = sum(d[key] for d in done) + sum(r["settled"].get(key, 0) for r in results)
         stats["samples_final_in_partitions"] = sum(r["settled"].get("samples", 0) for r in results)
+        stats["samples_settled_by_keys"] = sum(d.get("samples_settled_by_keys", 0) for d in done)
         stats["heap_events_final_in_partitions"] = sum(r["settled"].get("heap_events_final_in_partitions", 0)
                                                        for r in results)
         stats["bucket_rows_lost"] = _check_rows(sources, written, done, errors, str(out.path))

@@ -25,8 +25,8 @@ from pipeline.decode.etl import kernels as K
 from pipeline.decode.etl import layout as L
 from pipeline.decode.etl.batch import Batch, record_error, unique_pairs, walk
 from pipeline.decode.etl.buckets import (BUCKETED, KEYED_REF_COLUMNS, MAP_POPULATE, Stacks, adopt_pieces, pack_hashes,
-                                        settle_heap_events, settle_samples, text_columns, write_final, write_part,
-                                        write_scratch)
+                                        settle_heap_events, settle_keyed_samples, settle_samples, text_columns,
+                                        write_final, write_part, write_scratch)
 from pipeline.decode.etl.buffers import MAX_BUFFER_SIZE
 from pipeline.decode.etl.interpret import extended_stacks, lookup
 from pipeline.warmup import set_aside
@@ -302,11 +302,13 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> dict[s
     small (``INLINE_BYTES``: process, thread and image events, usually), handed back to the client in the
     result, which writes them together (``InlineScratch``): ten files less per partition. Dictionary pages
     only for text columns: numeric columns compress better and faster without. Samples and heap events
-    whose stack is complete are written final here (``settle_samples``, ``settle_heap_events``). Returns,
+    whose stack is complete are written final here (``settle_samples``, ``settle_heap_events``); samples
+    whose stack keys are (``settle_keyed_samples``) are left for one task of their own. Returns,
     for the task's result: the paths (``tables``), the sample of times the bucket planner cuts
     (``times``), the scratch files as bucket sources (``sources``: table -> (path, lo, hi)) with their rows
-    (``scratch_rows``: path -> rows), the small tables (``inline``) and the counts of the rows settled
-    here (``settled``)."""
+    (``scratch_rows``: path -> rows), the small tables (``inline``), the counts of the rows settled
+    here (``settled``) and the samples settled by their stack keys (``keyed_samples``: (path, rows,
+    partition) or None; ``settle_keyed_samples``)."""
     written: dict[str, str] = {}
     sources: dict[str, tuple[str, int, int]] = {}
     rows: dict[str, int] = {}
@@ -336,18 +338,30 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> dict[s
         if final is not None:
             written["heap_events"] = write_final(final, out_dir / "heap_events.parquet", part, prefix="partition-")
             heap_final = final.num_rows
+    keyed_samples = None
+    if "_samples" in tables and "_stack_refs" in tables and "_rec" in tables["_stack_refs"].column_names:
+        keyed, tables["_samples"], tables["_stack_refs"], claimed = settle_keyed_samples(
+            tables["_samples"], tables["_stack_refs"], b.c["rbuf"], keys("_heap_events", "timestamp") + links,
+            tables.get("_virtual_allocs"))
+        if keyed is not None:
+            directory = scratch_dir / "_keyed_samples.arrow"
+            directory.mkdir(parents=True, exist_ok=True)
+            _, (path, _, _) = write_scratch(keyed, "timestamp", directory / f"part-{part:05d}.arrow")
+            keyed_samples = (path, keyed.num_rows, part)
+            settled["stack_keys_with_samples"] = claimed
     if "_samples" in tables:
-        final, tables["_samples"], sample_stacks, settled = settle_samples(
+        final, tables["_samples"], sample_stacks, counts = settle_samples(
             tables["_samples"], keys("_stack_refs", "event_ts") + keys("_heap_events", "timestamp") + links,
             tables.get("_virtual_allocs"), (b.consts["header_ts"], b.consts["perf_freq"]))
         if final is not None:
             written["samples"] = write_final(final, out_dir / "samples.parquet", part, prefix="partition-",
                                              extra_delta=("stream_pos",))
             stacks = stacks.plus(sample_stacks)
+        settled.update(counts)
     if len(stacks.sid):
         tables.update(stacks.tables(-1 - part))
     if heap_final:
-        settled = {**settled, "heap_events_final_in_partitions": heap_final}
+        settled["heap_events_final_in_partitions"] = heap_final
     for table, data in tables.items():
         if "_rec" in data.column_names:
             data = data.drop_columns(["_rec"])
@@ -379,7 +393,7 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> dict[s
                    use_dictionary=text_columns(data.schema))
         written[table] = str(target)
     return {"tables": written, "times": np.concatenate(times) if times else np.zeros(0, np.int64), "sources": sources,
-            "scratch_rows": rows, "inline": inline, "settled": settled}
+            "scratch_rows": rows, "inline": inline, "settled": settled, "keyed_samples": keyed_samples}
 
 
 def _write_bucketed(data: pa.Table, table: str, part: int, scratch_dir: Path, sources: dict, rows: dict) -> np.ndarray:
