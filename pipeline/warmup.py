@@ -29,7 +29,14 @@ def dask_setup(worker) -> None:
     """distributed's preload hook: start the warm-up and return at once."""
     names = [n for n in os.environ.get(ENV, "").split(",") if n]
     if names:
-        threading.Thread(target=warm_up, args=(names,), name="bootprof-warm-up", daemon=True).start()
+        start(names)
+
+
+def start(names: list[str]) -> threading.Thread:
+    """Run :func:`warm_up` on a background thread of this process."""
+    thread = threading.Thread(target=warm_up, args=(names,), name="bootprof-warm-up", daemon=True)
+    thread.start()
+    return thread
 
 
 def warm_up(names: list[str]) -> int:
