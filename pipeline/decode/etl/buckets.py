@@ -425,12 +425,6 @@ def settle_heap_events(heap: pa.Table, refs: pa.Table, rbuf: np.ndarray, others:
 
 
 # --- samples whose stack keys directly follow them (partition side, then a task per partition) ---------
-#: A sample settled by its stack keys, as its partition writes it for ``keyed_samples_task``: its final
-#: columns but the stack, and the key of its kernel and user reference (``sides``: bit 0 kernel, bit 1
-#: user) with the reference's time after the sample (ticks, at most ``ADOPT_MAX_DT``).
-KEYED_SAMPLE_COLUMNS = ["timestamp", "cpu", "tid", "pid", "ip", "stream_pos", "k_key", "u_key", "k_dt", "u_dt", "sides"]
-
-
 def settle_keyed_samples(samples: pa.Table, refs: pa.Table, rbuf: np.ndarray,
                          others: list[tuple[np.ndarray, np.ndarray]], vallocs: pa.Table | None
                          ) -> tuple[pa.Table | None, pa.Table, pa.Table, int]:
@@ -442,9 +436,12 @@ def settle_keyed_samples(samples: pa.Table, refs: pa.Table, rbuf: np.ndarray,
     not claim, other samples) and its (time, cpu) with no VirtualAlloc event.
 
     Its stack needs the keys' definitions, which come later in the trace (when a key leaves the cache, or
-    at the rundown at its end). So the rows (``KEYED_SAMPLE_COLUMNS``, record order) go to a scratch file
-    of the partition's own, and ``keyed_samples_task`` resolves their keys once every definition is known,
-    without the buckets' sort and grouping. Samples that adopted a StackWalk piece are not looked at.
+    at the rundown at its end). So the rows go to a scratch file of the partition's own, in record order:
+    their final columns but the stack, and the key of their kernel and user reference (``k_key``,
+    ``u_key``; ``sides``: bit 0 kernel, bit 1 user) with the reference's time after the sample (``k_dt``,
+    ``u_dt``: ticks, at most ``ADOPT_MAX_DT``). ``keyed_samples_task`` resolves the keys once every
+    definition is known, without the buckets' sort and grouping. Samples that adopted a StackWalk piece
+    are not looked at.
 
     Returns those rows (None when there are none), the other samples, the references left and how many
     references went with the rows."""
@@ -512,19 +509,15 @@ def keyed_samples_task(task: dict[str, Any]) -> dict[str, Any]:
         reader = pa.ipc.open_file(mapped(task["keyed_samples"]))
         t = pa.Table.from_batches([reader.get_batch(i) for i in range(reader.num_record_batches)], reader.schema)
         n = t.num_rows
-        defs = np.load(task["stack_defs"])
+        defs = dict(np.load(task["stack_defs"]))
         ts, sides = _np(t, "timestamp"), _np(t, "sides")
         hashes, unresolved = {}, 0
         for prefix, bit in (("k_", 1), ("u_", 2)):
             rows = np.flatnonzero(sides & bit)
-            at = np.full(len(rows), -1, np.int64)
-            first_at_or_after(_np(t, prefix + "key")[rows], ts[rows] + _np(t, prefix + "dt")[rows], defs["key"],
-                              defs["timestamp"], at)
-            found = at >= 0
-            unresolved += int(len(rows) - found.sum())
-            rows, at = rows[found], at[found]
             h1, h2, cnt = np.zeros(n, np.uint64), np.zeros(n, np.uint64), np.zeros(n, np.int64)
-            h1[rows], h2[rows], cnt[rows] = defs["h1"][at], defs["h2"][at], defs["n"][at]
+            h1[rows], h2[rows], cnt[rows], found = definitions(
+                _np(t, prefix + "key")[rows], ts[rows] + _np(t, prefix + "dt")[rows], defs)
+            unresolved += int(len(rows) - found.sum())
             hashes[prefix] = (h1, h2, cnt)
         h1, h2, cnt = np.empty(n, np.uint64), np.empty(n, np.uint64), np.empty(n, np.int64)
         adopted_hashes(*hashes["k_"], *hashes["u_"], h1, h2, cnt)
@@ -1126,17 +1119,23 @@ def resolve_keys(refs: pa.Table, defs_path: str) -> tuple[pa.Table, int]:
     wrong); one without a definition is a piece without frames (``valid`` 0). ``defs_path``: the trace's
     definitions sorted by (key, time, cpu, stream position) (``joins._stack_key_defs``). Returns the
     pieces (``PIECE_COLUMNS``) and how many found no definition."""
-    d = np.load(defs_path)
-    at = np.full(refs.num_rows, -1, np.int64)
-    first_at_or_after(_np(refs, "key"), _np(refs, "timestamp"), d["key"], d["timestamp"], at)
-    found = at >= 0
-    i = np.where(found, at, 0)
-    pick = (lambda a: np.where(found, a[i], 0)) if len(d["key"]) else (lambda a: np.zeros(len(at), a.dtype))
+    h1, h2, n, found = definitions(_np(refs, "key"), _np(refs, "timestamp"), dict(np.load(defs_path)))
     return pa.table({
         "event_ts": refs.column("event_ts"), "tid": refs.column("tid"), "pid": refs.column("pid"), "cpu": refs.column("cpu"),
         "timestamp": refs.column("timestamp"), "stream_pos": refs.column("stream_pos"), "user": refs.column("user"),
-        "valid": found.astype(np.uint8), "h1": pick(d["h1"]).astype(np.uint64), "h2": pick(d["h2"]).astype(np.uint64),
-        "n": pick(d["n"]).astype(np.int32)}), int(len(at) - found.sum())
+        "valid": found.astype(np.uint8), "h1": h1, "h2": h2, "n": n.astype(np.int32)}), int(len(found) - found.sum())
+
+
+def definitions(key: np.ndarray, ts: np.ndarray, defs: dict[str, np.ndarray]):
+    """For references to ``key`` at ``ts``: the hashes and frame count of the first definition of each key
+    at or after its reference (``first_at_or_after``; zeros where there is none) and whether there is one.
+    ``defs``: the arrays ``joins._stack_key_defs`` saved."""
+    at = np.full(len(key), -1, np.int64)
+    first_at_or_after(key, ts, defs["key"], defs["timestamp"], at)
+    found = at >= 0
+    h1, h2, n = np.zeros(len(key), np.uint64), np.zeros(len(key), np.uint64), np.zeros(len(key), np.int64)
+    h1[found], h2[found], n[found] = defs["h1"][at[found]], defs["h2"][at[found]], defs["n"][at[found]]
+    return h1, h2, n, found
 
 
 @nb.njit(**JIT)
