@@ -44,7 +44,7 @@ class DecodeConfig(Section):
         "DuckDB spills to a temporary directory inside the stage output.",
     )
     bucket_rows: int = Field(
-        500_000, ge=1000, description="Rows (samples, stack pieces not adopted by a sample, VirtualAlloc and heap events) per time bucket "
+        500_000, ge=10, description="Rows (samples, stack pieces not adopted by a sample, VirtualAlloc and heap events) per time bucket "
         "of the ETL per-event joins; one dask task joins one bucket, so this bounds a worker's memory "
         "(about 150 bytes per row). There are at least as many buckets as workers.",
     )

@@ -31,7 +31,7 @@ def test_tables_do_not_depend_on_partition_or_bucket_size(synth_traces, dask_poo
     from pipeline.config import Config
 
     runs = {}
-    for tag, sizes in (("default", {}), ("tiny", {"partition_bytes": 64 << 10, "bucket_rows": 1000})):
+    for tag, sizes in (("default", {}), ("tiny", {"partition_bytes": 64 << 10, "bucket_rows": 50})):
         cfg = Config()
         for k, v in sizes.items():
             setattr(cfg.decode, k, v)
@@ -97,6 +97,9 @@ def test_buckets_cover_every_time_once(tmp_path):
     assert np.array_equal(seen, np.sort(ts))
     equal = [t for t in got if t is not None and 77 in t.column("timestamp").to_numpy()]
     assert len(equal) == 1                              # equal times never straddle buckets
+    # Sized by the rows as counted, not by the samples (STRIDE rows each, an overcount per file).
+    assert len(buckets.plan(samples, rows_per_bucket=len(ts), min_buckets=1, rows=len(ts))) == 1
+    assert len(buckets.plan(samples, rows_per_bucket=len(ts), min_buckets=1)) == 2
 
 
 def _piece_hash(frames: list[int]) -> tuple[int, int, int]:

@@ -131,11 +131,12 @@ def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
             written.update(r["scratch_rows"])
             times.append(r["times"])
         stack_defs = _stack_key_defs(con, scratch / "stack_defs.npz")
-        stats = {"stack_keys": sum(written[p] if p in written else B.file_rows(p) for p, _, _ in sources["_keyed_refs"])
+        rows_of = lambda files: sum(written[p] if p in written else B.file_rows(p) for p, _, _ in files)  # noqa: E731
+        stats = {"stack_keys": rows_of(sources["_keyed_refs"])
                  + sum(r["settled"].get("stack_keys_with_samples", 0) for r in results)}
         lap()
 
-        buckets = B.plan(times, cfg.bucket_rows, pool.n_workers)
+        buckets = B.plan(times, cfg.bucket_rows, pool.n_workers, sum(rows_of(files) for files in sources.values()))
         common = {"scratch_dir": str(scratch), "out_dir": str(out.path), "stack_defs": stack_defs,
                   "clock": (header.header_ts, header.perf_freq)}
         # The samples that partitions settled by their stack keys: a task per partition, beside the buckets
