@@ -51,11 +51,9 @@ class InlineScratch:
     """The small scratch tables that partitions hand back (``write_parts``), written as parquet parts of
     their tables in the scratch directory, a part whenever a table has gathered ``flush_bytes``: memory
     stays bounded however many partitions there are, and there are a few files instead of one per
-    partition and table. Most of it is written while the partitions still run, by a client that would
-    otherwise wait: what is left at the end (``close``) delays the joins. (1 GB synth: 16 MB, the default
-    before, left all of it, ~16 MB in ten tables, to ``close``: 0.08-0.1 s.)"""
+    partition and table."""
 
-    def __init__(self, scratch_dir: Path, flush_bytes: int = 2 << 20):
+    def __init__(self, scratch_dir: Path, flush_bytes: int = 16 << 20):
         self.dir, self.flush_bytes = scratch_dir, flush_bytes
         self.pending: dict[str, list[pa.Table]] = {}
         self.pending_bytes: dict[str, int] = {}
