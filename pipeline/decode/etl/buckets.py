@@ -269,8 +269,6 @@ class Claim:
         n = rows.num_rows
         self.refs = refs
         stackwalk, prec = claimable(refs, full=True)
-        piece_at = np.full(len(rbuf), -1, np.int64)
-        piece_at[prec[stackwalk]] = stackwalk
         k, u = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
         self.k_dt, self.u_dt = np.zeros(n, np.uint16), np.zeros(n, np.uint16)
         self.k_d, self.u_d = np.zeros(n, np.uint8), np.zeros(n, np.uint8)
@@ -279,10 +277,13 @@ class Claim:
         self.claimed = np.zeros(refs.num_rows, np.bool_)
         col = lambda t, c: t.column(c).to_numpy()  # noqa: E731
         h1, h2, cnt = col(refs, "h1"), col(refs, "h2"), col(refs, "n")
-        claim_adjacent(col(rows, "_rec"), col(rows, "timestamp"), col(rows, "tid"), rbuf, piece_at,
-                       col(refs, "event_ts"), col(refs, "tid"), col(refs, "user"), col(refs, "pid"), col(refs, "timestamp"),
-                       h1, h2, cnt, ADOPT_WINDOW, k, u, self.k_dt, self.u_dt, self.k_d, self.u_d, pid, key1, key2,
-                       self.claimed)
+        if len(stackwalk):                  # (none in a trace with stack keys: nothing to claim)
+            piece_at = np.full(len(rbuf), -1, np.int64)
+            piece_at[prec[stackwalk]] = stackwalk
+            claim_adjacent(col(rows, "_rec"), col(rows, "timestamp"), col(rows, "tid"), rbuf, piece_at,
+                           col(refs, "event_ts"), col(refs, "tid"), col(refs, "user"), col(refs, "pid"),
+                           col(refs, "timestamp"), h1, h2, cnt, ADOPT_WINDOW, k, u, self.k_dt, self.u_dt, self.k_d,
+                           self.u_d, pid, key1, key2, self.claimed)
         self.k, self.u = k, u
         # One dictionary entry per distinct adopted stack (and cut into kernel and user piece).
         some = np.flatnonzero((k >= 0) | (u >= 0))
