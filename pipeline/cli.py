@@ -87,8 +87,7 @@ def run_job(job_path: Path, trace: Path | None, run_dir: Path | None, config_pat
     from pipeline.cluster import connect
 
     modules = {stage: importlib.import_module(f"pipeline.{stage}") for stage in stages}
-    declared = lambda name: [m for mod in modules.values() for m in getattr(mod, name, ())]  # noqa: E731
-    with connect(config.cluster, warm_up=declared("WARM_UP"), client_warm_up=declared("CLIENT_WARM_UP")) as pool:
+    with connect(config.cluster, warm_up=[m for mod in modules.values() for m in getattr(mod, "WARM_UP", ())]) as pool:
         for stage, mod in modules.items():
             t0 = time.perf_counter()
             summary = mod.run(run_dir, config, pool, inputs=[trace])

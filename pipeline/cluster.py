@@ -71,14 +71,11 @@ class Pool:
 
 
 @contextlib.contextmanager
-def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = (),
-            client_warm_up: Iterable[str] = ()) -> Iterator[Pool]:
+def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = ()) -> Iterator[Pool]:
     """A Pool for the configured cluster: a LocalCluster on 127.0.0.1, a remote scheduler, or inline.
 
     ``warm_up``: modules (the stages' ``WARM_UP``) that each local worker imports, with their compiled
-    kernels, on a thread as soon as it starts (:mod:`pipeline.warmup`). ``client_warm_up`` (the stages'
-    ``CLIENT_WARM_UP``): what this process itself runs, loaded the same way while it waits for the local
-    workers to start."""
+    kernels, on a thread as soon as it starts (:mod:`pipeline.warmup`)."""
     cfg = cfg or ClusterConfig()
     if cfg.mode == "synchronous":
         yield Pool(None)
@@ -99,8 +96,6 @@ def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = (),
             yield Pool(client)
         return
     n = cfg.n_workers or os.cpu_count() or 1
-    client_names = list(client_warm_up)
-    beside = warmup.start(client_names) if client_names else None
     with LocalCluster(
         n_workers=n,
         threads_per_worker=cfg.threads_per_worker,
@@ -114,8 +109,6 @@ def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = (),
         preload=["pipeline.warmup"],
         env={warmup.ENV: ",".join(warm_up), **WORKER_ENV},
     ) as cluster, Client(cluster) as client, _gc_set_aside():
-        if beside is not None:
-            beside.join()
         yield Pool(client)
 
 

@@ -29,14 +29,7 @@ def dask_setup(worker) -> None:
     """distributed's preload hook: start the warm-up and return at once."""
     names = [n for n in os.environ.get(ENV, "").split(",") if n]
     if names:
-        start(names)
-
-
-def start(names: list[str]) -> threading.Thread:
-    """Run :func:`warm_up` on a background thread of this process."""
-    thread = threading.Thread(target=warm_up, args=(names,), name="bootprof-warm-up", daemon=True)
-    thread.start()
-    return thread
+        threading.Thread(target=warm_up, args=(names,), name="bootprof-warm-up", daemon=True).start()
 
 
 def warm_up(names: list[str]) -> int:

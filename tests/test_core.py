@@ -205,24 +205,3 @@ def test_worker_modules_do_not_import_the_config():
             + "print(sorted(m for m in ('pipeline.config', 'pydantic') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"
-
-
-def test_client_loads_its_kernels_while_the_cluster_starts():
-    """The client loads the kernels it runs itself (the stages' CLIENT_WARM_UP: the heap-snapshot parser)
-    while a local cluster starts, from the cache, before the pool is handed out."""
-    import numpy as np
-
-    from pipeline.decode import CLIENT_WARM_UP
-    from pipeline.decode.etl import heapsnap
-
-    heapsnap.parse(np.zeros(12, np.uint8))               # compiled and cached at least once
-    code = ("import pipeline.decode.etl.heapsnap as h\n"
-            "from pipeline.cluster import connect\n"
-            "from pipeline.config import ClusterConfig\n"
-            "if __name__ == '__main__':\n"
-            "    before = len(h.parse_blob.overloads)\n"
-            f"    with connect(ClusterConfig(mode='local', n_workers=1, memory_limit='1GiB'), client_warm_up={list(CLIENT_WARM_UP)!r}):\n"
-            "        print(before, len(h.parse_blob.overloads))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True, timeout=120)
-    before, after = map(int, out.stdout.split()[-2:])
-    assert before == 0 and after >= 1

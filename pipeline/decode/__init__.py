@@ -22,10 +22,6 @@ ETL = "etl"
 SELF_PROFILE = "mm_profdata"
 #: What the workers of a local cluster load while it starts (``pipeline.warmup``): the ETL tasks and kernels.
 WARM_UP = ("pipeline.decode.etl.kernels", "pipeline.decode.etl.partition", "pipeline.decode.etl.buckets")
-#: What the client loads meanwhile: the heap-snapshot assembly's kernels. It runs them beside the buckets,
-#: and their first call otherwise loaded numba's compiler there (~0.2 s): on the 1 GB synth trace that
-#: made the assembly, not the buckets, the last thing the stacks table waited for.
-CLIENT_WARM_UP = ("pipeline.decode.etl.heapsnap",)
 
 
 def sniff(path: Path) -> str:

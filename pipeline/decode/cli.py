@@ -17,7 +17,7 @@ def main(args, config) -> int:
     from pipeline.cluster import connect
 
     decode.classify(args.inputs)  # a bad input fails here, before a cluster is started
-    with connect(config.cluster, warm_up=decode.WARM_UP, client_warm_up=decode.CLIENT_WARM_UP) as pool:
+    with connect(config.cluster, warm_up=decode.WARM_UP) as pool:
         summary = decode.run(args.run_dir, config, pool, inputs=args.inputs)
     print(json.dumps(summary, indent=2, sort_keys=True, default=str))
     return 0
