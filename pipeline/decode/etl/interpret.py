@@ -220,12 +220,16 @@ def stack_key_ref(b: Batch, idx: np.ndarray) -> None:
     P = b.c["ptr"][idx].astype(np.int64)
     idx = b.require(idx, 16 + P, "StackKey")
     W = L.STACK_WALK
-    zero = np.zeros(len(idx), np.uint64)
+    n = len(idx)
+    ev, pid, tid, key = np.empty(n, np.int64), np.empty(n, np.uint32), np.empty(n, np.uint32), np.empty(n, np.uint64)
+    # One pass per record (half the records of a trace with stack keys): its four fields.
+    K.stack_key_records(b.blob, b.c["pay_off"], b.c["ptr"], idx, W["event_ts"], W["pid"], W["tid"], 0x10, ev, pid, tid, key)
+    zero = np.zeros(n, np.uint64)
+    opcode = b.c["opcode"][idx]
     b.emit("_stack_refs", {
-        **b.common(idx, ns=False), "event_ts": b.field(idx, W["event_ts"], 0, 8).view(np.int64),
-        "pid": b.field(idx, W["pid"], 0, 4), "tid": b.field(idx, W["tid"], 0, 4),
-        "kind": np.where(b.c["opcode"][idx] == 37, 1, 2).astype(np.uint8), "user": b.c["opcode"][idx] == 38,
-        "key": b.pointer(idx, 0x10, 0), "h1": zero, "h2": zero, "n": np.zeros(len(idx), np.int32), "_rec": idx,
+        **b.common(idx, ns=False), "event_ts": ev, "pid": pid, "tid": tid,
+        "kind": np.where(opcode == 37, 1, 2).astype(np.uint8), "user": opcode == 38,
+        "key": key, "h1": zero, "h2": zero, "n": np.zeros(n, np.int32), "_rec": idx,
     }, idx)
 
 

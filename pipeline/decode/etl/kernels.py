@@ -685,6 +685,21 @@ def stack_walk_records(blob, pay_off, pay_len, ptr, idx, o_ts, o_pid, o_tid, o_f
 
 
 @nb.njit(**JIT)
+def stack_key_records(blob, pay_off, ptr, idx, o_ts, o_pid, o_tid, o_key, ev, pid, tid, key):
+    """StackKeyKernel/User records ``idx`` in one pass: EventTimeStamp, StackProcess, StackThread and the
+    pointer-sized StackKey (the payload length is checked by the caller; a field that would not fit inside
+    ``blob`` reads 0, as ``read_fields`` does)."""
+    n = blob.shape[0]
+    for i in range(idx.shape[0]):
+        r = idx[i]
+        p = pay_off[r]
+        ev[i] = np.int64(_uint_at(blob, n, p + o_ts, 8))
+        pid[i] = _uint_at(blob, n, p + o_pid, 4)
+        tid[i] = _uint_at(blob, n, p + o_tid, 4)
+        key[i] = _uint_at(blob, n, p + o_key, np.int64(ptr[r]))
+
+
+@nb.njit(**JIT)
 def sampled_profile_records(blob, pay_off, pay_len, ptr, idx, o_ip, o_tid, n_tid, min_len32, ip, tid, ok):
     """SampledProfile records ``idx`` in one pass: InstructionPointer (pointer-sized, at ``o_ip``) and
     ThreadId (at ``o_tid`` + (P - 4) * ``n_tid``); ``ok`` False (and zeros) when the payload is shorter than
