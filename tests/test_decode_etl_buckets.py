@@ -102,6 +102,27 @@ def test_buckets_cover_every_time_once(tmp_path):
     assert len(buckets.plan(samples, rows_per_bucket=len(ts), min_buckets=1)) == 2
 
 
+def test_key_references_take_the_first_definition_at_or_after_them():
+    """``first_at_or_after`` (a cache of each key's run of definitions, a search inside it) against a
+    brute-force search: keys defined several times, never, references before, between and after."""
+    rng = np.random.default_rng(11)
+    for _ in range(20):
+        nd, nk = int(rng.integers(0, 2000)), int(rng.integers(1, 300))
+        d_key = rng.integers(0, nk, nd).astype(np.uint64) * np.uint64(0xFFFF_F001)
+        d_ts = rng.integers(0, 10**6, nd).astype(np.int64)
+        o = np.lexsort((d_ts, d_key))
+        d_key, d_ts = d_key[o], d_ts[o]
+        key = rng.integers(0, nk + 5, 3000).astype(np.uint64) * np.uint64(0xFFFF_F001)
+        ts = rng.integers(-10, 10**6 + 10, 3000).astype(np.int64)
+        if nd:                                  # half of them exactly at a definition of their key
+            at = rng.integers(0, nd, 1500)
+            key[:1500], ts[:1500] = d_key[at], d_ts[at]
+        got = np.full(len(key), -1, np.int64)
+        buckets.first_at_or_after(key, ts, d_key, d_ts, got)
+        want = [next(iter(np.flatnonzero((d_key == k) & (d_ts >= t))), -1) for k, t in zip(key, ts)]
+        assert got.tolist() == want
+
+
 def _piece_hash(frames: list[int]) -> tuple[int, int, int]:
     blob = np.array(frames, np.uint64).view(np.uint8)
     out = [np.zeros(1, np.uint64), np.zeros(1, np.uint64), np.zeros(1, np.uint64), np.zeros(1, np.int32)]

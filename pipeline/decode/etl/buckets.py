@@ -1142,22 +1142,39 @@ def definitions(key: np.ndarray, ts: np.ndarray, defs: dict[str, np.ndarray]):
     return h1, h2, n, found
 
 
+KEY_CACHE_BITS = 12
+KEY_CACHE = 1 << KEY_CACHE_BITS
+
+
 @nb.njit(**JIT)
 def first_at_or_after(key, ts, d_key, d_ts, out):
     """``out[i]``: the first definition (``d_key``, ``d_ts`` sorted by key, then time) of ``key[i]`` with a
     time at or after ``ts[i]``; -1 when there is none."""
     n = d_key.shape[0]
+    # The definitions of a key are a run [lo, hi) of d_key; the runs of recent keys are kept in a small
+    # direct-mapped cache (references repeat keys: ~20 ns a reference with two full searches, ~8 with one
+    # search inside the run).
+    c_key = np.zeros(KEY_CACHE, np.uint64)
+    c_lo = np.full(KEY_CACHE, -1, np.int64)
+    c_hi = np.zeros(KEY_CACHE, np.int64)
     for i in range(key.shape[0]):
         k, t = key[i], ts[i]
-        lo, hi = 0, n
-        while lo < hi:                      # the first definition of a larger key, or of the key at or after t
-            mid = (lo + hi) // 2
-            if d_key[mid] < k or (d_key[mid] == k and d_ts[mid] < t):
-                lo = mid + 1
+        slot = (k ^ (k >> np.uint64(KEY_CACHE_BITS)) ^ (k >> np.uint64(2 * KEY_CACHE_BITS))) & np.uint64(KEY_CACHE - 1)
+        if c_lo[slot] >= 0 and c_key[slot] == k:
+            lo, hi = c_lo[slot], c_hi[slot]
+        else:
+            lo = np.searchsorted(d_key, k, side="left")
+            hi = np.searchsorted(d_key, k, side="right")
+            c_key[slot], c_lo[slot], c_hi[slot] = k, lo, hi
+        a, b = lo, hi
+        while a < b:                        # the key's first definition at or after t
+            mid = (a + b) // 2
+            if d_ts[mid] < t:
+                a = mid + 1
             else:
-                hi = mid
-        if lo < n and d_key[lo] == k:
-            out[i] = lo
+                b = mid
+        if a < hi:
+            out[i] = a
 
 
 def thread_slots(threads_path: str):
