@@ -249,14 +249,14 @@ def claimable(refs: pa.Table, full: bool) -> tuple[np.ndarray, np.ndarray]:
     """Rows of ``refs`` that a row can claim, and every ref's record index (-1: none): StackWalk pieces
     (``full``) or stack-key references (StackKeyKernel/User records); a StackWalk piece carries its frames'
     hashes, a key reference only its key. Pieces of extended data items have no record of their own."""
+    kind = refs.column("kind").to_numpy() if "kind" in refs.column_names else None
+    if not full and (kind is None or not kind.any()):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)       # (no key reference: the usual full-stack trace)
     rec_col = refs.column("_rec")
     prec = rec_col.fill_null(-1).to_numpy() if rec_col.null_count else rec_col.to_numpy()
     has = prec >= 0
-    if "kind" in refs.column_names:
-        kind = refs.column("kind").to_numpy()
+    if kind is not None:
         has &= (kind == 0) if full else (kind != 0)
-    elif not full:
-        has[:] = False
     return np.flatnonzero(has), prec
 
 
