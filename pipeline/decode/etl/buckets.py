@@ -46,6 +46,9 @@ from pipeline.decode.etl.kernels import JIT, POLY_B1, POLY_B2, dedupe_pairs, pol
 #: Scratch tables that partitions write for the bucket joins: table -> time column.
 BUCKETED = {"_samples": "timestamp", "_pieces": "event_ts", "_keyed_refs": "event_ts", "_virtual_allocs": "timestamp",
             "_heap_events": "timestamp", "_event_stack_links": "timestamp"}
+#: The scratch table of the samples settled by their stack keys (``settle_keyed_samples``): one file per
+#: partition, each the source of one ``keyed_samples_task``, not of the buckets.
+KEYED_SAMPLES = "_keyed_samples"
 #: A stack-key reference as partitions write it for the buckets (``resolve_keys`` makes it a piece).
 KEYED_REF_COLUMNS = ["event_ts", "tid", "pid", "cpu", "timestamp", "stream_pos", "user", "key"]
 #: Every STRIDE-th time of a scratch file (record order) is returned to the planner.
@@ -536,7 +539,7 @@ def keyed_samples_task(task: dict[str, Any]) -> dict[str, Any]:
         per_row = dict(zip(ADOPTED_FIELDS, (sid, check, kh1, kh2, kn.astype(np.int32), uh1, uh2, un.astype(np.int32), pid)))
         adopted_stacks(per_row, np.where(cnt > 0, np.arange(n), -1)).write(Path(task["scratch_dir"]), task["writer"])
     with_stack = int((stack >= 0).sum())
-    return {"bucket": task["writer"], "tables": {"samples": path}, "rows_in": {"_keyed_samples": n}, "groups": 0,
+    return {"bucket": task["writer"], "tables": {"samples": path}, "rows_in": {KEYED_SAMPLES: n}, "groups": 0,
             "samples": n, "samples_with_stack": with_stack, "samples_with_stack_records": n, "samples_adopted_stacks": n,
             "samples_settled_by_keys": n, "stack_keys_unresolved": unresolved, "adopted_stacks_rejoined": 0}
 

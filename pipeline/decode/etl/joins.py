@@ -122,12 +122,15 @@ def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
         others = beside.submit(_other_lifetimes, con.cursor(), out)
         lap()
 
-        sources: dict[str, list[tuple[str, int, int]]] = {t: [] for t in B.BUCKETED}
+        sources: dict[str, list[tuple[str, int, int]]] = {t: [] for t in (*B.BUCKETED, B.KEYED_SAMPLES)}
+        keyed: list[tuple[str, int]] = []  # (file, partition) of the samples settled by their stack keys
         written: dict[str, int] = {}        # rows of each scratch file, as its partition wrote it
         times = []
         for r in results:
             for table, source in r["sources"].items():
                 sources[table].append(source)
+                if table == B.KEYED_SAMPLES:
+                    keyed.append((source[0], r["part"]))
             written.update(r["scratch_rows"])
             times.append(r["times"])
         stack_defs = _stack_key_defs(con, scratch / "stack_defs.npz")
@@ -136,19 +139,17 @@ def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
                  + sum(r["settled"].get("stack_keys_with_samples", 0) for r in results)}
         lap()
 
-        buckets = B.plan(times, cfg.bucket_rows, pool.n_workers, sum(rows_of(files) for files in sources.values()))
+        bucketed = {t: files for t, files in sources.items() if t in B.BUCKETED}
+        buckets = B.plan(times, cfg.bucket_rows, pool.n_workers, sum(rows_of(files) for files in bucketed.values()))
         common = {"scratch_dir": str(scratch), "out_dir": str(out.path), "stack_defs": stack_defs,
                   "clock": (header.header_ts, header.perf_freq)}
         # The samples that partitions settled by their stack keys: a task per partition, beside the buckets
         # (writers numbered after them, for the stacks they write).
-        keyed = [r["keyed_samples"] for r in results if r.get("keyed_samples")]
         tasks = [{**common, "keyed_samples": path, "part": part, "writer": len(buckets) + i}
-                 for i, (path, _, part) in enumerate(keyed)]
-        tasks += [{**common, "sources": {t: B.overlapping(s, lo, hi) for t, s in sources.items()}, "threads": threads,
+                 for i, (path, part) in enumerate(keyed)]
+        tasks += [{**common, "sources": {t: B.overlapping(s, lo, hi) for t, s in bucketed.items()}, "threads": threads,
                    "bucket": k, "lo": lo, "hi": hi} for k, (lo, hi) in enumerate(buckets)]
         done = pool.map(B.bucket_task, tasks)
-        sources["_keyed_samples"] = [(path, 0, 0) for path, _, _ in keyed]
-        written.update({path: rows for path, rows, _ in keyed})
         lap()
         others.result()
         stats.update(before_stacks())

@@ -24,7 +24,8 @@ import pyarrow as pa
 from pipeline.decode.etl import kernels as K
 from pipeline.decode.etl import layout as L
 from pipeline.decode.etl.batch import Batch, record_error, unique_pairs, walk
-from pipeline.decode.etl.buckets import (BUCKETED, KEYED_REF_COLUMNS, MAP_POPULATE, Stacks, adopt_pieces, pack_hashes,
+from pipeline.decode.etl.buckets import (BUCKETED, KEYED_REF_COLUMNS, KEYED_SAMPLES, MAP_POPULATE, Stacks, adopt_pieces,
+                                        pack_hashes,
                                         settle_heap_events, settle_keyed_samples, settle_samples, text_columns,
                                         write_final, write_part, write_scratch)
 from pipeline.decode.etl.buffers import MAX_BUFFER_SIZE
@@ -306,9 +307,9 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> dict[s
     whose stack keys are (``settle_keyed_samples``) are left for one task of their own. Returns,
     for the task's result: the paths (``tables``), the sample of times the bucket planner cuts
     (``times``), the scratch files as bucket sources (``sources``: table -> (path, lo, hi)) with their rows
-    (``scratch_rows``: path -> rows), the small tables (``inline``), the counts of the rows settled
-    here (``settled``) and the samples settled by their stack keys (``keyed_samples``: (path, rows,
-    partition) or None; ``settle_keyed_samples``)."""
+    (``scratch_rows``: path -> rows; among them the samples settled by their stack keys,
+    ``KEYED_SAMPLES``), the small tables (``inline``) and the counts of the rows settled here
+    (``settled``)."""
     written: dict[str, str] = {}
     sources: dict[str, tuple[str, int, int]] = {}
     rows: dict[str, int] = {}
@@ -338,16 +339,12 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> dict[s
         if final is not None:
             written["heap_events"] = write_final(final, out_dir / "heap_events.parquet", part, prefix="partition-")
             heap_final = final.num_rows
-    keyed_samples = None
     if "_samples" in tables and "_stack_refs" in tables and "_rec" in tables["_stack_refs"].column_names:
         keyed, tables["_samples"], tables["_stack_refs"], claimed = settle_keyed_samples(
             tables["_samples"], tables["_stack_refs"], b.c["rbuf"], keys("_heap_events", "timestamp") + links,
             tables.get("_virtual_allocs"))
-        if keyed is not None:
-            directory = scratch_dir / "_keyed_samples.arrow"
-            directory.mkdir(parents=True, exist_ok=True)
-            _, (path, _, _) = write_scratch(keyed, "timestamp", directory / f"part-{part:05d}.arrow")
-            keyed_samples = (path, keyed.num_rows, part)
+        if keyed is not None:       # (a source of its own task, not of the buckets: its times are not planned)
+            _write_bucketed(keyed, KEYED_SAMPLES, part, scratch_dir, sources, rows)
             settled["stack_keys_with_samples"] = claimed
     if "_samples" in tables:
         final, tables["_samples"], sample_stacks, counts = settle_samples(
@@ -393,13 +390,15 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> dict[s
                    use_dictionary=text_columns(data.schema))
         written[table] = str(target)
     return {"tables": written, "times": np.concatenate(times) if times else np.zeros(0, np.int64), "sources": sources,
-            "scratch_rows": rows, "inline": inline, "settled": settled, "keyed_samples": keyed_samples}
+            "scratch_rows": rows, "inline": inline, "settled": settled}
 
 
 def _write_bucketed(data: pa.Table, table: str, part: int, scratch_dir: Path, sources: dict, rows: dict) -> np.ndarray:
+    """The partition's IPC scratch file of ``table`` (a bucket source, or ``KEYED_SAMPLES``), registered in
+    ``sources`` and ``rows``; returns the sample of its times."""
     directory = scratch_dir / f"{table}.arrow"
     directory.mkdir(parents=True, exist_ok=True)
-    times, sources[table] = write_scratch(data, BUCKETED[table], directory / f"part-{part:05d}.arrow")
+    times, sources[table] = write_scratch(data, BUCKETED.get(table, "timestamp"), directory / f"part-{part:05d}.arrow")
     rows[sources[table][0]] = data.num_rows
     return times
 
