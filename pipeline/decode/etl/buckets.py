@@ -331,6 +331,16 @@ def adopted_hashes(kh1, kh2, kn, uh1, uh2, un, h1, h2, count):
 # --- samples and heap events whose stack is complete in their partition (partition side) --------------
 #: Processes whose threads never run in user mode (Idle, System): a kernel piece is their whole stack.
 KERNEL_ONLY_PIDS = (0, 4)
+
+
+def kernel_only(pid: np.ndarray) -> np.ndarray:
+    """Whether each pid is one of ``KERNEL_ONLY_PIDS`` (two comparisons: ``np.isin`` sorts)."""
+    out = np.zeros(len(pid), np.bool_)
+    for p in KERNEL_ONLY_PIDS:
+        out |= pid == p
+    return out
+
+
 #: What ``settle_samples`` counts, summed with the buckets' counts in the manifest.
 SAMPLE_COUNTS = ("samples", "samples_with_stack", "samples_with_stack_records", "samples_adopted_stacks")
 
@@ -359,7 +369,7 @@ def settle_samples(samples: pa.Table, others: list[tuple[np.ndarray, np.ndarray]
     col = samples.column("adopted").combine_chunks()
     idx = col.indices.fill_null(-1).to_numpy()
     d = {f: col.dictionary.field(f).to_numpy() for f in ADOPTED_FIELDS}
-    whole = (d["u_n"] > 0) | ((d["k_n"] > 0) & np.isin(d["pid"], KERNEL_ONLY_PIDS))
+    whole = (d["u_n"] > 0) | ((d["k_n"] > 0) & kernel_only(d["pid"]))
     complete = np.append(whole, False)[idx]
     if not complete.any():
         return None, samples, Stacks.empty(), {}
@@ -458,8 +468,11 @@ def settle_keyed_samples(samples: pa.Table, refs: pa.Table, rbuf: np.ndarray,
     piece_at = np.full(len(rbuf), -1, np.int64)
     piece_at[prec[which]] = np.arange(len(which))
     col = lambda t, c: t.column(c).to_numpy()  # noqa: E731
+    # (in a trace with stack keys every reference and every sample takes part: no gathers then)
+    at_which = (lambda a: a) if len(which) == refs.num_rows else (lambda a: a[which])  # noqa: E731
+    at_free = (lambda a: a) if len(free) == samples.num_rows else (lambda a: a[free])  # noqa: E731
     r_ev, r_tid = col(refs, "event_ts"), col(refs, "tid")
-    keyed = {c: col(refs, c)[which] for c in ("event_ts", "tid", "user", "pid", "timestamp", "key")}
+    keyed = {c: at_which(col(refs, c)) for c in ("event_ts", "tid", "user", "pid", "timestamp", "key")}
     key = keyed["key"]
     n = len(free)
     k, u = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
@@ -468,11 +481,11 @@ def settle_keyed_samples(samples: pa.Table, refs: pa.Table, rbuf: np.ndarray,
     claimed = np.zeros(len(which), np.bool_)
     zeros = np.zeros(len(which), np.uint64)
     # (the hash inputs are unused here: a reference's frames are not known yet)
-    claim_adjacent(col(samples, "_rec")[free], col(samples, "timestamp")[free], col(samples, "tid")[free], rbuf,
-                   piece_at, keyed["event_ts"], keyed["tid"], keyed["user"], keyed["pid"], keyed["timestamp"], key,
+    claim_adjacent(at_free(col(samples, "_rec")), at_free(col(samples, "timestamp")), at_free(col(samples, "tid")),
+                   rbuf, piece_at, keyed["event_ts"], keyed["tid"], keyed["user"], keyed["pid"], keyed["timestamp"], key,
                    zeros, np.zeros(len(which), np.int32), ADOPT_WINDOW, k, u, k_dt, u_dt, k_d, u_d, pid, key1, key2,
                    claimed)
-    complete = (u >= 0) | ((k >= 0) & np.isin(pid, KERNEL_ONLY_PIDS))
+    complete = (u >= 0) | ((k >= 0) & kernel_only(pid))
     if not complete.any():
         return None, samples, refs, 0
     whole = np.zeros(samples.num_rows, np.bool_)
