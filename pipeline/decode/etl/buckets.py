@@ -263,6 +263,30 @@ def claimable(refs: pa.Table, full: bool) -> tuple[np.ndarray, np.ndarray]:
     return np.flatnonzero(has), prec
 
 
+#: The columns of a stack piece that ``claim_adjacent`` matches a row's with.
+PIECE_CLAIM_COLUMNS = ("event_ts", "tid", "user", "pid", "timestamp")
+
+
+def claim_pieces(rows: list[np.ndarray], rbuf: np.ndarray, at: np.ndarray, recs: np.ndarray,
+                 pieces: list[np.ndarray], h1: np.ndarray, h2: np.ndarray, cnt: np.ndarray) -> dict[str, np.ndarray]:
+    """``claim_adjacent`` with its outputs made: ``rows`` (record index, time, thread of each row) claim
+    the pieces at positions ``at`` of ``pieces`` (``PIECE_CLAIM_COLUMNS`` arrays; ``h1``, ``h2``, ``cnt``
+    their hashes and frame count), logged at records ``recs``. Returns per row ``k`` and ``u`` (the
+    position of its kernel and user piece, -1 for none), ``k_dt``, ``u_dt``, ``k_d``, ``u_d``, ``pid``,
+    ``key1``, ``key2`` (see ``claim_adjacent``), and ``claimed``, per piece."""
+    n = len(rows[0])
+    c = {"k": np.full(n, -1, np.int64), "u": np.full(n, -1, np.int64), "k_dt": np.zeros(n, np.uint16),
+         "u_dt": np.zeros(n, np.uint16), "k_d": np.zeros(n, np.uint8), "u_d": np.zeros(n, np.uint8),
+         "pid": np.zeros(n, np.uint32), "key1": np.zeros(n, np.uint64), "key2": np.zeros(n, np.uint64),
+         "claimed": np.zeros(len(pieces[0]), np.bool_)}
+    if len(at):                             # (no pieces of the kind: nothing to claim)
+        piece_at = np.full(len(rbuf), -1, np.int64)
+        piece_at[recs] = at
+        claim_adjacent(*rows, rbuf, piece_at, *pieces, h1, h2, cnt, ADOPT_WINDOW,
+                       *(c[f] for f in ("k", "u", "k_dt", "u_dt", "k_d", "u_d", "pid", "key1", "key2", "claimed")))
+    return c
+
+
 class Claim:
     """The stack pieces of ``refs`` that directly follow each row of ``rows`` in its buffer
     (``claim_adjacent``: at most a kernel and a user piece of the row's time and thread), and the
@@ -272,21 +296,12 @@ class Claim:
         n = rows.num_rows
         self.refs = refs
         stackwalk, prec = claimable(refs, full=True)
-        k, u = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
-        self.k_dt, self.u_dt = np.zeros(n, np.uint16), np.zeros(n, np.uint16)
-        self.k_d, self.u_d = np.zeros(n, np.uint8), np.zeros(n, np.uint8)
-        pid = np.zeros(n, np.uint32)
-        key1, key2 = np.zeros(n, np.uint64), np.zeros(n, np.uint64)
-        self.claimed = np.zeros(refs.num_rows, np.bool_)
         col = lambda t, c: t.column(c).to_numpy()  # noqa: E731
         h1, h2, cnt = col(refs, "h1"), col(refs, "h2"), col(refs, "n")
-        if len(stackwalk):                  # (none in a trace with stack keys: nothing to claim)
-            piece_at = np.full(len(rbuf), -1, np.int64)
-            piece_at[prec[stackwalk]] = stackwalk
-            claim_adjacent(col(rows, "_rec"), col(rows, "timestamp"), col(rows, "tid"), rbuf, piece_at,
-                           col(refs, "event_ts"), col(refs, "tid"), col(refs, "user"), col(refs, "pid"),
-                           col(refs, "timestamp"), h1, h2, cnt, ADOPT_WINDOW, k, u, self.k_dt, self.u_dt, self.k_d,
-                           self.u_d, pid, key1, key2, self.claimed)
+        c = claim_pieces([col(rows, f) for f in ("_rec", "timestamp", "tid")], rbuf, stackwalk, prec[stackwalk],
+                         [col(refs, f) for f in PIECE_CLAIM_COLUMNS], h1, h2, cnt)
+        k, u, pid, key1, key2 = c["k"], c["u"], c["pid"], c["key1"], c["key2"]
+        self.k_dt, self.u_dt, self.k_d, self.u_d, self.claimed = c["k_dt"], c["u_dt"], c["k_d"], c["u_d"], c["claimed"]
         self.k, self.u = k, u
         # One dictionary entry per distinct adopted stack (and cut into kernel and user piece).
         some = np.flatnonzero((k >= 0) | (u >= 0))
@@ -465,26 +480,18 @@ def settle_keyed_samples(samples: pa.Table, refs: pa.Table, rbuf: np.ndarray,
     free = np.flatnonzero(samples.column("adopted").is_null().to_numpy(zero_copy_only=False))
     if not len(free):
         return None, samples, refs, 0
-    piece_at = np.full(len(rbuf), -1, np.int64)
-    piece_at[prec[which]] = np.arange(len(which))
     col = lambda t, c: t.column(c).to_numpy()  # noqa: E731
     # (in a trace with stack keys every reference and every sample takes part: no gathers then)
     at_which = (lambda a: a) if len(which) == refs.num_rows else (lambda a: a[which])  # noqa: E731
     at_free = (lambda a: a) if len(free) == samples.num_rows else (lambda a: a[free])  # noqa: E731
     r_ev, r_tid = col(refs, "event_ts"), col(refs, "tid")
-    keyed = {c: at_which(col(refs, c)) for c in ("event_ts", "tid", "user", "pid", "timestamp", "key")}
-    key = keyed["key"]
-    n = len(free)
-    k, u = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
-    k_dt, u_dt, k_d, u_d = np.zeros(n, np.uint16), np.zeros(n, np.uint16), np.zeros(n, np.uint8), np.zeros(n, np.uint8)
-    pid, key1, key2 = np.zeros(n, np.uint32), np.zeros(n, np.uint64), np.zeros(n, np.uint64)
-    claimed = np.zeros(len(which), np.bool_)
+    key = at_which(col(refs, "key"))
     zeros = np.zeros(len(which), np.uint64)
     # (the hash inputs are unused here: a reference's frames are not known yet)
-    claim_adjacent(at_free(col(samples, "_rec")), at_free(col(samples, "timestamp")), at_free(col(samples, "tid")),
-                   rbuf, piece_at, keyed["event_ts"], keyed["tid"], keyed["user"], keyed["pid"], keyed["timestamp"], key,
-                   zeros, np.zeros(len(which), np.int32), ADOPT_WINDOW, k, u, k_dt, u_dt, k_d, u_d, pid, key1, key2,
-                   claimed)
+    c = claim_pieces([at_free(col(samples, f)) for f in ("_rec", "timestamp", "tid")], rbuf, np.arange(len(which)),
+                     prec[which], [at_which(col(refs, f)) for f in PIECE_CLAIM_COLUMNS], key, zeros,
+                     np.zeros(len(which), np.int32))
+    k, u, k_dt, u_dt, pid, claimed = c["k"], c["u"], c["k_dt"], c["u_dt"], c["pid"], c["claimed"]
     complete = (u >= 0) | ((k >= 0) & kernel_only(pid))
     if not complete.any():
         return None, samples, refs, 0

@@ -134,13 +134,12 @@ def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
             written.update(r["scratch_rows"])
             times.append(r["times"])
         stack_defs = _stack_key_defs(con, scratch / "stack_defs.npz")
-        rows_of = lambda files: sum(written[p] if p in written else B.file_rows(p) for p, _, _ in files)  # noqa: E731
-        stats = {"stack_keys": rows_of(sources["_keyed_refs"])
+        stats = {"stack_keys": _rows(sources["_keyed_refs"], written)
                  + sum(r["settled"].get("stack_keys_with_samples", 0) for r in results)}
         lap()
 
         bucketed = {t: files for t, files in sources.items() if t in B.BUCKETED}
-        buckets = B.plan(times, cfg.bucket_rows, pool.n_workers, sum(rows_of(files) for files in bucketed.values()))
+        buckets = B.plan(times, cfg.bucket_rows, pool.n_workers, sum(_rows(files, written) for files in bucketed.values()))
         common = {"scratch_dir": str(scratch), "out_dir": str(out.path), "stack_defs": stack_defs,
                   "clock": (header.header_ts, header.perf_freq)}
         # The samples that partitions settled by their stack keys: a task per partition, beside the buckets
@@ -194,11 +193,9 @@ def _check_rows(sources: dict[str, list[tuple[str, int, int]]], rows: dict[str, 
     """Every scratch row must have been read by exactly one bucket (the buckets cover every time once);
     a difference would be a bug of the decoder, reported as such instead of passing silently. ``rows``:
     the rows of each file as its writer counted them (else read from the file's footer)."""
-    from pipeline.decode.etl import buckets as B
-
     lost = 0
     for table, paths in sources.items():
-        written = sum(rows[p] if p in rows else B.file_rows(p) for p, _, _ in paths)
+        written = _rows(paths, rows)
         read = sum(d["rows_in"].get(table, 0) for d in done)
         if written != read:
             lost += abs(written - read)
@@ -206,6 +203,14 @@ def _check_rows(sources: dict[str, list[tuple[str, int, int]]], rows: dict[str, 
                            "kind": "internal", "message": f"{where}: {table}: {written} rows decoded but {read} "
                                                           "joined by the time buckets (a decoder bug; please report)"})
     return lost
+
+
+def _rows(files: list[tuple[str, int, int]], rows: dict[str, int]) -> int:
+    """Rows of scratch ``files`` (sources: path, lo, hi) as their writers counted them (``rows``: path ->
+    rows), else from each file's footer."""
+    from pipeline.decode.etl import buckets as B
+
+    return sum(rows[p] if p in rows else B.file_rows(p) for p, _, _ in files)
 
 
 def _open_scratch(con, scratch: Path, names: list[str]) -> None:
