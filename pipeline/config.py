@@ -8,13 +8,41 @@ stored in each stage's manifest. ``configs/default.yaml`` lists every field with
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline.errors import ConfigError
 from pipeline.runs import canonical_hash
+
+
+def _checked_size(text: str, minimum: int) -> str:
+    """``text`` if it is a size (``parse_size``) of at least ``minimum`` bytes; else ValueError, which
+    pydantic reports with the key."""
+    try:
+        value = parse_size(text)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    if value < minimum:
+        raise ValueError(f"at least {minimum >> 20} MiB" if minimum >= 1 << 20 else f"at least {minimum} bytes")
+    return text
+
+
+def _size_at_least(minimum: int) -> AfterValidator:
+    return AfterValidator(lambda text: _checked_size(text, minimum))
+
+
+def _dask_memory(text: str) -> str:
+    """dask's memory limit of a worker: 'auto' or a size."""
+    return text if text.strip().lower() == "auto" else _checked_size(text, 1 << 20)
+
+
+#: A size such as 20MB, 1GB or 64MiB (``parse_size``).
+Size = Annotated[str, _size_at_least(1)]
+#: DuckDB's memory for the decoder's joins: below this the joins of the 1 GB synth trace with stack keys
+#: failed (16MB: out of memory; 32MB: decoded), and a 5 MB fixture needed more than 8MB.
+JOIN_MEMORY_MIN = 32 << 20
 
 
 class Section(BaseModel):
@@ -30,7 +58,8 @@ class ClusterConfig(Section):
     address: str | None = Field(None, description="Scheduler address (tcp://host:8786) when mode is 'address'.")
     n_workers: int | None = Field(None, ge=1, description="Worker processes for mode 'local'; default: one per core.")
     threads_per_worker: int = Field(1, ge=1, description="Threads per worker process (numba kernels hold the GIL-free loops).")
-    memory_limit: str = Field("4GiB", description="Memory limit per local worker (dask syntax, e.g. '4GiB' or 'auto').")
+    memory_limit: Annotated[str, AfterValidator(_dask_memory)] = Field(
+        "4GiB", description="Memory limit per local worker: a size (e.g. '4GiB') or 'auto' (dask's share of the machine).")
 
 
 class DecodeConfig(Section):
@@ -38,10 +67,10 @@ class DecodeConfig(Section):
         24 << 20, ge=1 << 16,
         description="Bytes of ETL buffers handed to one dask task (inflated size for compressed buffers).",
     )
-    join_memory_limit: str = Field(
+    join_memory_limit: Annotated[str, _size_at_least(JOIN_MEMORY_MIN)] = Field(
         "256MB", description="DuckDB memory limit of the ETL joins that need the whole trace (lifetimes, stack "
-        "keys, the stacks table); beyond it "
-        "DuckDB spills to a temporary directory inside the stage output.",
+        "keys, the stacks table, the heap-snapshot assembly); beyond it DuckDB spills to a temporary directory "
+        "inside the stage output. At least 32MiB.",
     )
     bucket_rows: int = Field(
         500_000, ge=10, description="Rows (samples, stack pieces not adopted by a sample, VirtualAlloc and heap events) per time bucket "
@@ -56,7 +85,7 @@ class DecodeConfig(Section):
 
 class SynthConfig(Section):
     seed: int = Field(1, description="Random seed: the same seed gives byte-identical output.")
-    size: str = Field("8MB", description="Approximate trace size (e.g. 20MB, 1GB).")
+    size: Size = Field("8MB", description="Approximate trace size (e.g. 20MB, 1GB).")
     cpus: int = Field(4, ge=1, le=2048, description="Logical CPUs of the simulated machine.")
     compress: bool = Field(False, description="Write XPRESS-compressed buffers, as xperf -merge -compress does.")
     pointer_size: Literal[4, 8] = Field(8, description="Pointer size of the simulated system.")
@@ -178,7 +207,8 @@ def _validate(model: type[Section], path: Path, data: Any, node: yaml.Node | Non
             line = _line_of(node, loc)
             where = f"{path}:{line}" if line else str(path)
             got = "" if err["type"] == "missing" else f" (got {err.get('input')!r})"
-            lines.append(f"{where}: {key}: {err['msg']}{got}")
+            msg = err["msg"].removeprefix("Value error, ")     # (pydantic's prefix for a check's own message)
+            lines.append(f"{where}: {key}: {msg}{got}")
         raise ConfigError("invalid configuration\n  " + "\n  ".join(lines)) from None
 
 

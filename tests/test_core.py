@@ -35,6 +35,21 @@ def test_config_error_names_file_key_line_and_expectation(tmp_path):
     assert f"{bad}:5: decode.colour: Extra inputs are not permitted" in msg
 
 
+def test_sizes_are_checked_when_the_config_is_loaded(tmp_path):
+    """Size settings fail at load time with the file, line and key, not later inside DuckDB or dask."""
+    bad = tmp_path / "sizes.yaml"
+    bad.write_text("cluster:\n  memory_limit: lots\ndecode:\n  join_memory_limit: 300KB\nsynth:\n  size: 1 parsec\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(bad)
+    msg = str(err.value)
+    assert f"{bad}:2: cluster.memory_limit: not a size: 'lots'" in msg
+    assert f"{bad}:4: decode.join_memory_limit: at least 32 MiB (got '300KB')" in msg
+    assert f"{bad}:6: synth.size: not a size: '1 parsec'" in msg
+    good = tmp_path / "good.yaml"
+    good.write_text("cluster:\n  memory_limit: auto\ndecode:\n  join_memory_limit: 1.5GB\nsynth:\n  size: 64MiB\n")
+    assert load_config(good).decode.join_memory_limit == "1.5GB"
+
+
 def test_config_error_on_bad_yaml_and_missing_file(tmp_path):
     bad = tmp_path / "broken.yaml"
     bad.write_text("cluster: [\n")

@@ -169,6 +169,18 @@ def test_not_an_etl_is_a_clear_error(tmp_path):
     assert not (tmp_path / "run" / "decoded").exists()
 
 
+def test_joins_out_of_memory_name_the_setting_and_write_nothing(tmp_path):
+    """DuckDB out of memory in the joins (a limit below the validated minimum, set past the check as a
+    too-large trace would hit the default): a clear error naming the trace and the setting, no output."""
+    from pipeline.errors import ConfigError
+
+    trace = fixture_path("etl/perfview-net452-x64/net.4.5.2.x64.etl")
+    cfg = Config(decode=DecodeConfig.model_construct(join_memory_limit="8MB"))
+    with pytest.raises(ConfigError, match=r"net\.4\.5\.2\.x64\.etl: .*decode\.join_memory_limit \(8MB\).*raise it"):
+        decode_run(tmp_path / "run", cfg, Pool(None), inputs=[trace])
+    assert not (tmp_path / "run" / "decoded").exists()
+
+
 def test_truncated_file_decodes_what_is_there(tmp_path):
     src = _copy("airbus/ShutdownPerfDiagLogger.etl", tmp_path)
     data = src.read_bytes()

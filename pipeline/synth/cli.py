@@ -35,7 +35,7 @@ def main(args, config) -> int:
     try:
         cfg = SynthConfig.model_validate(config.synth.model_dump() | overrides)
     except ValidationError as exc:
-        msgs = "; ".join(f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']} (got {e['input']!r})"
+        msgs = "; ".join(f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg'].removeprefix('Value error, ')} (got {e['input']!r})"
                          for e in exc.errors())
         raise ConfigError(f"synth: {msgs}") from None
     summary = synth.run(args.out, cfg)

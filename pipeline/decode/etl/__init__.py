@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from pipeline.decode.etl import layout as L
 from pipeline.decode.etl.buffers import walk
+from pipeline.errors import ConfigError
 
 
 def plan_partitions(bufs: np.ndarray, partition_bytes: int) -> list[np.ndarray]:
@@ -55,7 +56,7 @@ def filetime_to_utc(ft: int) -> _dt.datetime | None:
 
 def decode_etl(path: Path, out, cfg, pool) -> dict[str, Any]:
     """Decode one ETL trace into ``out`` (a StageOutput); returns the summary stored in the manifest."""
-    import duckdb  # noqa: F401 - imported here, so that set_aside keeps its objects out of the collector
+    import duckdb  # (imported here, so that set_aside keeps its objects out of the collector)
 
     from pipeline.decode.etl import heapsnap, joins
     from pipeline.decode.etl.partition import InlineScratch, decode_partition, release_freed_memory
@@ -102,7 +103,14 @@ def decode_etl(path: Path, out, cfg, pool) -> dict[str, Any]:
             release_freed_memory()
             return done
 
-        joined = joins.finish(out, scratch, header, cfg, pool, results, errors, snapshots_done)
+        try:
+            joined = joins.finish(out, scratch, header, cfg, pool, results, errors, snapshots_done)
+        except duckdb.OutOfMemoryException as exc:
+            # DuckDB spills most of its work to disk, but not all of it: the stage fails (nothing written) with
+            # the setting to change, not a traceback.
+            detail = str(exc).splitlines()[0]
+            raise ConfigError(f"{path}: the whole-trace joins need more memory than decode.join_memory_limit "
+                              f"({cfg.join_memory_limit}) gives them; raise it. DuckDB: {detail}") from None
     shutil.rmtree(scratch, ignore_errors=True)
 
     skipped = sum(r["buffers_skipped"] for r in results) + len(header.walk_errors)

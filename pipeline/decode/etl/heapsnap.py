@@ -227,7 +227,7 @@ def assemble(scratch: Path, out, errors: list[dict[str, Any]], path: str, memory
     from pipeline.config import parse_size     # here: the workers import this module, and need none of it
 
     chunks_dir, ends_dir = scratch / "_heapsnap_chunks.parquet", scratch / "_heapsnap_ends.parquet"
-    con = duckdb.connect(config={"memory_limit": memory_limit, "temp_directory": str(scratch / "duckdb.tmp"),
+    con = duckdb.connect(config={"memory_limit": f"{parse_size(memory_limit)}B", "temp_directory": str(scratch / "duckdb.tmp"),
                                  "threads": 1})
     ends: dict[tuple, list] = {}
     if ends_dir.exists():

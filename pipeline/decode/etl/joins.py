@@ -107,7 +107,9 @@ def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
 
     from pipeline.decode.etl import buckets as B
 
-    con = duckdb.connect(config={"memory_limit": cfg.join_memory_limit, "temp_directory": str(scratch / "duckdb.tmp"),
+    from pipeline.config import parse_size
+
+    con = duckdb.connect(config={"memory_limit": f"{parse_size(cfg.join_memory_limit)}B", "temp_directory": str(scratch / "duckdb.tmp"),
                                  "preserve_insertion_order": False})
     clock = [time.perf_counter()]
     lap = lambda: clock.append(time.perf_counter())  # noqa: E731
