@@ -92,7 +92,13 @@ def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = ()) -> It
             from pipeline.errors import ConfigError
 
             raise ConfigError("cluster.address: required when cluster.mode is 'address'")
-        with Client(cfg.address, timeout="30s") as client:
+        try:
+            client = Client(cfg.address, timeout="30s")
+        except (OSError, ValueError) as exc:     # (unreachable, timed out, or not an address)
+            from pipeline.errors import ConfigError
+
+            raise ConfigError(f"cluster.address {cfg.address!r}: cannot connect to a dask scheduler: {exc}") from None
+        with client:
             yield Pool(client)
         return
     n = cfg.n_workers or os.cpu_count() or 1

@@ -50,6 +50,36 @@ def test_sizes_are_checked_when_the_config_is_loaded(tmp_path):
     assert load_config(good).decode.join_memory_limit == "1.5GB"
 
 
+def test_address_mode_runs_tasks_on_a_running_scheduler(dask_pool):
+    """cluster.mode 'address': the tasks go to the scheduler at that address (the session's cluster)."""
+    import os
+
+    from pipeline.cluster import connect
+    from pipeline.config import ClusterConfig
+
+    address = dask_pool.client.scheduler.address
+    with connect(ClusterConfig(mode="address", address=address)) as pool:
+        assert pool.n_workers == 2
+        pids = set(pool.map(_pid, range(8)))
+    assert os.getpid() not in pids and pids <= set(dask_pool.client.run(os.getpid).values())
+
+
+def _pid(_):
+    import os
+
+    return os.getpid()
+
+
+@pytest.mark.parametrize("address", ["tcp://127.0.0.1:notaport", "scheduler-without-port", "udp://127.0.0.1:8786"])
+def test_a_bad_scheduler_address_is_a_config_error(address):
+    from pipeline.cluster import connect
+    from pipeline.config import ClusterConfig
+
+    with pytest.raises(ConfigError, match=f"cluster.address '{address}': cannot connect to a dask scheduler"):
+        with connect(ClusterConfig(mode="address", address=address)):
+            pass
+
+
 def test_config_error_on_bad_yaml_and_missing_file(tmp_path):
     bad = tmp_path / "broken.yaml"
     bad.write_text("cluster: [\n")
