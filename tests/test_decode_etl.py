@@ -239,6 +239,34 @@ def test_garbage_inside_an_uncompressed_buffer(tmp_path):
     assert 16_000 < total < 17_078
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_xpress_matches_of_every_distance_and_length_equal_an_independent_decoder(seed):
+    """Streams from the synth encoder with matches at distances 1-40 and lengths 3-300 (the decoder copies
+    words when a match is 8 or more bytes back, byte by byte when closer or near the end of the output),
+    ending in a match: the output equals dissect.util's lzxpress, and no byte outside [d0, d1) of the
+    destination changes."""
+    from dissect.util.compression.lzxpress import decompress
+
+    from pipeline.decode.etl import kernels as K
+    from pipeline.synth.xpress import compress
+
+    rng = np.random.default_rng(seed)
+    data = bytearray(rng.integers(0, 256, 64, dtype=np.uint8).tobytes())
+    for _ in range(400):
+        dist, length = int(rng.integers(1, 41)), int(rng.choice([3, 5, 7, 8, 9, 15, 16, 17, 31, 64, 300]))
+        for _ in range(length):
+            data.append(data[-dist])
+        data.extend(rng.integers(0, 256, int(rng.integers(0, 3)), dtype=np.uint8).tobytes())
+    for _ in range(int(rng.integers(8, 30))):       # a match 20 bytes back runs to the last byte
+        data.append(data[-20])
+    z = np.frombuffer(compress(bytes(data)), np.uint8)
+    for fn in (K.xpress_decompress, K.xpress_decompress.py_func):
+        dst = np.full(len(data) + 64, 0xA5, np.uint8)
+        assert fn(z, 0, len(z), dst, 32, 32 + len(data)) == (K.OK, len(data))
+        assert dst[32:32 + len(data)].tobytes() == decompress(z.tobytes()) == bytes(data)
+        assert (dst[:32] == 0xA5).all() and (dst[32 + len(data):] == 0xA5).all()
+
+
 def test_random_bytes_never_crash_the_kernels():
     from pipeline.decode.etl import kernels as K
     from pipeline.decode.etl.batch import walk
