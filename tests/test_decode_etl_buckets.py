@@ -147,6 +147,47 @@ def _group_id(pieces: list[list[int]]) -> int:
     return int(sid[0])
 
 
+@pytest.mark.parametrize("distinct", [5, 40_000, 300_000])
+def test_unique_pairs_in_order_of_first_appearance_for_few_and_many(distinct):
+    """A partition of a trace with a few hundred thousand distinct stacks has that many distinct hash
+    pairs: they are hashed in a table sized for them, with the same answer as the few-pairs case and as
+    a brute-force pass."""
+    from pipeline.decode.etl.batch import unique_pairs
+
+    rng = np.random.default_rng(distinct)
+    pool_a = rng.integers(0, 1 << 63, distinct, dtype=np.uint64)
+    pool_b = rng.integers(0, 1 << 63, distinct, dtype=np.uint64)
+    pool_b[1::2] = pool_b[0]          # pairs that share one half
+    pick = rng.integers(0, distinct, 3 * distinct)
+    a, b = pool_a[pick], pool_b[pick]
+    first, code = unique_pairs(a, b)
+    seen: dict[tuple[int, int], int] = {}
+    want_first, want_code = [], []
+    for i, pair in enumerate(zip(a.tolist(), b.tolist())):
+        if pair not in seen:
+            seen[pair] = len(want_first)
+            want_first.append(i)
+        want_code.append(seen[pair])
+    assert first.tolist() == want_first and code.tolist() == want_code
+
+
+def test_pair_set_tells_which_pairs_are_new_as_it_grows():
+    from pipeline.decode.etl.batch import PairSet
+
+    rng = np.random.default_rng(3)
+    s, seen = PairSet(), set()
+    for size in (10, 3000, 50_000, 7, 120_000):
+        a = rng.integers(0, 5000, size, dtype=np.uint64)
+        b = rng.integers(0, 40, size, dtype=np.uint64)
+        new = s.add(a, b)
+        want = []
+        for pair in zip(a.tolist(), b.tolist()):
+            want.append(pair not in seen)
+            seen.add(pair)
+        assert new.tolist() == want
+    assert s.n == len(seen)
+
+
 def test_stack_id_is_a_hash_of_the_whole_frame_list():
     frames = [0xFFFFF80000001000 + 16 * i for i in range(7)] + [0x7FF600001000 + 32 * i for i in range(9)]
     whole = _group_id([frames])

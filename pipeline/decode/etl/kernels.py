@@ -508,11 +508,12 @@ def dedupe_pairs(a, b, table_bits):
 
     Returns (first index of each unique pair, inverse code of each element, number of uniques); the
     number is -1 when more than half of the 2**table_bits slots would fill (caller then sorts instead).
-    Meant for the few distinct event kinds / provider GUIDs among millions of records.
+    Meant for the few distinct event kinds / provider GUIDs among millions of records; ``unique_pairs``
+    retries with a table sized for its input.
     """
     size = 1 << table_bits
     mask = np.uint64(size - 1)
-    slots = np.full(size, -1, np.int64)
+    slots = np.full(size, -1, np.int32)
     first = np.empty(size // 2, np.int64)
     inverse = np.empty(a.shape[0], np.int32)
     n = 0
@@ -536,6 +537,32 @@ def dedupe_pairs(a, b, table_bits):
                 break
             s = (s + np.uint64(1)) & mask
     return first[:n], inverse, n
+
+
+@nb.njit(**JIT)
+def add_pairs(slots, keys_a, keys_b, n, a, b, new):
+    """Insert the pairs (a[i], b[i]) into the set held in ``slots`` (open addressing, -1 free, else an
+    index into ``keys_a``/``keys_b``, whose first ``n`` entries are in use); ``new[i]``: the pair was not
+    in the set before. The caller keeps the slots at most half full. Returns the new ``n``."""
+    mask = np.uint64(slots.shape[0] - 1)
+    for i in range(a.shape[0]):
+        h = (a[i] * np.uint64(0x9E3779B97F4A7C15)) ^ (b[i] * np.uint64(0xC2B2AE3D27D4EB4F))
+        h ^= h >> np.uint64(29)
+        s = h & mask
+        while True:
+            j = slots[s]
+            if j < 0:
+                slots[s] = n
+                keys_a[n] = a[i]
+                keys_b[n] = b[i]
+                n += 1
+                new[i] = True
+                break
+            if keys_a[j] == a[i] and keys_b[j] == b[i]:
+                new[i] = False
+                break
+            s = (s + np.uint64(1)) & mask
+    return n
 
 
 @nb.njit(**JIT)
