@@ -15,7 +15,9 @@ over the CLI process, the dask scheduler side and every worker, sampled every 50
 * dissect.etl parsing every record's fields (the work the decoder does: 3x slower) on the same slice;
 * ``bootprof decode`` (one worker) on an XPRESS-compressed trace of 512 MB of event data (~120 MB file);
 * ``bootprof decode`` (one worker) on a trace of the main size with stack keys instead of full stacks
-  (what WPR records by default: StackKeyKernel/User references, KeyDelete/KeyRundown definitions).
+  (what WPR records by default: StackKeyKernel/User references, KeyDelete/KeyRundown definitions);
+* ``bootprof decode`` (one worker) on a trace of the main size whose stacks vary as a real build's do
+  (``stack_variety`` 2000: ~250,000 distinct stacks per GB instead of ~1,100).
 
 Every run starts with its input in the page cache (read through once just before). Each decode runs
 twice and the faster run is reported (with the first run's time beside it). Per core is
@@ -50,6 +52,8 @@ sys.path.insert(0, str(ROOT))
 LAST_CPU = [0.0, 0.0]
 SEED = 1
 SIM_CPUS = 16
+#: stack_variety of the varied-stacks case (synth: call-stack templates as a multiple of the smallest set)
+VARIETY = 2000
 LOGFILE_BUFFERS_WRITTEN = 0x48 + 0x20 + 0x24     # buffer header + SYSTEM header + TRACE_LOGFILE_HEADER field
 
 DISSECT = """
@@ -87,12 +91,14 @@ print(n, time.perf_counter() - t)
 """
 
 
-def synthesize(size: str, compress: bool = False, stack_caching: bool = False) -> Path:
+def synthesize(size: str, compress: bool = False, stack_caching: bool = False, stack_variety: int | None = None) -> Path:
     from pipeline import synth
     from pipeline.config import SynthConfig
 
-    cfg = SynthConfig(seed=SEED, size=size, cpus=SIM_CPUS, compress=compress, stack_caching=stack_caching)
-    trace = OUT / f"synth-{size}{'-xpress' if compress else ''}{'-keys' if stack_caching else ''}" / "trace.etl"
+    cfg = SynthConfig(seed=SEED, size=size, cpus=SIM_CPUS, compress=compress, stack_caching=stack_caching,
+                      stack_variety=stack_variety)
+    trace = OUT / (f"synth-{size}{'-xpress' if compress else ''}{'-keys' if stack_caching else ''}"
+                   f"{f'-variety{stack_variety}' if stack_variety else ''}") / "trace.etl"
     truth = trace.with_name("trace.truth.json")
     if trace.exists() and truth.exists():
         t = json.loads(truth.read_text())
@@ -259,6 +265,11 @@ def main() -> int:
     keyed = synthesize(args.size, stack_caching=True)
     k1 = decode(keyed, 1, f"{args.size}-keys-1w")
     rows.append(row(f"bootprof decode, {args.size} stack keys, 1 worker", keyed, k1, k1["seconds"]))
+    # Stacks as varied as a real build's: the synth's default draws ~1,100 distinct stacks per GB from its
+    # templates; a rustc build has hundreds of thousands (this one: ~250,000).
+    varied = synthesize(args.size, stack_variety=VARIETY)
+    v1 = decode(varied, 1, f"{args.size}-varied-1w")
+    rows.append(row(f"bootprof decode, {args.size} varied stacks, 1 worker", varied, v1, v1["seconds"]))
     sizes = [args.size]
     if args.big:
         big = synthesize("4GB")
@@ -269,6 +280,7 @@ def main() -> int:
         sizes.append("4GB")
     one_row, all_row, inproc_row = rows[2], rows[3], rows[4]
     keyed_row = next(r for r in rows if "stack keys" in r["measure"])
+    varied_row = next(r for r in rows if "varied stacks" in r["measure"])
     rows.insert(1, fields_row)
     # Per GB beyond the first: the 4 GB run minus the 1 GB run, both with one worker (fixed costs cancel).
     marginal = 0.0
@@ -309,6 +321,7 @@ def main() -> int:
               "MB_per_cpu_second": per_cpu_second, "marginal_1_worker_MB_per_s": marginal, "dissect_MB_per_s": dissect_rate, "ratio_vs_dissect": round(ratio, 1),
               "dissect_fields_MB_per_s": fields_rate, "ratio_vs_dissect_fields": round(fields_ratio, 1),
               "stack_keys_1_worker_MB_per_s": keyed_row.get("stage_MB_per_s", 0.0),
+              "varied_stacks_1_worker_MB_per_s": varied_row.get("stage_MB_per_s", 0.0), "varied_stack_variety": VARIETY,
               "peak_rss_MB": peak, "target_per_core_MB_per_s": 300, "target_ratio": 100, "target_peak_rss_MB": 1500,
               "failed_runs": len(failed), "rows": rows}
     (OUT / "decode.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -90,6 +90,10 @@ class SynthConfig(Section):
     compress: bool = Field(False, description="Write XPRESS-compressed buffers, as xperf -merge -compress does.")
     pointer_size: Literal[4, 8] = Field(8, description="Pointer size of the simulated system.")
     stack_caching: bool = Field(False, description="Emit stack keys (StackKeyKernel/User + KeyRundown) instead of full StackWalk events.")
+    stack_variety: int | None = Field(
+        None, ge=1, le=100_000, description="How many call-stack templates the simulated processes draw from, as "
+        "a multiple of the smallest set (null: 1 to 8 by size, ~1,100 distinct stacks at 1 GB; 2000: ~250,000, "
+        "nearer a real rustc build's).")
 
 
 class SymbolizeConfig(Section):

@@ -26,7 +26,7 @@ def run(out: Path, cfg) -> dict[str, Any]:
     out.parent.mkdir(parents=True, exist_ok=True)
     target = parse_size(cfg.size)
     p = int(cfg.pointer_size)
-    w = build_workload(cfg.seed, cfg.cpus, p, target, cfg.stack_caching)
+    w = build_workload(cfg.seed, cfg.cpus, p, target, cfg.stack_caching, cfg.stack_variety)
     heaps, virtuals, snaps = activity.heap_and_virtual(w, cfg.seed)
     heap_of = {h.proc: h for h in heaps}
     rng = np.random.default_rng([cfg.seed, 11])

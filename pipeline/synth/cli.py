@@ -1,4 +1,5 @@
-"""``bootprof synth --out demo.etl [--seed N] [--size 1GB] [--cpus 16] [--compress] [--pointer-size 4|8] [--stack-caching]``
+"""``bootprof synth --out demo.etl [--seed N] [--size 1GB] [--cpus 16] [--compress] [--pointer-size 4|8] [--stack-caching]
+[--stack-variety N]``
 
 Flags override the ``synth`` section of the config.
 """
@@ -18,6 +19,8 @@ def add_arguments(p) -> None:
     p.add_argument("--compress", action=argparse.BooleanOptionalAction, default=None,
                    help="XPRESS-compress the data buffers")
     p.add_argument("--pointer-size", type=int, choices=(4, 8), help="pointer size of the simulated system")
+    p.add_argument("--stack-variety", type=int, help="call-stack templates as a multiple of the smallest set (default: "
+                   "1-8 by size, ~1,100 distinct stacks at 1 GB; 2000: ~250,000)")
     p.add_argument("--stack-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="stack keys (StackKeyUser/Kernel + KeyDelete/KeyRundown) instead of full StackWalk events")
 
@@ -29,7 +32,8 @@ def main(args, config) -> int:
 
     overrides = {k: v for k, v in (("seed", args.seed), ("size", args.size), ("cpus", args.cpus),
                                    ("compress", args.compress), ("pointer_size", args.pointer_size),
-                                   ("stack_caching", args.stack_caching)) if v is not None}
+                                   ("stack_caching", args.stack_caching), ("stack_variety", args.stack_variety))
+                 if v is not None}
     from pydantic import ValidationError
 
     try:

@@ -508,10 +508,12 @@ class Workload:
     duration_s: float = 0.0                    # simulated duration the schedule was scaled to
 
 
-def build_workload(seed: int, cpus: int, p: int, target_bytes: int, stack_caching: bool = False) -> Workload:
+def build_workload(seed: int, cpus: int, p: int, target_bytes: int, stack_caching: bool = False,
+                   stack_variety: int | None = None) -> Workload:
     """Schedule the build so that the trace comes out near ``target_bytes``: a first pass with an
-    estimated duration, then a second one scaled by what the first pass's schedule would write."""
-    w, per_busy_s, per_idle_s = _build(seed, cpus, p, target_bytes, stack_caching, None)
+    estimated duration, then a second one scaled by what the first pass's schedule would write.
+    ``stack_variety`` multiplies the call-stack templates (default: 1 to 8 by size)."""
+    w, per_busy_s, per_idle_s = _build(seed, cpus, p, target_bytes, stack_caching, None, stack_variety)
     span_s = (w.t_end - w.t0) / L.PERF_FREQ
     busy_s = sum(s.end - s.start for s in w.segments) / L.PERF_FREQ
     estimate = busy_s * per_busy_s + max(0.0, cpus * span_s - busy_s) * per_idle_s
@@ -520,12 +522,14 @@ def build_workload(seed: int, cpus: int, p: int, target_bytes: int, stack_cachin
     fixed = sum(600 * len(q.images) + 250 * len(q.tids) + 1200 for q in w.procs) + \
         sum(12_000 for q in w.procs if q.kind == "rustc") + 3 * cpus * 32_768
     scaled = max(target_bytes - fixed, target_bytes / 4)
-    return _build(seed, cpus, p, target_bytes, stack_caching, w.duration_s * scaled / max(estimate, 1.0))[0]
+    return _build(seed, cpus, p, target_bytes, stack_caching, w.duration_s * scaled / max(estimate, 1.0),
+                  stack_variety)[0]
 
 
-def _build(seed: int, cpus: int, p: int, target_bytes: int, stack_caching: bool, duration: float | None):
+def _build(seed: int, cpus: int, p: int, target_bytes: int, stack_caching: bool, duration: float | None,
+           stack_variety: int | None = None):
     rng = np.random.default_rng(seed)
-    scale = int(np.clip(target_bytes // (64 << 20), 1, 8))
+    scale = stack_variety or int(np.clip(target_bytes // (64 << 20), 1, 8))
     cat, ids = build_catalog(rng, p)
     st, pools = build_stacks(rng, cat, ids, scale)
     # build scripts: one executable per crate that has one
