@@ -188,6 +188,35 @@ def test_pair_set_tells_which_pairs_are_new_as_it_grows():
     assert s.n == len(seen)
 
 
+def test_a_process_writes_each_pieces_frames_once_per_decode_and_never_replaces_a_file(tmp_path):
+    """``_stack_frames``: a partition writes only the pieces this process has not written for the same
+    scratch directory; a task run again writes a file beside the first (so what was remembered stays on
+    disk); another decode, or the end of the partitions, starts over."""
+    from pipeline.decode.etl import partition as P
+
+    def frames(keys):
+        return pa.table({"h1": pa.array([k for k, _ in keys], pa.uint64()), "h2": pa.array([k * 7 for k, _ in keys], pa.uint64()),
+                         "frames": pa.array([[k, n] for k, n in keys], pa.list_(pa.uint64()))})
+
+    def on_disk(scratch):
+        parts = sorted((scratch / "_stack_frames.parquet").glob("*.parquet"))
+        return parts, sorted(r["h1"] for part in parts for r in pq.read_table(part).to_pylist())
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    P.release_freed_memory()
+    P._write_frames(frames([(1, 10), (2, 20), (3, 30)]), 0, one)
+    P._write_frames(frames([(2, 20), (3, 30), (4, 40)]), 1, one)
+    P._write_frames(frames([(1, 10), (4, 40)]), 2, one)              # nothing new: no file
+    P._write_frames(frames([(2, 20), (3, 30), (4, 40)]), 1, one)     # partition 1 again: nothing replaced
+    parts, keys = on_disk(one)
+    assert len(parts) == 2 and keys == [1, 2, 3, 4]
+    P._write_frames(frames([(1, 10), (5, 50)]), 0, two)              # another decode
+    assert on_disk(two)[1] == [1, 5]
+    P.release_freed_memory()
+    P._write_frames(frames([(5, 50), (6, 60)]), 3, two)              # after the partitions: starts over
+    assert on_disk(two)[1] == [1, 5, 5, 6]
+
+
 def test_stack_id_is_a_hash_of_the_whole_frame_list():
     frames = [0xFFFFF80000001000 + 16 * i for i in range(7)] + [0x7FF600001000 + 32 * i for i in range(9)]
     whole = _group_id([frames])
