@@ -189,9 +189,10 @@ def test_pair_set_tells_which_pairs_are_new_as_it_grows():
 
 
 def test_a_process_writes_each_pieces_frames_once_per_decode_and_never_replaces_a_file(tmp_path):
-    """``_stack_frames``: a partition writes only the pieces this process has not written for the same
-    scratch directory; a task run again writes a file beside the first (so what was remembered stays on
-    disk); another decode, or the end of the partitions, starts over."""
+    """``_stack_frames`` (and the partitions' stacks alike): a partition writes only the pieces this
+    process has not written for the same scratch directory; a task run again writes a file beside the
+    first (so what was remembered stays on disk); another decode, or the end of the partitions, starts
+    over."""
     from pipeline.decode.etl import partition as P
 
     def frames(keys):
@@ -215,6 +216,28 @@ def test_a_process_writes_each_pieces_frames_once_per_decode_and_never_replaces_
     P.release_freed_memory()
     P._write_frames(frames([(5, 50), (6, 60)]), 3, two)              # after the partitions: starts over
     assert on_disk(two)[1] == [1, 5, 5, 6]
+
+
+def test_a_process_writes_each_settled_stack_once_per_decode_with_its_pieces(tmp_path):
+    from pipeline.decode.etl import partition as P
+    from pipeline.decode.etl.buckets import Stacks
+
+    def stacks(ids):         # stack i: pieces (i, 0) and, for odd i, (i, 1)
+        owner = np.array([k for k, i in enumerate(ids) for _ in range(1 + i % 2)], np.int64)
+        ordinal = np.array([o for i in ids for o in range(1 + i % 2)], np.int64)
+        h1 = np.array([100 * i + o for i in ids for o in range(1 + i % 2)], np.uint64)
+        return Stacks(np.array(ids, np.int64), np.array(ids, np.uint64) * 3, owner, ordinal, h1, h1 + 1)
+
+    P.release_freed_memory()
+    P._write_stacks(stacks([1, 2, 3]), 0, tmp_path)
+    P._write_stacks(stacks([2, 3, 4, 5]), 1, tmp_path)
+    P.release_freed_memory()
+    rows = lambda t: sorted(tuple(r.values()) for p in (tmp_path / f"{t}.parquet").glob("*.parquet")  # noqa: E731
+                            for r in pq.read_table(p).to_pylist())
+    assert rows("_bucket_stacks") == [(1, 3, -1), (2, 6, -1), (3, 9, -1), (4, 12, -2), (5, 15, -2)]
+    assert rows("_bucket_stack_pieces") == [
+        (1, 3, -1, 0, 100, 101), (1, 3, -1, 1, 101, 102), (2, 6, -1, 0, 200, 201), (3, 9, -1, 0, 300, 301),
+        (3, 9, -1, 1, 301, 302), (4, 12, -2, 0, 400, 401), (5, 15, -2, 0, 500, 501), (5, 15, -2, 1, 501, 502)]
 
 
 def test_stack_id_is_a_hash_of_the_whole_frame_list():

@@ -954,6 +954,16 @@ class Stacks:
                       np.concatenate([self.ordinal, other.ordinal[rows]]),
                       np.concatenate([self.h1, other.h1[rows]]), np.concatenate([self.h2, other.h2[rows]]))
 
+    def only(self, keep: np.ndarray) -> Stacks:
+        """The stacks of mask ``keep``, with their pieces."""
+        if keep.all():
+            return self
+        at = np.full(len(self.sid), -1, np.int64)
+        at[keep] = np.arange(int(keep.sum()))
+        rows = keep[self.owner]
+        return Stacks(self.sid[keep], self.check[keep], at[self.owner[rows]], self.ordinal[rows], self.h1[rows],
+                      self.h2[rows])
+
     def tables(self, k: int) -> dict[str, pa.Table]:
         """The stacks as the scratch tables ``_bucket_stacks`` and ``_bucket_stack_pieces``, under writer
         number ``k`` (a bucket, or a partition's negative number): ``joins`` takes each stack's pieces from

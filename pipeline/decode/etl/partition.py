@@ -172,8 +172,8 @@ def _reuse_freed_memory(libc):
 def release_freed_memory() -> None:
     """Free memory back to the kernel: glibc's heap and Arrow's own allocator (which keeps freed buffers
     of concat_tables and the parquet writer for reuse)."""
-    with _frames_lock:
-        _frames_written.clear()
+    with _written_lock:
+        _written.clear()
     libc = _glibc()
     if libc is not None:
         libc.malloc_trim(0)
@@ -358,7 +358,7 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> dict[s
             stacks = stacks.plus(sample_stacks)
         settled.update(counts)
     if len(stacks.sid):
-        tables.update(stacks.tables(-1 - part))
+        _write_stacks(stacks, part, scratch_dir)
     if heap_final:
         settled["heap_events_final_in_partitions"] = heap_final
     for table, data in tables.items():
@@ -398,36 +398,61 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> dict[s
             "scratch_rows": rows, "inline": inline, "settled": settled}
 
 
-#: The scratch table of the frames of each distinct stack piece (h1, h2, frames), read by the joins, which keep
-#: one row per (h1, h2).
-FRAMES = "_stack_frames"
-#: The pieces whose frames this process has written into the scratch directory of the decode it works for:
-#: [(scratch directory, PairSet of (h1, h2))]. At most ``FRAMES_REMEMBERED`` pieces (~64 MB); then it starts
-#: over. Emptied with the rest of a worker's memory when its partitions are done (``release_freed_memory``).
-_frames_written: list = []
-_frames_lock = threading.Lock()
-FRAMES_REMEMBERED = 1 << 21
+#: Scratch tables that the joins read keeping one row per key, whatever file it comes from: the frames of each
+#: distinct stack piece (h1, h2, frames), and the stacks that partitions settled (``_bucket_stacks``, with
+#: their pieces in ``_bucket_stack_pieces``; one row per (stack id, id check)).
+FRAMES, STACKS = "_stack_frames", "_bucket_stacks"
+#: What this process has written of those tables for the decode it works for: [(scratch directory,
+#: {table: PairSet})]. At most ``REMEMBERED`` keys a table (~64 MB); then that table starts over. Emptied with
+#: the rest of a worker's memory when its partitions are done (``release_freed_memory``).
+_written: list = []
+_written_lock = threading.Lock()
+REMEMBERED = 1 << 21
+
+
+@contextlib.contextmanager
+def _remembered(scratch_dir: Path, table: str):
+    """The keys of ``table`` that this process has written into ``scratch_dir`` (a PairSet to ``add`` to).
+
+    A stack piece, and a stack, recur in partition after partition, and each partition wrote them again:
+    on the 1 GB synth trace with 250,000 distinct stacks, 1.1 M rows of frames for 263,000 distinct pieces,
+    and 1.06 M stack rows. Now once per worker. Safe when a task runs again (a lost result, a worker that
+    died): every file has a name of its own and is never replaced (``_write_new``), so each key remembered
+    here is in a file that stays; a key written twice (by two processes, or after the memory starts over)
+    is kept once by the joins."""
+    with _written_lock:        # (tasks may run on several threads of a worker; the sets are not thread-safe)
+        if not _written or _written[0][0] != str(scratch_dir):
+            _written[:] = [(str(scratch_dir), {})]
+        sets = _written[0][1]
+        if table not in sets or sets[table].n > REMEMBERED:
+            sets[table] = PairSet()
+        yield sets[table]
 
 
 def _write_frames(data: pa.Table, part: int, scratch_dir: Path) -> None:
-    """The partition's ``_stack_frames`` rows that this process has not written for this decode already, in
-    a file of their own. A stack piece recurs in partition after partition, and each wrote its frames
-    again: 1.1 M rows for 263,000 distinct pieces on the 1 GB synth trace with 250,000 distinct stacks.
+    """The partition's ``_stack_frames`` rows whose piece this process has not written for this decode."""
+    with _remembered(scratch_dir, FRAMES) as seen:
+        new = seen.add(data.column("h1").to_numpy(), data.column("h2").to_numpy())
+    _write_new(data if new.all() else data.filter(pa.array(new)), FRAMES, part, scratch_dir)
 
-    Safe when a task runs again (a lost result, a worker that died): every file has a name of its own and
-    is never replaced, so each piece remembered here is in a file that stays; a piece written twice (by two
-    processes, or after the memory starts over) is kept once by the joins. Never inline: a result can be
-    lost, a file cannot."""
-    with _frames_lock:        # (tasks may run on several threads of a worker; the set is not thread-safe)
-        if not _frames_written or _frames_written[0][0] != str(scratch_dir) or _frames_written[0][1].n > FRAMES_REMEMBERED:
-            _frames_written[:] = [(str(scratch_dir), PairSet())]
-        new = _frames_written[0][1].add(data.column("h1").to_numpy(), data.column("h2").to_numpy())
-    if not new.any():
+
+def _write_stacks(stacks: Stacks, part: int, scratch_dir: Path) -> None:
+    """The stacks of the rows a partition settled (writer ``-1 - part``) that this process has not written
+    for this decode, with their pieces."""
+    with _remembered(scratch_dir, STACKS) as seen:
+        stacks = stacks.only(seen.add(stacks.sid.view(np.uint64), stacks.check))
+    for table, data in stacks.tables(-1 - part).items():
+        _write_new(data, table, part, scratch_dir)
+
+
+def _write_new(data: pa.Table, table: str, part: int, scratch_dir: Path) -> None:
+    """A partition's rows of ``table`` in a scratch file of a name of its own (never replaced, never inline:
+    a task's result can be lost, a file cannot); nothing when there are no rows."""
+    if not data.num_rows:
         return
-    directory = scratch_dir / f"{FRAMES}.parquet"
+    directory = scratch_dir / f"{table}.parquet"
     directory.mkdir(parents=True, exist_ok=True)
-    write_part(data if new.all() else data.filter(pa.array(new)),
-               directory / f"partition-{part:05d}-{uuid.uuid4().hex[:12]}.parquet", compression="none",
+    write_part(data, directory / f"partition-{part:05d}-{uuid.uuid4().hex[:12]}.parquet", compression="none",
                use_dictionary=False)
 
 
