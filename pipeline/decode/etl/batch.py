@@ -193,7 +193,7 @@ class PairSet:
     most of the previous one's)."""
 
     def __init__(self) -> None:
-        self.slots = np.full(1 << 12, -1, np.int64)
+        self.slots = np.full(1 << 12, -1, np.int32)
         self.a, self.b = np.empty(1 << 11, np.uint64), np.empty(1 << 11, np.uint64)
         self.n = 0
 
@@ -203,7 +203,7 @@ class PairSet:
         if 2 * need > len(self.slots):
             size = 1 << (2 * need).bit_length()
             old_a, old_b = self.a[:self.n], self.b[:self.n]
-            self.slots = np.full(size, -1, np.int64)
+            self.slots = np.full(size, -1, np.int32)
             self.a, self.b = np.empty(size // 2, np.uint64), np.empty(size // 2, np.uint64)
             self.n = K.add_pairs(self.slots, self.a, self.b, 0, old_a, old_b, np.empty(len(old_a), np.bool_))
         new = np.empty(len(a), np.bool_)
