@@ -358,7 +358,11 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> dict[s
             stacks = stacks.plus(sample_stacks)
         settled.update(counts)
     if len(stacks.sid):
-        _write_stacks(stacks, part, scratch_dir)
+        small = stacks.tables(-1 - part)
+        if sum(t.get_total_buffer_size() for t in small.values()) <= INLINE_BYTES:
+            tables.update(small)        # (back with the result, as other small scratch tables: not remembered)
+        else:
+            _write_stacks(stacks, part, scratch_dir)
     if heap_final:
         settled["heap_events_final_in_partitions"] = heap_final
     for table, data in tables.items():
@@ -381,7 +385,7 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> dict[s
         if table in BUCKETED:
             times.append(_write_bucketed(data, table, part, scratch_dir, sources, rows))
             continue
-        if table == FRAMES:
+        if table == FRAMES and data.get_total_buffer_size() > INLINE_BYTES:
             _write_frames(data, part, scratch_dir)
             continue
         if table.startswith("_") and data.get_total_buffer_size() <= INLINE_BYTES:
@@ -416,7 +420,8 @@ def _remembered(scratch_dir: Path, table: str):
 
     A stack piece, and a stack, recur in partition after partition, and each partition wrote them again:
     on the 1 GB synth trace with 250,000 distinct stacks, 1.1 M rows of frames for 263,000 distinct pieces,
-    and 1.06 M stack rows. Now once per worker. Safe when a task runs again (a lost result, a worker that
+    and 1.06 M stack rows. Now once per worker. Only for tables larger than ``INLINE_BYTES``: smaller ones
+    go back with the task's result as before (a few files per decode instead of one per partition). Safe when a task runs again (a lost result, a worker that
     died): every file has a name of its own and is never replaced (``_write_new``), so each key remembered
     here is in a file that stays; a key written twice (by two processes, or after the memory starts over)
     is kept once by the joins."""
