@@ -503,6 +503,14 @@ def cstring_lengths(blob, start, limit, wide, out):
 
 
 @nb.njit(**JIT)
+def _pair_slot(a, b, mask):
+    """First slot of the pair (a, b) in an open-addressing table of ``mask + 1`` slots."""
+    h = (a * np.uint64(0x9E3779B97F4A7C15)) ^ (b * np.uint64(0xC2B2AE3D27D4EB4F))
+    h ^= h >> np.uint64(29)
+    return h & mask
+
+
+@nb.njit(**JIT)
 def dedupe_pairs(a, b, table_bits):
     """Unique (a[i], b[i]) pairs in order of first appearance, by open addressing.
 
@@ -518,9 +526,7 @@ def dedupe_pairs(a, b, table_bits):
     inverse = np.empty(a.shape[0], np.int32)
     n = 0
     for i in range(a.shape[0]):
-        h = (a[i] * np.uint64(0x9E3779B97F4A7C15)) ^ (b[i] * np.uint64(0xC2B2AE3D27D4EB4F))
-        h ^= h >> np.uint64(29)
-        s = h & mask
+        s = _pair_slot(a[i], b[i], mask)
         while True:
             j = slots[s]
             if j < 0:
@@ -546,9 +552,7 @@ def add_pairs(slots, keys_a, keys_b, n, a, b, new):
     in the set before. The caller keeps the slots at most half full. Returns the new ``n``."""
     mask = np.uint64(slots.shape[0] - 1)
     for i in range(a.shape[0]):
-        h = (a[i] * np.uint64(0x9E3779B97F4A7C15)) ^ (b[i] * np.uint64(0xC2B2AE3D27D4EB4F))
-        h ^= h >> np.uint64(29)
-        s = h & mask
+        s = _pair_slot(a[i], b[i], mask)
         while True:
             j = slots[s]
             if j < 0:
