@@ -8,6 +8,7 @@ partitions), and every per-event table and the stacks must come out identical, r
 
 from __future__ import annotations
 
+import collections
 import duckdb
 import numpy as np
 import pyarrow as pa
@@ -77,6 +78,49 @@ def test_tables_do_not_depend_on_partition_or_bucket_size(synth_traces, dask_poo
         assert etl["default"]["samples_settled_by_keys"] > 0.9 * etl["default"]["samples"]
         assert etl["tiny"]["samples_settled_by_keys"] > 0.5 * etl["tiny"]["samples"]
         assert etl["default"]["samples_settled_by_keys"] < etl["default"]["samples"]
+
+
+def test_frames_and_stacks_written_once_per_process_give_the_same_tables(synth_traces, dask_pool, tmp_path,  # noqa: F811
+                                                                        monkeypatch):
+    """The trace whose samples mostly have stacks of their own, cut into many partitions in one process with
+    every frames and stacks table going through the write-once path (``INLINE_BYTES`` 0): fewer rows are
+    written than the partitions produced, and the tables equal those of the default run on the cluster."""
+    from pipeline import decode
+    from pipeline.cluster import Pool
+    from pipeline.config import Config
+    from pipeline.decode.etl import partition as P
+
+    trace = synth_traces["plain64_varied"].path
+    decode.run(tmp_path / "default", Config(), dask_pool, inputs=[trace])
+    offered, written = collections.Counter(), collections.Counter()
+    real_new, real_frames, real_stacks = P._write_new, P._write_frames, P._write_stacks
+
+    def write_new(data, table, part, scratch_dir):
+        written[table] += data.num_rows
+        return real_new(data, table, part, scratch_dir)
+
+    def write_frames(data, part, scratch_dir):
+        offered["_stack_frames"] += data.num_rows
+        return real_frames(data, part, scratch_dir)
+
+    def write_stacks(stacks, part, scratch_dir):
+        offered["_bucket_stacks"] += len(stacks.sid)
+        return real_stacks(stacks, part, scratch_dir)
+
+    monkeypatch.setattr(P, "INLINE_BYTES", 0)
+    for name, fn in (("_write_new", write_new), ("_write_frames", write_frames), ("_write_stacks", write_stacks)):
+        monkeypatch.setattr(P, name, fn)
+    cfg = Config()
+    cfg.decode.partition_bytes = 256 << 10
+    decode.run(tmp_path / "once", cfg, Pool(None), inputs=[trace])
+    assert read_manifest(tmp_path / "once", "decoded")["etl"]["partitions"] > 10
+    for table in ("_stack_frames", "_bucket_stacks"):
+        assert 0 < written[table] < 0.8 * offered[table], (table, written[table], offered[table])
+    for table in TABLES:
+        a, b = (read_table(tmp_path / tag, "decoded", table) for tag in ("default", "once"))
+        if table == "samples":
+            a, b = a.sort_by(ORDER), b.sort_by(ORDER)
+        assert a.equals(b), table
 
 
 def test_buckets_cover_every_time_once(tmp_path):
