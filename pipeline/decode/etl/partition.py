@@ -407,7 +407,7 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> dict[s
 #: their pieces in ``_bucket_stack_pieces``; one row per (stack id, id check)).
 FRAMES, STACKS = "_stack_frames", "_bucket_stacks"
 #: What this process has written of those tables for the decode it works for: [(scratch directory,
-#: {table: PairSet})]. At most ``REMEMBERED`` keys a table (~64 MB); then that table starts over. Emptied with
+#: {table: PairSet})]. At most ``REMEMBERED`` keys a table (~48 MB); then that table starts over. Emptied with
 #: the rest of a worker's memory when its partitions are done (``release_freed_memory``).
 _written: list = []
 _written_lock = threading.Lock()
@@ -421,10 +421,11 @@ def _remembered(scratch_dir: Path, table: str):
     A stack piece, and a stack, recur in partition after partition, and each partition wrote them again:
     on the 1 GB synth trace with 250,000 distinct stacks, 1.1 M rows of frames for 263,000 distinct pieces,
     and 1.06 M stack rows. Now once per worker. Only for tables larger than ``INLINE_BYTES``: smaller ones
-    go back with the task's result as before (a few files per decode instead of one per partition). Safe when a task runs again (a lost result, a worker that
-    died): every file has a name of its own and is never replaced (``_write_new``), so each key remembered
-    here is in a file that stays; a key written twice (by two processes, or after the memory starts over)
-    is kept once by the joins."""
+    go back with the task's result as before (a few files per decode instead of one per partition).
+
+    Safe when a task runs again (a lost result, a worker that died): every file has a name of its own and
+    is never replaced (``_write_new``), so each key remembered here is in a file that stays; a key written
+    twice (by two processes, or after the memory starts over) is kept once by the joins."""
     with _written_lock:        # (tasks may run on several threads of a worker; the sets are not thread-safe)
         if not _written or _written[0][0] != str(scratch_dir):
             _written[:] = [(str(scratch_dir), {})]
