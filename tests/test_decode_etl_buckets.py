@@ -95,9 +95,9 @@ def test_frames_and_stacks_written_once_per_process_give_the_same_tables(synth_t
     offered, written = collections.Counter(), collections.Counter()
     real_new, real_frames, real_stacks = P._write_new, P._write_frames, P._write_stacks
 
-    def write_new(data, table, part, scratch_dir):
+    def write_new(data, table, name, scratch_dir):
         written[table] += data.num_rows
-        return real_new(data, table, part, scratch_dir)
+        return real_new(data, table, name, scratch_dir)
 
     def write_frames(data, part, scratch_dir):
         offered["_stack_frames"] += data.num_rows
@@ -147,7 +147,7 @@ def test_buckets_cover_every_time_once(tmp_path):
 
 
 def test_key_references_take_the_first_definition_at_or_after_them():
-    """``first_at_or_after`` (a cache of each key's run of definitions, a search inside it) against a
+    """``positions`` (a hash table from key to its run of definitions, a search inside the run) against a
     brute-force search: keys defined several times, never, references before, between and after."""
     rng = np.random.default_rng(11)
     for _ in range(20):
@@ -161,8 +161,7 @@ def test_key_references_take_the_first_definition_at_or_after_them():
         if nd:                                  # half of them exactly at a definition of their key
             at = rng.integers(0, nd, 1500)
             key[:1500], ts[:1500] = d_key[at], d_ts[at]
-        got = np.full(len(key), -1, np.int64)
-        buckets.first_at_or_after(key, ts, d_key, d_ts, got)
+        got = buckets.positions(key, ts, buckets.index_defs({"key": d_key, "timestamp": d_ts}))
         want = [next(iter(np.flatnonzero((d_key == k) & (d_ts >= t))), -1) for k, t in zip(key, ts)]
         assert got.tolist() == want
 

@@ -135,7 +135,7 @@ def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
                     keyed.append((source[0], r["part"]))
             written.update(r["scratch_rows"])
             times.append(r["times"])
-        stack_defs = _stack_key_defs(con, scratch / "stack_defs.npz")
+        stack_defs = _stack_key_defs(con, scratch / "stack_defs")
         stats = {"stack_keys": _rows(sources["_keyed_refs"], written)
                  + sum(r["settled"].get("stack_keys_with_samples", 0) for r in results)}
         lap()
@@ -291,10 +291,13 @@ def _image_ids(con) -> None:
 def _stack_key_defs(con, path: Path) -> str:
     """The stack-key definitions of the whole trace (KeyDelete, KeyRundown), sorted by (key, time, cpu,
     stream position), saved as arrays for the buckets, which resolve their references against them
-    (``buckets.resolve_keys``): a reference takes the first definition of its key at or after it."""
+    (``buckets.resolve_keys``): a reference takes the first definition of its key at or after it. One
+    ``.npy`` file per array in the directory ``path``, which every task maps instead of reading
+    (``buckets.load_defs``)."""
     d = con.execute("SELECT key, timestamp, h1, h2, n FROM _stack_defs ORDER BY key, timestamp, cpu, stream_pos").fetchnumpy()
-    np.savez(path, key=np.asarray(d["key"], np.uint64), timestamp=np.asarray(d["timestamp"], np.int64),
-             h1=np.asarray(d["h1"], np.uint64), h2=np.asarray(d["h2"], np.uint64), n=np.asarray(d["n"], np.int32))
+    path.mkdir(parents=True, exist_ok=True)
+    for name, dtype in (("key", np.uint64), ("timestamp", np.int64), ("h1", np.uint64), ("h2", np.uint64), ("n", np.int32)):
+        np.save(path / f"{name}.npy", np.asarray(d[name], dtype))
     return str(path)
 
 

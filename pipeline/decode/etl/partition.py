@@ -439,27 +439,33 @@ def _write_frames(data: pa.Table, part: int, scratch_dir: Path) -> None:
     """The partition's ``_stack_frames`` rows whose piece this process has not written for this decode."""
     with _remembered(scratch_dir, FRAMES) as seen:
         new = seen.add(data.column("h1").to_numpy(), data.column("h2").to_numpy())
-    _write_new(data if new.all() else data.filter(pa.array(new)), FRAMES, part, scratch_dir)
+    _write_new(data if new.all() else data.filter(pa.array(new)), FRAMES, f"partition-{part:05d}", scratch_dir)
 
 
 def _write_stacks(stacks: Stacks, part: int, scratch_dir: Path) -> None:
     """The stacks of the rows a partition settled (writer ``-1 - part``) that this process has not written
     for this decode, with their pieces."""
+    write_stacks_once(stacks, -1 - part, f"partition-{part:05d}", scratch_dir)
+
+
+def write_stacks_once(stacks: Stacks, writer: int, name: str, scratch_dir: Path) -> None:
+    """``stacks`` (as writer ``writer``) but those this process has written for this decode, with their
+    pieces, in files named after ``name``."""
     with _remembered(scratch_dir, STACKS) as seen:
         stacks = stacks.only(seen.add(stacks.sid.view(np.uint64), stacks.check))
-    for table, data in stacks.tables(-1 - part).items():
-        _write_new(data, table, part, scratch_dir)
+    for table, data in stacks.tables(writer).items():
+        _write_new(data, table, name, scratch_dir)
 
 
-def _write_new(data: pa.Table, table: str, part: int, scratch_dir: Path) -> None:
-    """A partition's rows of ``table`` in a scratch file of a name of its own (never replaced, never inline:
-    a task's result can be lost, a file cannot); nothing when there are no rows."""
+def _write_new(data: pa.Table, table: str, name: str, scratch_dir: Path) -> None:
+    """A task's rows of ``table`` in a scratch file of a name of its own (``name`` and a random suffix:
+    never replaced, never inline, as a task's result can be lost and a file cannot); nothing when there
+    are no rows."""
     if not data.num_rows:
         return
     directory = scratch_dir / f"{table}.parquet"
     directory.mkdir(parents=True, exist_ok=True)
-    write_part(data, directory / f"partition-{part:05d}-{uuid.uuid4().hex[:12]}.parquet", compression="none",
-               use_dictionary=False)
+    write_part(data, directory / f"{name}-{uuid.uuid4().hex[:12]}.parquet", compression="none", use_dictionary=False)
 
 
 def _write_bucketed(data: pa.Table, table: str, part: int, scratch_dir: Path, sources: dict, rows: dict) -> np.ndarray:
