@@ -92,11 +92,15 @@ def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = ()) -> It
             from pipeline.errors import ConfigError
 
             raise ConfigError("cluster.address: required when cluster.mode is 'address'")
-        try:
-            client = Client(cfg.address, timeout="30s")
-        except (OSError, ValueError) as exc:     # (unreachable, timed out, or not an address)
-            from pipeline.errors import ConfigError
+        from distributed.comm import get_address_host_port
 
+        from pipeline.errors import ConfigError
+
+        try:
+            # (checked before a Client exists: one that fails to start leaves its event loop behind)
+            get_address_host_port(cfg.address)
+            client = Client(cfg.address, timeout="30s")
+        except (OSError, ValueError) as exc:     # (not an address, unreachable, timed out)
             raise ConfigError(f"cluster.address {cfg.address!r}: cannot connect to a dask scheduler: {exc}") from None
         with client:
             yield Pool(client)
