@@ -1176,8 +1176,9 @@ def load_defs(path: str) -> dict:
     distinct stacks: 1.2 s)."""
     st = (Path(path) / "key.npy").stat()
     stamp = (str(path), st.st_ino, st.st_mtime_ns, st.st_size)
-    if _defs_loaded and _defs_loaded[0][0] == stamp:
-        return _defs_loaded[0][1]
+    cached = next(iter(_defs_loaded), None)     # (an idle worker's trim may empty the list meanwhile)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
     defs = index_defs({name: np.asarray(np.load(Path(path) / f"{name}.npy", mmap_mode="r"))
                        for name in ("key", "timestamp", "h1", "h2", "n")})
     _defs_loaded[:] = [(stamp, defs)]
