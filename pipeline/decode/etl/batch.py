@@ -182,7 +182,7 @@ def unique_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         first, inverse, n = K.dedupe_pairs(a, b, min(len(a).bit_length() + 1, 28))
     if n >= 0:
         return first, inverse
-    pairs = np.stack([a.astype(np.uint64), b.astype(np.uint64)], axis=1)
+    pairs = np.stack([a, b], axis=1)
     _, first, inverse = np.unique(pairs, axis=0, return_index=True, return_inverse=True)
     return first, inverse.ravel().astype(np.int32)
 

@@ -41,7 +41,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.decode.etl.batch import PairSet, to_ns, unique_pairs
-from pipeline.decode.etl.kernels import JIT, POLY_B1, POLY_B2, _pair_slot, dedupe_pairs, poly_pow, stack_ids
+from pipeline.decode.etl.kernels import JIT, POLY_B1, POLY_B2, _pair_slot, poly_pow, stack_ids
 
 #: Scratch tables that partitions write for the bucket joins: table -> time column.
 BUCKETED = {"_samples": "timestamp", "_pieces": "event_ts", "_keyed_refs": "event_ts", "_virtual_allocs": "timestamp",
@@ -910,11 +910,7 @@ def _groups(pieces: pa.Table | None):
     stacks = Stacks.empty()
     # One group per distinct stack: its valid pieces in order build the stack's frames, once, globally.
     if len(has):
-        # Distinct stacks are far fewer than groups: a small table first, four times larger while full.
-        bits, nu = 15, -1
-        while nu < 0:
-            bits += 2
-            first, _, nu = dedupe_pairs(sid[has].view(np.uint64), check[has], bits)
+        first, _ = unique_pairs(sid[has].view(np.uint64), check[has])
         gi = has[first]
         ends = np.append(g_start[1:], n)
         starts, counts = g_start[gi], ends[gi] - g_start[gi]
@@ -1167,6 +1163,11 @@ def resolve_keys(refs: pa.Table, defs_path: str) -> tuple[pa.Table, int]:
 
 #: The definitions this process loaded last: [(the key file's path, inode, mtime and size), arrays].
 _defs_loaded: list = []
+
+
+def forget_defs() -> None:
+    """Drop the definitions kept by ``load_defs`` (maps of scratch files that the decode deletes at its end)."""
+    _defs_loaded.clear()
 
 
 def load_defs(path: str) -> dict:

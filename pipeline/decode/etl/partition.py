@@ -24,11 +24,9 @@ import pyarrow as pa
 from pipeline.decode.etl import kernels as K
 from pipeline.decode.etl import layout as L
 from pipeline.decode.etl.batch import Batch, PairSet, record_error, unique_pairs, walk
-from pipeline.decode.etl.buckets import (BUCKETED, KEYED_REF_COLUMNS, KEYED_SAMPLES, MAP_POPULATE, Stacks, _defs_loaded,
-                                        adopt_pieces,
-                                        pack_hashes,
-                                        settle_heap_events, settle_keyed_samples, settle_samples, text_columns,
-                                        write_final, write_part, write_scratch)
+from pipeline.decode.etl.buckets import (BUCKETED, KEYED_REF_COLUMNS, KEYED_SAMPLES, MAP_POPULATE, Stacks, adopt_pieces,
+                                        forget_defs, pack_hashes, settle_heap_events, settle_keyed_samples,
+                                        settle_samples, text_columns, write_final, write_part, write_scratch)
 from pipeline.decode.etl.buffers import MAX_BUFFER_SIZE
 from pipeline.decode.etl.interpret import extended_stacks, lookup
 from pipeline.warmup import set_aside
@@ -175,7 +173,7 @@ def release_freed_memory() -> None:
     of concat_tables and the parquet writer for reuse)."""
     with _written_lock:
         _written.clear()
-    _defs_loaded.clear()        # (maps of scratch files that the decode deletes at its end)
+    forget_defs()
     libc = _glibc()
     if libc is not None:
         libc.malloc_trim(0)
