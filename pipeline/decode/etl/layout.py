@@ -31,8 +31,6 @@ BUFFER_HEADER = np.dtype(
     ]
 )
 BUFFER_HEADER_SIZE = 0x48
-#: The same layout for one-at-a-time reads in the buffer walk (fields in BUFFER_HEADER order).
-BUFFER_HEADER_STRUCT = struct.Struct("<IIIiqqQHHIIHH16s")
 PROCESSOR_INDEX_MASK = 0x07FF
 
 BUFFER_FLAG_EVENTS_LOST = 0x0002
