@@ -6,7 +6,6 @@ of the record (4 or 8), which comes from each record's header type, never from t
 
 from __future__ import annotations
 
-import struct
 import uuid
 
 import numpy as np
