@@ -99,6 +99,13 @@ def warm_up(names: list[str], wait: Callable[[], None] = lambda: None) -> int:
     return loaded
 
 
+def load_kernels(dispatchers) -> int:
+    """Load the cached overloads of these numba dispatchers now (never compiling); returns how many. For a
+    process that is not a worker: the first load in a process also sets up numba's code generator (~0.2 s
+    here), which is better paid while the process waits than when it needs the kernels."""
+    return sum(_load_cached(d, lambda: None) for d in dispatchers)
+
+
 _thaw_at_exit: list[bool] = []
 
 

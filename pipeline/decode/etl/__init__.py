@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import datetime as _dt
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -79,7 +80,15 @@ def decode_etl(path: Path, out, cfg, pool) -> dict[str, Any]:
         for i, part in enumerate(plan_partitions(desc, cfg.partition_bytes))
     ]
     small = InlineScratch(scratch)
-    results = pool.map(decode_partition, tasks, on_result=small.take)
+    preloading: list[threading.Thread] = []
+
+    def take(result: dict[str, Any]) -> None:
+        if not preloading and any("_heapsnap_chunks" in result[k] for k in ("inline", "tables")):
+            preloading.append(threading.Thread(target=heapsnap.preload, name="bootprof-preload", daemon=True))
+            preloading[0].start()
+        small.take(result)
+
+    results = pool.map(decode_partition, tasks, on_result=take)
     small.close()
     t_parts = time.time()
 
@@ -92,6 +101,8 @@ def decode_etl(path: Path, out, cfg, pool) -> dict[str, Any]:
     snap_errors: list[dict[str, Any]] = []
 
     def snapshots_beside() -> dict[str, Any]:
+        for thread in preloading:
+            thread.join()
         return heapsnap.assemble(scratch, out, snap_errors, str(path), cfg.join_memory_limit)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as beside:

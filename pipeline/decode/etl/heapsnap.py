@@ -209,6 +209,16 @@ def stack_frames(parts: dict[str, Any]) -> pa.ListArray | None:
 
 
 # --- assembly ---------------------------------------------------------------------------------------
+def preload() -> None:
+    """Load the assembly's kernels in this process (the client's first numba kernels, ~0.2 s with the set-up
+    of numba's code generator): called on a thread while the partitions run, once one of them has found
+    snapshot chunks, so that the assembly after them starts at once."""
+    from pipeline.decode.etl.kernels import add_pairs
+    from pipeline.warmup import load_kernels
+
+    load_kernels((parse_blob, hash_frame_lists, stack_ids, add_pairs))
+
+
 SNAPSHOT_SCHEMA = pa.schema([
     ("snapshot_id", pa.int64()), ("pid", pa.uint32()), ("instance", pa.uint32()), ("timestamp", pa.int64()), ("timestamp_ns", pa.int64()),
     ("end_timestamp_ns", pa.int64()), ("chunks", pa.int64()), ("bytes", pa.int64()), ("total_data", pa.int64()),
