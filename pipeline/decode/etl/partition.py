@@ -239,6 +239,10 @@ def read_buffers(path: str, bufs: np.ndarray):
         errors.append(record_error(path, bufs[i], int(produced[i]), "decompress",
                                    f"{K.STATUS_TEXT[int(status[i])]} after {int(produced[i])} of "
                                    f"{int(data_len[i])} bytes; buffer skipped"))
+    # Read-only, as the mapped bytes of an uncompressed partition are: numba compiles a kernel once per
+    # signature, and a writable blob would double the kernels that read it (compile time on a fresh
+    # machine, and what each worker's warm-up loads).
+    blob.flags.writeable = False
     return blob, starts, np.where(status != 0, 0, data_len), errors, int(bad.sum() + (status != 0).sum())
 
 
