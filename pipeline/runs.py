@@ -36,18 +36,15 @@ SCHEMA_VERSION = 1
 MANIFEST = "_manifest.json"
 
 
-def sha256_file(path: Path, window: int = 1 << 26) -> str:
-    """sha256 of a file, read through memory maps of ``window`` bytes: a multi-GB trace in the page cache
-    is hashed where it lies instead of being copied out chunk by chunk (hashlib releases the GIL while it
-    works), and only one window at a time is mapped, so the process's resident memory stays small."""
-    import mmap
-
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """sha256 of a file, read into one reused buffer of ``chunk`` bytes (hashlib releases the GIL while it
+    works, so a decode hashes its trace beside everything else). Memory maps of the file cost more here
+    than the copy: a 1 GB trace in the page cache took 0.68-0.79 s mapped, 0.61-0.62 s read."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        for start in range(0, size, window):
-            with mmap.mmap(f.fileno(), min(window, size - start), offset=start, access=mmap.ACCESS_READ) as mm:
-                h.update(mm)
+    buf = memoryview(bytearray(chunk))
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(buf[:n])
     return h.hexdigest()
 
 
