@@ -125,8 +125,9 @@ def walk(path: Path) -> tuple[TraceHeader, np.ndarray]:
                 header.walk_errors.append(_err(path, len(heads), offset, "truncated",
                                                f"{file_size - offset} trailing bytes: too short for a buffer header"))
                 break
-            h = os.pread(fd, L.BUFFER_HEADER_SIZE, offset)
-            size = int.from_bytes(h[:4], "little")
+            # One 0x48-byte read per buffer: the walk touches headers only, never the event data.
+            raw = os.pread(fd, L.BUFFER_HEADER_SIZE, offset)
+            size = int.from_bytes(raw[:4], "little")
             if size < L.BUFFER_HEADER_SIZE or size > MAX_BUFFER_SIZE:
                 header.walk_errors.append(_err(path, len(heads), offset, "bad_buffer_size",
                                                f"BufferSize {size} outside [0x48, {MAX_BUFFER_SIZE}]; chain ends here"))
@@ -135,24 +136,24 @@ def walk(path: Path) -> tuple[TraceHeader, np.ndarray]:
                 header.walk_errors.append(_err(path, len(heads), offset, "truncated",
                                                f"BufferSize {size} runs past the end of the file ({file_size} bytes)"))
                 break
-            heads.append(h)
+            heads.append(raw)
             offsets.append(offset)
             offset += size
-    h = np.frombuffer(b"".join(heads), L.BUFFER_HEADER)
-    descs = np.empty(len(h), dtype=BUFFER_DESC)
-    descs["index"] = np.arange(len(h))
+    hdr = np.frombuffer(b"".join(heads), L.BUFFER_HEADER)
+    descs = np.empty(len(hdr), dtype=BUFFER_DESC)
+    descs["index"] = np.arange(len(hdr))
     descs["file_offset"] = offsets
-    descs["buffer_size"] = h["buffer_size"]
-    flag = h["buffer_flag"]
+    descs["buffer_size"] = hdr["buffer_size"]
+    flag = hdr["buffer_flag"]
     compressed = (flag & L.BUFFER_FLAG_COMPRESSED) != 0
     # Event bytes: up to SavedOffset (the inflated size) when compressed, else up to the fill mark.
-    size = h["buffer_size"].astype(np.int64)
-    end = np.where(compressed, h["saved_offset"].astype(np.int64), np.minimum(h["offset"].astype(np.int64), size))
+    sizes = hdr["buffer_size"].astype(np.int64)
+    end = np.where(compressed, hdr["saved_offset"].astype(np.int64), np.minimum(hdr["offset"].astype(np.int64), sizes))
     descs["data_len"] = np.maximum(end - L.BUFFER_HEADER_SIZE, 0)
-    descs["cpu"] = h["processor_index"] & L.PROCESSOR_INDEX_MASK
-    descs["sequence"] = h["sequence"]
+    descs["cpu"] = hdr["processor_index"] & L.PROCESSOR_INDEX_MASK
+    descs["sequence"] = hdr["sequence"]
     descs["buffer_flag"] = flag
-    descs["buffer_type"] = h["buffer_type"]
+    descs["buffer_type"] = hdr["buffer_type"]
     descs["compressed"] = compressed
     return header, descs
 
