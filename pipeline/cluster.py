@@ -15,6 +15,8 @@ from typing import Any, Callable, Iterable, Iterator
 from pipeline import warmup
 from pipeline.config import ClusterConfig
 
+log = logging.getLogger(__name__)
+
 
 #: Environment of local workers. Arrow's allocator (mimalloc) gives freed memory back to the kernel 10 ms
 #: after it is freed, so each task's tables landed on fresh pages again; on VMs whose host backs guest
@@ -75,8 +77,10 @@ def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = ()) -> It
     """A Pool for the configured cluster: a LocalCluster on 127.0.0.1, a remote scheduler, or inline.
 
     ``warm_up``: modules (the stages' ``WARM_UP``) that each local worker imports, with their compiled
-    kernels, on a thread as soon as it starts (:mod:`pipeline.warmup`)."""
+    kernels, on a thread as soon as it starts (:mod:`pipeline.warmup`); the pool is returned once they
+    have all done so, so that no task shares a worker with its warm-up."""
     cfg = cfg or ClusterConfig()
+    warm_up = list(warm_up)
     if cfg.mode == "synchronous":
         yield Pool(None)
         return
@@ -119,6 +123,10 @@ def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = ()) -> It
         preload=["pipeline.warmup"],
         env={warmup.ENV: ",".join(warm_up), **WORKER_ENV},
     ) as cluster, Client(cluster) as client, _gc_set_aside():
+        if warm_up:
+            late = [w for w, done in client.run(warmup.ready).items() if not done]
+            if late:
+                log.warning("worker warm-up still running after %.0f s on %s", warmup.READY_TIMEOUT_S, ", ".join(late))
         yield Pool(client)
 
 

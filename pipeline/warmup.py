@@ -1,13 +1,18 @@
 """Worker warm-up: each worker of a local cluster imports the modules the stages will run and loads
-their numba kernels from the on-disk cache, on a background thread, while it has no task to run.
+their numba kernels from the on-disk cache, on a background thread, as soon as it starts.
 
 A fresh worker otherwise pays for both inside its first tasks: on the ETL decoder that is ~0.4 s of
-imports and ~0.25 s of loading compiled kernels, 10-15 % of decoding a 1 GB trace with one worker.
-Started at worker start, the work overlaps with the rest of the cluster's start and with the client's
-own imports and buffer walk. It pauses while a task runs (``IdleGate``): the thread and the task share one
-interpreter, and a warm-up that went on beside the first tasks slowed them more than it saved. A
-task that needs a module or kernel the thread has not loaded yet loads it itself (or waits for the
-import lock the thread holds), as it would without warm-up.
+imports and ~0.25 s of loading compiled kernels (numba's code generator set-up included), 10-15 % of
+decoding a 1 GB trace with one worker. It starts with the worker and overlaps with the rest of the
+cluster's start.
+
+:func:`pipeline.cluster.connect` returns once the warm-up of every worker has ended (:func:`ready`).
+Tasks that ran beside an unfinished warm-up (it used to pause while a task ran and go on in between)
+shared one interpreter with it: the first task reached the worker ~0.12 s late (the warm-up held the
+interpreter), loaded kernels itself, and the partitions ran with the collector still scanning the
+imports (``set_aside`` comes at the end). On the 1 GB synth trace with one worker, run from the CLI as
+the bench does, the decode stage took 3.16-3.68 s instead of 3.48-3.90 (6 interleaved pairs); the
+whole CLI run did not change (5.45-6.37 s against 5.41-6.26): the wait is now part of the cluster start.
 
 Modules come from ``BOOTPROF_WARM_UP`` (comma-separated module names) in the worker's environment,
 which :func:`pipeline.cluster.connect` sets from what the stages declare (``WARM_UP`` in a stage
@@ -17,6 +22,7 @@ kernels (a leading ``_``: called only by other kernels, whose cached code contai
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import gc
 import importlib
@@ -24,71 +30,49 @@ import logging
 import os
 import threading
 import time
-from typing import Callable
 
 ENV = "BOOTPROF_WARM_UP"
-#: How long a worker must have run no task before the warm-up goes on (tasks queued on a worker start
-#: within a few milliseconds of each other: the warm-up must not slip in between).
-QUIET_S = 0.03
+#: How long :func:`ready` waits for a warm-up at most (it takes ~0.6 s here; one that hangs must not stop
+#: the stage: the tasks then load what they need themselves).
+READY_TIMEOUT_S = 60.0
 log = logging.getLogger(__name__)
+_finished = threading.Event()
+_finished.set()          # (no warm-up in this process unless dask_setup starts one)
 
 
 def dask_setup(worker) -> None:
     """distributed's preload hook: start the warm-up and return at once."""
     names = [n for n in os.environ.get(ENV, "").split(",") if n]
     if names:
-        gate = IdleGate()
-        # (a worker plugin: the worker's state machine tells it every task's transitions)
-        worker.plugins["bootprof-warm-up"] = gate
-        threading.Thread(target=warm_up, args=(names, gate.wait), name="bootprof-warm-up", daemon=True).start()
+        _finished.clear()
+        threading.Thread(target=_warm_up_then_finish, args=(names,), name="bootprof-warm-up", daemon=True).start()
 
 
-class IdleGate:
-    """Open while the worker runs no task. On the 1 GB synth trace with one worker (eight interleaved
-    pairs, dask's task stream), the first partition took 141-242 ms with the gate and 249-470 ms without
-    it, faster in every pair; the partitions' sum was lower in six of the eight pairs."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._running = 0
-        self._since = time.monotonic()
-        self._idle = threading.Event()
-        self._idle.set()
-
-    def transition(self, key, start, finish, **kwargs) -> None:
-        """distributed's ``WorkerPlugin.transition``: counts the tasks in state ``executing``."""
-        if (start == "executing") == (finish == "executing"):
-            return
-        with self._lock:
-            self._running = max(0, self._running + (1 if finish == "executing" else -1))
-            self._since = time.monotonic()
-            if self._running:
-                self._idle.clear()
-            else:
-                self._idle.set()
-
-    def wait(self) -> None:
-        """Return once the worker has run no task for ``QUIET_S``."""
-        while True:
-            self._idle.wait()
-            with self._lock:
-                quiet = time.monotonic() - self._since if not self._running else 0.0
-            if quiet >= QUIET_S:
-                return
-            time.sleep(QUIET_S - quiet)
+def _warm_up_then_finish(names: list[str]) -> None:
+    try:
+        warm_up(names)
+    finally:
+        _finished.set()
 
 
-def warm_up(names: list[str], wait: Callable[[], None] = lambda: None) -> int:
+async def ready(timeout: float = READY_TIMEOUT_S) -> bool:
+    """On a worker (``Client.run`` awaits it on the worker's event loop, which it leaves free): return once
+    the worker's warm-up has ended, or has run ``timeout`` seconds; whether it has ended."""
+    deadline = time.monotonic() + timeout
+    while not _finished.is_set() and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+    return _finished.is_set()
+
+
+def warm_up(names: list[str]) -> int:
     """Import ``names`` and load every cached overload of the public numba dispatchers they define; returns
-    how many overloads were loaded. ``wait()`` is called before each import and each overload (the
-    worker's ``IdleGate``). Failures are logged and skipped: warm-up only saves time. What was imported
+    how many overloads were loaded. Failures are logged and skipped: warm-up only saves time. What was imported
     lives as long as the worker, so it is then set aside from the garbage collector's full collections
     (:func:`set_aside`)."""
     loaded = 0
     # numba's first call with an array imports numpy.ma (its typeof looks for masked arrays): 6-20 ms that a
     # worker's first partition paid (profiled in the worker).
     for name in ("numpy.ma", *names):
-        wait()
         try:
             module = importlib.import_module(name)
         except Exception:       # noqa: BLE001 - the task that needs it will raise properly
@@ -96,7 +80,7 @@ def warm_up(names: list[str], wait: Callable[[], None] = lambda: None) -> int:
             continue
         for attr, value in list(vars(module).items()):
             if getattr(value, "__module__", None) == name and not attr.startswith("_"):
-                loaded += _load_cached(value, wait)
+                loaded += _load_cached(value)
     set_aside()
     return loaded
 
@@ -105,7 +89,7 @@ def load_kernels(dispatchers) -> int:
     """Load the cached overloads of these numba dispatchers now (never compiling); returns how many. For a
     process that is not a worker: the first load in a process also sets up numba's code generator (~0.2 s
     here), which is better paid while the process waits than when it needs the kernels."""
-    return sum(_load_cached(d, lambda: None) for d in dispatchers)
+    return sum(_load_cached(d) for d in dispatchers)
 
 
 _thaw_at_exit: list[bool] = []
@@ -122,7 +106,7 @@ def set_aside() -> None:
         _thaw_at_exit.append(True)
 
 
-def _load_cached(dispatcher, wait: Callable[[], None]) -> int:
+def _load_cached(dispatcher) -> int:
     """Load the overloads of a numba dispatcher whose machine code is in its cache for this CPU."""
     cache = getattr(dispatcher, "_cache", None)
     index_file = getattr(cache, "_cache_file", None)
@@ -134,7 +118,6 @@ def _load_cached(dispatcher, wait: Callable[[], None]) -> int:
         magic = dispatcher.targetctx.codegen().magic_tuple()
         sigs = [key[0] for key in index_file._load_index() if key[1] == magic]
         for sig in sigs:
-            wait()
             dispatcher.compile(sig)
         return len(sigs)
     except Exception:           # noqa: BLE001 - private numba API: on any change, no warm-up
