@@ -152,10 +152,13 @@ def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
                    "bucket": k, "lo": lo, "hi": hi} for k, (lo, hi) in enumerate(buckets)]
         done = pool.map(B.bucket_task, tasks)
         lap()
+        # The buckets' stacks are put together while the heap-snapshot assembly may still run (on a varied
+        # trace it ends ~0.3 s after the buckets); the ``stacks`` table then adds the snapshots' stacks.
+        _bucket_stack_lists(con, scratch)
         others.result()
         stats.update(before_stacks())
         _open_scratch(con, scratch, ["_heapsnap_stacks"])
-        stats.update(_stacks(con, scratch, errors, str(out.path)))
+        stats.update(_stacks(con, errors, str(out.path)))
         _copy(con, "stacks", out.table_path("stacks"), "stack_id")
         lap()
         for table, schema in B.OUTPUT_SCHEMAS.items():
@@ -301,33 +304,38 @@ def _stack_key_defs(con, path: Path) -> str:
     return str(path)
 
 
-def _stacks(con, scratch: Path, errors: list[dict[str, Any]], where: str) -> dict[str, Any]:
-    """``stacks``: one row per distinct stack id of the buckets (frames from the pieces of the first
-    bucket that has it) and of the heap snapshots (``heapsnap`` gives them ids by the same hash). Two
-    different frame lists with one id (a 62-bit collision, or a hostile file) keep the first list and
-    are reported in ``errors``; their events cannot be told apart."""
+def _bucket_stack_lists(con, scratch: Path) -> None:
+    """``bucket_stacks``: the frames of each distinct stack (id, check) of the buckets, from the pieces of
+    the first bucket that has it, kernel piece before user piece."""
     _open_scratch(con, scratch, ["_bucket_stacks", "_bucket_stack_pieces"])
     con.execute("""
-        CREATE TABLE all_stacks AS
+        CREATE TABLE bucket_stacks AS
         WITH firsts AS (SELECT stack_id, id_check, min(bucket) AS bucket FROM _bucket_stacks GROUP BY ALL),
-        frames AS (SELECT h1, h2, any_value(frames) AS frames FROM _stack_frames GROUP BY h1, h2),
-        lists AS (SELECT p.stack_id, p.id_check, flatten(list(f.frames ORDER BY p.ord)) AS frames
-                  FROM _bucket_stack_pieces p JOIN firsts USING (stack_id, id_check, bucket)
-                  JOIN frames f USING (h1, h2)
-                  GROUP BY p.stack_id, p.id_check)
-        SELECT * FROM lists
-        UNION ALL SELECT stack_id, id_check, frames FROM _heapsnap_stacks WHERE stack_id IS NOT NULL""")
+        frames AS (SELECT h1, h2, any_value(frames) AS frames FROM _stack_frames GROUP BY h1, h2)
+        SELECT p.stack_id, p.id_check, flatten(list(f.frames ORDER BY p.ord)) AS frames
+        FROM _bucket_stack_pieces p JOIN firsts USING (stack_id, id_check, bucket)
+        JOIN frames f USING (h1, h2)
+        GROUP BY p.stack_id, p.id_check""")
+
+
+def _stacks(con, errors: list[dict[str, Any]], where: str) -> dict[str, Any]:
+    """``stacks``: one row per distinct stack id of the buckets (``bucket_stacks``) and of the heap
+    snapshots (``heapsnap`` gives them ids by the same hash). Two different frame lists with one id (a
+    62-bit collision, or a hostile file) keep the first list and are reported in ``errors``; their events
+    cannot be told apart."""
     con.execute("""
         CREATE TABLE stacks AS
         SELECT stack_id, arg_min(frames, id_check) AS frames, len(arg_min(frames, id_check))::INTEGER AS depth,
                count(DISTINCT id_check) AS _lists
-        FROM all_stacks GROUP BY stack_id""")
+        FROM (SELECT * FROM bucket_stacks
+              UNION ALL SELECT stack_id, id_check, frames FROM _heapsnap_stacks WHERE stack_id IS NOT NULL)
+        GROUP BY stack_id""")
+    con.execute("DROP TABLE bucket_stacks")
     for stack_id, lists in con.execute("SELECT stack_id, _lists FROM stacks WHERE _lists > 1 LIMIT 100").fetchall():
         errors.append({"file": where, "buffer_index": -1, "file_offset": -1, "record_offset": -1, "kind": "stack_hash",
                        "message": f"{where}: {lists} different frame lists share stack id {stack_id}; "
                                   "their events are attributed to the first"})
     collisions = con.execute("SELECT count(*) FROM stacks WHERE _lists > 1").fetchone()[0]
-    con.execute("DROP TABLE all_stacks")
     return {"stacks": con.execute("SELECT count(*) FROM stacks").fetchone()[0], "stack_id_collisions": int(collisions)}
 
 
