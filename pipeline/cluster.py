@@ -29,8 +29,10 @@ WORKER_ENV = {"MIMALLOC_PURGE_DELAY": "1000"}
 class Pool:
     """Runs task functions either on a dask cluster or inline."""
 
-    def __init__(self, client=None):
+    def __init__(self, client=None, warming: bool = False):
         self.client = client
+        #: The workers are warming up (a local cluster): the first ``map`` waits for them (``warmup.ready``).
+        self._warming = warming
 
     @property
     def n_workers(self) -> int:
@@ -60,6 +62,11 @@ class Pool:
                 if on_result is not None:
                     on_result(results[-1])
             return results
+        if self._warming:
+            self._warming = False
+            late = [w for w, done in self.client.run(warmup.ready).items() if not done]
+            if late:
+                log.warning("worker warm-up still running after %.0f s on %s", warmup.READY_TIMEOUT_S, ", ".join(late))
         futures = self.client.map(fn, items, pure=False, **kwargs)
         if on_result is None:
             return self.client.gather(futures)
@@ -77,8 +84,8 @@ def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = ()) -> It
     """A Pool for the configured cluster: a LocalCluster on 127.0.0.1, a remote scheduler, or inline.
 
     ``warm_up``: modules (the stages' ``WARM_UP``) that each local worker imports, with their compiled
-    kernels, on a thread as soon as it starts (:mod:`pipeline.warmup`); the pool is returned once they
-    have all done so, so that no task shares a worker with its warm-up."""
+    kernels, on a thread as soon as it starts (:mod:`pipeline.warmup`); the pool's first ``map`` waits
+    until they have all done so, so that no task shares a worker with its warm-up."""
     cfg = cfg or ClusterConfig()
     warm_up = list(warm_up)
     if cfg.mode == "synchronous":
@@ -123,11 +130,7 @@ def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = ()) -> It
         preload=["pipeline.warmup"],
         env={warmup.ENV: ",".join(warm_up), **WORKER_ENV},
     ) as cluster, Client(cluster) as client, _gc_set_aside():
-        if warm_up:
-            late = [w for w, done in client.run(warmup.ready).items() if not done]
-            if late:
-                log.warning("worker warm-up still running after %.0f s on %s", warmup.READY_TIMEOUT_S, ", ".join(late))
-        yield Pool(client)
+        yield Pool(client, warming=bool(warm_up))
 
 
 @contextlib.contextmanager

@@ -4,15 +4,19 @@ their numba kernels from the on-disk cache, on a background thread, as soon as i
 A fresh worker otherwise pays for both inside its first tasks: on the ETL decoder that is ~0.4 s of
 imports and ~0.25 s of loading compiled kernels (numba's code generator set-up included), 10-15 % of
 decoding a 1 GB trace with one worker. It starts with the worker and overlaps with the rest of the
-cluster's start.
+cluster's start and with the client's work up to its first tasks.
 
-:func:`pipeline.cluster.connect` returns once the warm-up of every worker has ended (:func:`ready`).
-Tasks that ran beside an unfinished warm-up (it used to pause while a task ran and go on in between)
-shared one interpreter with it: the first task reached the worker ~0.12 s late (the warm-up held the
-interpreter), loaded kernels itself, and the partitions ran with the collector still scanning the
-imports (``set_aside`` comes at the end). On the 1 GB synth trace with one worker, run from the CLI as
-the bench does, the decode stage took 3.16-3.68 s instead of 3.48-3.90 (6 interleaved pairs); the
-whole CLI run did not change (5.45-6.37 s against 5.41-6.26): the wait is now part of the cluster start.
+The first ``map`` of a pool (:class:`pipeline.cluster.Pool`) waits until the warm-up of every worker
+has ended (:func:`ready`) before it sends a task; the client's own work before it (a decode's input
+checks, imports and buffer walk) goes on meanwhile. Tasks that ran beside an unfinished warm-up (it used
+to pause while a task ran and go on in between) shared one interpreter with it: the first task reached
+the worker ~0.12 s late (the warm-up held the interpreter), loaded kernels itself, and the partitions ran
+with the collector still scanning the imports (``set_aside`` comes at the end). On the 1 GB synth trace
+with one worker, run from the CLI as the bench does (6 interleaved pairs, the VM in a slow phase): decode
+stage 3.99-5.23 s against 3.97-5.08 (mean 4.47 against 4.65), whole CLI run 6.16-7.74 s against
+6.44-7.58 (mean 6.95 against 7.17). Waiting when the cluster starts instead took the warm-up out of
+the stage but not out of the run, and lost the overlap: over 11 pairs the CLI run took 6.80 s on average
+against 6.29 s for waiting at the first map, and the stage 4.05 s against 3.89.
 
 Modules come from ``BOOTPROF_WARM_UP`` (comma-separated module names) in the worker's environment,
 which :func:`pipeline.cluster.connect` sets from what the stages declare (``WARM_UP`` in a stage

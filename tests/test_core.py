@@ -194,6 +194,10 @@ def test_cli_help_and_clean_error_exit(tmp_path):
     assert "bootprof: error:" in out.stderr and "decode.colour" in out.stderr and "Traceback" not in out.stderr
 
 
+def _warm_state_task(_item):
+    return _warm_state()
+
+
 def _warm_state():
     import sys
     import threading
@@ -203,10 +207,9 @@ def _warm_state():
     return loaded, any(t.name == "bootprof-warm-up" for t in threading.enumerate())
 
 
-def test_workers_load_the_stages_kernels_before_the_cluster_is_handed_out():
+def test_workers_load_the_stages_kernels_before_the_first_task():
     """A local worker imports the warm-up modules and loads their cached numba kernels on its own, and the
-    pool is handed out only once it has: no task shares the worker with its warm-up (here only a probe
-    of the worker's state is sent, never a task)."""
+    pool's first map sends its task only once it has: the task finds the warm-up ended."""
     import numpy as np
 
     from pipeline.cluster import connect
@@ -216,9 +219,9 @@ def test_workers_load_the_stages_kernels_before_the_cluster_is_handed_out():
     K.group_by_code(np.zeros(4, np.int32), 1)           # compiled and cached by this process at least once
     with connect(ClusterConfig(mode="local", n_workers=1, memory_limit="1GiB"),
                  warm_up=["pipeline.decode.etl.kernels"]) as pool:
-        [(loaded, running)] = pool.client.run(_warm_state).values()
+        [(loaded, running)] = pool.map(_warm_state_task, [None])
     assert loaded >= 1, "the worker did not load the cached kernels"
-    assert not running, "the pool was handed out while the worker's warm-up still ran"
+    assert not running, "a task ran while the worker's warm-up still ran"
 
 
 def test_warm_up_loads_only_cached_code_and_survives_bad_names(tmp_path):

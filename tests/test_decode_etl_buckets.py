@@ -327,7 +327,8 @@ def test_two_frame_lists_with_one_id_are_reported(tmp_path):
                                  "h1": pa.array([h], pa.uint64()), "h2": pa.array([h], pa.uint64())}),
                        d / f"part-{k}.parquet")
     errors: list = []
-    stats = joins._stacks(con, scratch, errors, "trace.etl")
+    joins._bucket_stack_lists(con, scratch)
+    stats = joins._stacks(con, errors, "trace.etl")
     assert stats == {"stacks": 2, "stack_id_collisions": 1}
     rows = dict(con.execute("SELECT stack_id, frames FROM stacks").fetchall())
     assert rows == {42: [10, 11], 43: [10, 11]}         # the list with the lower check value is kept
