@@ -8,12 +8,15 @@ only to build the parser and when that subcommand runs.
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib
 import logging
 import os
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from pipeline import __version__
 from pipeline.config import Config, load_config, load_job
@@ -120,5 +123,32 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def entry() -> NoReturn:
+    """The ``bootprof`` command and ``python -m pipeline``: ``main``, then :func:`exit_quickly`."""
+    exit_quickly(main())
+
+
+def exit_quickly(code: int) -> NoReturn:
+    """End the process with ``code`` as the interpreter would, but without its teardown.
+
+    A command's work is done when ``main`` returns: every stage output is written and renamed into
+    place, and files and DuckDB connections are closed where they are used. What the interpreter
+    would still do is tear down ~170,000 objects of its imports (numpy, pyarrow, duckdb, dask,
+    numba), running several full garbage collections over them: 0.4 s of every command here.
+    So: wait for threads that are not daemons as usual (if any is alive, exit the usual way), run the
+    ``atexit`` handlers (logging's flush, temporary directories, dask's), flush the standard streams,
+    then ``os._exit``."""
+    main_thread = threading.main_thread()
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not main_thread):
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):       # (a closed pipe: what the interpreter would ignore too)
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -192,6 +193,55 @@ def test_cli_help_and_clean_error_exit(tmp_path):
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 2
     assert "bootprof: error:" in out.stderr and "decode.colour" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_cli_exit_runs_atexit_handlers_flushes_and_waits_for_threads():
+    """The CLI ends without the interpreter's teardown (``exit_quickly``), but as the interpreter would
+    otherwise: ``atexit`` handlers run, buffered output (stdout is a pipe here) is written, a thread that is
+    not a daemon finishes first, and the exit code is the command's."""
+    code = ("import atexit, threading, time\n"
+            "from pipeline.cli import exit_quickly\n"
+            "atexit.register(lambda: print('atexit handler ran'))\n"
+            "print('buffered line')\n"
+            "if {thread}:\n"
+            "    threading.Thread(target=lambda: (time.sleep(0.3), print('thread ended'))).start()\n"
+            "exit_quickly(3)\n")
+    buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}      # (as a user's shell runs it)
+    out = subprocess.run([sys.executable, "-c", code.format(thread=False)], capture_output=True, text=True, cwd=ROOT,
+                         env=buffered)
+    assert (out.returncode, out.stdout.split("\n")) == (3, ["buffered line", "atexit handler ran", ""])
+    out = subprocess.run([sys.executable, "-c", code.format(thread=True)], capture_output=True, text=True, cwd=ROOT,
+                         env=buffered)
+    assert out.returncode == 3 and "thread ended" in out.stdout and "atexit handler ran" in out.stdout
+
+
+def test_cli_decode_with_a_local_cluster_ends_cleanly(tmp_path):
+    """A whole command on a real trace, with a local cluster (DuckDB loaded in the CLI process, numba in
+    the worker): exit code 0, the complete summary on stdout, the manifest written, nothing on stderr
+    (no traceback, no leak report from DuckDB's bindings, no warning from the worker's exit)."""
+    from tests.conftest import fixture_path
+
+    cfg = tmp_path / "local.yaml"
+    cfg.write_text("cluster: {mode: local, n_workers: 1, memory_limit: 1GiB}\n")
+    trace = fixture_path("etl/perfview-small/smallEtlFile.etl")
+    out = subprocess.run([sys.executable, "-m", "pipeline", "--config", str(cfg), "decode", str(trace), "--run",
+                          str(tmp_path / "run")], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["etl"]["records"] > 0
+    assert read_manifest(tmp_path / "run", "decoded")["etl"]["records"] == json.loads(out.stdout)["etl"]["records"]
+    assert out.stderr == ""
+
+
+def test_set_aside_objects_stay_aside_at_exit_unless_duckdb_is_loaded():
+    """A worker keeps its objects out of the collector as it exits (teardown has nothing to scan); a
+    process with DuckDB gives them back first (its bindings report objects teardown never finalized)."""
+    code = ("import gc, pipeline.warmup as w\n"
+            "w.set_aside(); gc.unfreeze(); w._at_exit(); print(gc.get_freeze_count() > 0)\n"
+            "import duckdb\n"
+            "w._at_exit(); print(gc.get_freeze_count())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.split() == ["True", "0"]
+    assert "leaked" not in out.stderr
 
 
 def _warm_state_task(_item):
