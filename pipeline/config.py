@@ -43,6 +43,8 @@ Size = Annotated[str, _size_at_least(1)]
 #: DuckDB's memory for the decoder's joins: below this the joins of the 1 GB synth trace with stack keys
 #: failed (16MB: out of memory; 32MB: decoded), and a 5 MB fixture needed more than 8MB.
 JOIN_MEMORY_MIN = 32 << 20
+#: The same floor for the aggregate sections' DuckDB.
+AGGREGATE_MEMORY_MIN = 32 << 20
 
 
 class Section(BaseModel):
@@ -111,6 +113,10 @@ class SymbolizeConfig(Section):
 
 class AggregateConfig(Section):
     top_n: int = Field(200, ge=1, description="Rows kept in the top-N summary tables.")
+    memory_limit: Annotated[str, _size_at_least(AGGREGATE_MEMORY_MIN)] = Field(
+        "4GB", description="DuckDB memory limit of each aggregate section; beyond it joins and sorts spill to a "
+        "temporary directory inside the run directory. At least 32MiB.",
+    )
     etl_join_tolerance_ms: float = Field(
         2000.0, ge=0, description="Self-profile to ETL process join: largest start-time difference "
         "(self-profile start_time vs ETL process start) still counted as the same process.",

@@ -186,3 +186,21 @@ def test_without_symbols_modules_still_equal_truth(tmp_path, dask_pool):
     assert self_inclusive(rows(run, "cpu_by_module"), lambda r: r["module"]) == truth["samples"]["per_module"]
     functions = rows(run, "cpu_by_function")
     assert all(r["raw_name"] is None and r["function"].startswith(f"{r['module']}+0x") for r in functions)
+
+
+def test_out_of_memory_names_the_setting_and_keeps_the_previous_output(tmp_path):
+    """DuckDB out of memory in a section (a limit below the validated minimum, set past the check as a
+    too-large run would hit the default): a clear error naming the run, the section and the setting; the
+    aggregated output of the run before it stays as it was, and no spill directory is left behind."""
+    from pipeline.aggregate import run as aggregate_run
+    from pipeline.cluster import Pool
+    from pipeline.config import AggregateConfig
+    from pipeline.errors import ConfigError
+
+    run, _ = synth_run(tmp_path, "plain64", Pool(None), stages=("decode", "aggregate"))
+    before = read_manifest(run, "aggregated")
+    cfg = Config(aggregate=AggregateConfig.model_construct(memory_limit="8MB"))
+    with pytest.raises(ConfigError, match=r"run: the aggregate section 'cpu' .*aggregate\.memory_limit \(8MB\).*raise it"):
+        aggregate_run(run, cfg, Pool(None))
+    assert read_manifest(run, "aggregated") == before
+    assert sorted(p.name for p in run.iterdir()) == ["aggregated", "decoded"]

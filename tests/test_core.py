@@ -39,13 +39,15 @@ def test_config_error_names_file_key_line_and_expectation(tmp_path):
 def test_sizes_are_checked_when_the_config_is_loaded(tmp_path):
     """Size settings fail at load time with the file, line and key, not later inside DuckDB or dask."""
     bad = tmp_path / "sizes.yaml"
-    bad.write_text("cluster:\n  memory_limit: lots\ndecode:\n  join_memory_limit: 300KB\nsynth:\n  size: 1 parsec\n")
+    bad.write_text("cluster:\n  memory_limit: lots\ndecode:\n  join_memory_limit: 300KB\nsynth:\n  size: 1 parsec\n"
+                   "aggregate:\n  memory_limit: 1MB\n")
     with pytest.raises(ConfigError) as err:
         load_config(bad)
     msg = str(err.value)
     assert f"{bad}:2: cluster.memory_limit: not a size: 'lots'" in msg
     assert f"{bad}:4: decode.join_memory_limit: at least 32 MiB (got '300KB')" in msg
     assert f"{bad}:6: synth.size: not a size: '1 parsec'" in msg
+    assert f"{bad}:8: aggregate.memory_limit: at least 32 MiB (got '1MB')" in msg
     good = tmp_path / "good.yaml"
     good.write_text("cluster:\n  memory_limit: auto\ndecode:\n  join_memory_limit: 1.5GB\nsynth:\n  size: 64MiB\n")
     assert load_config(good).decode.join_memory_limit == "1.5GB"

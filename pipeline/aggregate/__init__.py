@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pipeline.aggregate import cpu, memory, processes, queries
+from pipeline.errors import ConfigError
 from pipeline.runs import has_table, read_manifest, stage_dir, stage_output, table_path
 
 STAGE = "aggregated"
@@ -52,8 +53,22 @@ def run(run_dir: Path, config, pool, inputs=None) -> dict[str, Any]:
     with stage_output(run_dir, STAGE, inputs=source, config=config.resolved()) as out:
         ctx = Context(run_dir, config, pool, out, decoded)
         for section in SECTIONS:
-            result = section(ctx)
+            result = _run_section(section, ctx)
             if result is not None:
                 summary[section_name(section)] = result
         out.manifest["sections"] = summary
     return summary
+
+
+def _run_section(section: Callable[[Context], dict[str, Any] | None], ctx: Context) -> dict[str, Any] | None:
+    """One section; DuckDB running out of memory (``aggregate.memory_limit``, even with spilling) ends the
+    stage with the setting to change, not a traceback, and nothing of the stage is written."""
+    import duckdb
+
+    try:
+        return section(ctx)
+    except duckdb.OutOfMemoryException as exc:
+        detail = str(exc).splitlines()[0]
+        raise ConfigError(f"{ctx.run_dir}: the aggregate section '{section_name(section)}' needs more memory than "
+                          f"aggregate.memory_limit ({ctx.config.aggregate.memory_limit}) gives it; raise it. "
+                          f"DuckDB: {detail}") from None

@@ -26,7 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.aggregate.resolve import CMD_CRATE_SQL
+from pipeline.aggregate.resolve import CMD_CRATE_SQL, duckdb_for
 from pipeline.runs import parquet_glob
 
 EVENTS = "query_events"
@@ -123,9 +123,8 @@ def aggregate(ctx) -> dict[str, Any] | None:
     """Write query_summary, query_totals, artifact_sizes, query_stacks, self_profile_processes."""
     if not ctx.has(EVENTS):
         return None
-    import duckdb
-
-    con = duckdb.connect()
+    con = duckdb_for(ctx)
+    con.execute("SET preserve_insertion_order = true")      # (as this section was written against)
     con.execute(f"create view ev as select * from read_parquet('{parquet_glob(ctx.source(EVENTS))}')")
     con.execute(f"create view sp as select * from read_parquet('{parquet_glob(ctx.source(FILES))}') where status = 'ok'")
 

@@ -31,10 +31,6 @@ from pipeline.runs import parquet_glob
 SYMBOLIZED = "symbolized"
 FRAMES = "frames"
 
-#: DuckDB memory of one section's connection; beyond it joins and sorts spill into a hidden
-#: directory of the run (removed when the connection goes away). The machine is shared with dask workers.
-MEMORY_LIMIT = "4GB"
-
 #: Smallest/largest BIGINT: open lifetime ends (NULL start = before the trace, NULL end = after it).
 MIN_NS = -9223372036854775807
 MAX_NS = 9223372036854775807
@@ -49,18 +45,28 @@ CRATE_SQL = """CASE WHEN coalesce(raw_name, '') LIKE '?%' THEN NULL
 CMD_CRATE_SQL = """nullif(regexp_extract(command_line, '--crate-name"?[ =]+"?([^ "]+)', 1), '')"""
 
 
-def connect(ctx, *tables: str):
-    """A DuckDB connection with views of the named ``decoded/`` tables and the ``procs`` table."""
+def duckdb_for(ctx):
+    """A DuckDB connection for one section: at most ``aggregate.memory_limit`` of memory; beyond it joins
+    and sorts spill into a hidden directory of the run, removed when the connection goes away. (A section
+    that needs more even so fails: the stage names the setting, ``pipeline.aggregate.run``.)"""
     import shutil
     import tempfile
     import weakref
 
     import duckdb
 
+    from pipeline.config import parse_size
+
     spill = tempfile.mkdtemp(prefix=".aggregate-spill-", dir=ctx.run_dir)
-    con = duckdb.connect(config={"preserve_insertion_order": False, "memory_limit": MEMORY_LIMIT,
-                                 "temp_directory": spill})
+    con = duckdb.connect(config={"preserve_insertion_order": False, "temp_directory": spill,
+                                 "memory_limit": f"{parse_size(ctx.config.aggregate.memory_limit)}B"})
     weakref.finalize(con, shutil.rmtree, spill, True)
+    return con
+
+
+def connect(ctx, *tables: str):
+    """A DuckDB connection with views of the named ``decoded/`` tables and the ``procs`` table."""
+    con = duckdb_for(ctx)
     for table in tables:
         con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet('{parquet_glob(ctx.source(table))}')")
     if "processes" in tables:
