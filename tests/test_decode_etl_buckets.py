@@ -307,7 +307,7 @@ def test_stack_id_is_a_hash_of_the_whole_frame_list():
 
 def test_two_frame_lists_with_one_id_are_reported(tmp_path):
     """A collision (forged here: the 62-bit id of one list given to another) keeps one list and
-    leaves an error row naming the id."""
+    leaves an error row naming the id, whether the lists come from the buckets or the heap snapshots."""
     scratch = tmp_path
     con = duckdb.connect()
     for name in joins.SCRATCH_TABLES:
@@ -326,13 +326,20 @@ def test_two_frame_lists_with_one_id_are_reported(tmp_path):
                                  "bucket": pa.array([k], pa.int32()), "ord": pa.array([0], pa.int32()),
                                  "h1": pa.array([h], pa.uint64()), "h2": pa.array([h], pa.uint64())}),
                        d / f"part-{k}.parquet")
+    # The heap snapshots' stacks: one the buckets have too (42, 7); one whose check is lower than the buckets'
+    # list of that id (43): a second collision, which keeps the snapshot's list; and two lists of an id of
+    # their own (44): a third.
+    con.execute("INSERT INTO _heapsnap_stacks VALUES (0, 1, 42, 7, [10, 11]), (0, 2, 44, 1, [30]), "
+                "(1, 3, 43, 3, [31, 32]), (1, 4, 44, 2, [33])")
     errors: list = []
     joins._bucket_stack_lists(con, scratch)
-    stats = joins._stacks(con, errors, "trace.etl")
-    assert stats == {"stacks": 2, "stack_id_collisions": 1}
-    rows = dict(con.execute("SELECT stack_id, frames FROM stacks").fetchall())
-    assert rows == {42: [10, 11], 43: [10, 11]}         # the list with the lower check value is kept
-    assert len(errors) == 1 and errors[0]["kind"] == "stack_hash" and "stack id 42" in errors[0]["message"]
+    stats = joins._stacks(con, errors, "trace.etl", tmp_path / "stacks.parquet")
+    assert stats == {"stacks": 3, "stack_id_collisions": 3}
+    rows = con.execute(f"SELECT stack_id, frames, depth FROM '{tmp_path / 'stacks.parquet'}'").fetchall()
+    # one row per id, sorted by it, with the list of the lower check value
+    assert rows == [(42, [10, 11], 2), (43, [31, 32], 2), (44, [30], 1)]
+    assert [e["kind"] for e in errors] == ["stack_hash"] * 3
+    assert "2 different frame lists share stack id 42" in errors[0]["message"] and "stack id 44" in errors[2]["message"]
 
 
 def test_record_walk_sized_from_an_estimate_equals_the_counted_walk():

@@ -158,8 +158,7 @@ def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
         others.result()
         stats.update(before_stacks())
         _open_scratch(con, scratch, ["_heapsnap_stacks"])
-        stats.update(_stacks(con, errors, str(out.path)))
-        _copy(con, "stacks", out.table_path("stacks"), "stack_id")
+        stats.update(_stacks(con, errors, str(out.path), out.table_path("stacks")))
         lap()
         for table, schema in B.OUTPUT_SCHEMAS.items():
             if not out.table_path(table).exists():
@@ -318,24 +317,37 @@ def _bucket_stack_lists(con, scratch: Path) -> None:
         GROUP BY p.stack_id, p.id_check""")
 
 
-def _stacks(con, errors: list[dict[str, Any]], where: str) -> dict[str, Any]:
-    """``stacks``: one row per distinct stack id of the buckets (``bucket_stacks``) and of the heap
-    snapshots (``heapsnap`` gives them ids by the same hash). Two different frame lists with one id (a
-    62-bit collision, or a hostile file) keep the first list and are reported in ``errors``; their events
-    cannot be told apart."""
-    con.execute("""
-        CREATE TABLE stacks AS
-        SELECT stack_id, arg_min(frames, id_check) AS frames, len(arg_min(frames, id_check))::INTEGER AS depth,
-               count(DISTINCT id_check) AS _lists
-        FROM (SELECT * FROM bucket_stacks
-              UNION ALL SELECT stack_id, id_check, frames FROM _heapsnap_stacks WHERE stack_id IS NOT NULL)
-        GROUP BY stack_id""")
-    con.execute("DROP TABLE bucket_stacks")
-    for stack_id, lists in con.execute("SELECT stack_id, _lists FROM stacks WHERE _lists > 1 LIMIT 100").fetchall():
+def _stacks(con, errors: list[dict[str, Any]], where: str, path: Path) -> dict[str, Any]:
+    """Write ``stacks`` to ``path``: one row per distinct stack id of the buckets (``bucket_stacks``) and of
+    the heap snapshots (``heapsnap`` gives them ids by the same hash), sorted by id. Two different frame
+    lists with one id (a 62-bit collision, or a hostile file) keep the list of the lower id check and are
+    reported in ``errors``; their events cannot be told apart.
+
+    Which list each id keeps is decided on the (id, check) pairs alone, and the frames are written straight
+    from the two sources: grouping the frame lists themselves and writing the grouped table cost twice
+    as much (1 GB synth trace with 250,000 distinct stacks: 0.49 -> 0.21-0.28 s, on the critical path
+    after the heap-snapshot assembly)."""
+    pairs = """SELECT stack_id, id_check FROM bucket_stacks
+               UNION SELECT stack_id, id_check FROM _heapsnap_stacks WHERE stack_id IS NOT NULL"""
+    con.execute(f"CREATE TEMP TABLE stack_lists AS SELECT stack_id, min(id_check) AS id_check, count(*) AS lists "
+                f"FROM ({pairs}) GROUP BY stack_id")
+    for stack_id, lists in con.execute("SELECT stack_id, lists FROM stack_lists WHERE lists > 1 "
+                                       "ORDER BY stack_id LIMIT 100").fetchall():
         errors.append({"file": where, "buffer_index": -1, "file_offset": -1, "record_offset": -1, "kind": "stack_hash",
                        "message": f"{where}: {lists} different frame lists share stack id {stack_id}; "
                                   "their events are attributed to the first"})
-    collisions = con.execute("SELECT count(*) FROM stacks WHERE _lists > 1").fetchone()[0]
-    return {"stacks": con.execute("SELECT count(*) FROM stacks").fetchone()[0], "stack_id_collisions": int(collisions)}
+    stacks, collisions = con.execute("SELECT count(*), count(*) FILTER (lists > 1) FROM stack_lists").fetchone()
+    # (each (id, check) pair once: the buckets' lists are distinct pairs, and so are the snapshots' own)
+    con.execute(f"""
+        COPY (SELECT stack_id, frames, len(frames)::INTEGER AS depth FROM (
+                  SELECT stack_id, frames FROM bucket_stacks SEMI JOIN stack_lists USING (stack_id, id_check)
+                  UNION ALL
+                  SELECT stack_id, frames FROM _heapsnap_stacks SEMI JOIN stack_lists USING (stack_id, id_check)
+                  ANTI JOIN bucket_stacks USING (stack_id, id_check))
+              ORDER BY stack_id)
+        TO '{path}' (FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL 1)""")
+    con.execute("DROP TABLE bucket_stacks")
+    con.execute("DROP TABLE stack_lists")
+    return {"stacks": int(stacks), "stack_id_collisions": int(collisions)}
 
 
