@@ -246,11 +246,8 @@ def test_set_aside_objects_stay_aside_at_exit_unless_duckdb_is_loaded():
     assert "leaked" not in out.stderr
 
 
-def _warm_state_task(_item):
-    return _warm_state()
-
-
-def _warm_state():
+def _warm_state(_item):
+    """A task: whether this worker has loaded the kernels, and whether its warm-up thread still runs."""
     import sys
     import threading
 
@@ -271,7 +268,7 @@ def test_workers_load_the_stages_kernels_before_the_first_task():
     K.group_by_code(np.zeros(4, np.int32), 1)           # compiled and cached by this process at least once
     with connect(ClusterConfig(mode="local", n_workers=1, memory_limit="1GiB"),
                  warm_up=["pipeline.decode.etl.kernels"]) as pool:
-        [(loaded, running)] = pool.map(_warm_state_task, [None])
+        [(loaded, running)] = pool.map(_warm_state, [None])
     assert loaded >= 1, "the worker did not load the cached kernels"
     assert not running, "a task ran while the worker's warm-up still ran"
 
