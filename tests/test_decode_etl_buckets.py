@@ -148,7 +148,8 @@ def test_buckets_cover_every_time_once(tmp_path):
 
 def test_key_references_take_the_first_definition_at_or_after_them():
     """``positions`` (a hash table from key to its run of definitions, a search inside the run) against a
-    brute-force search: keys defined several times, never, references before, between and after."""
+    brute-force search: keys defined several times, never, references before, between and after. And as
+    the keyed-sample tasks call it: only the rows of one side, each at its time plus its offset."""
     rng = np.random.default_rng(11)
     for _ in range(20):
         nd, nk = int(rng.integers(0, 2000)), int(rng.integers(1, 300))
@@ -161,9 +162,16 @@ def test_key_references_take_the_first_definition_at_or_after_them():
         if nd:                                  # half of them exactly at a definition of their key
             at = rng.integers(0, nd, 1500)
             key[:1500], ts[:1500] = d_key[at], d_ts[at]
-        got = buckets.positions(key, ts, buckets.index_defs({"key": d_key, "timestamp": d_ts}))
+        defs = buckets.index_defs({"key": d_key, "timestamp": d_ts, "n": np.zeros(nd, np.int32)})
+        got = buckets.positions(key, ts, defs)
         want = [next(iter(np.flatnonzero((d_key == k) & (d_ts >= t))), -1) for k, t in zip(key, ts)]
         assert got.tolist() == want
+        sides = rng.integers(0, 4, 3000).astype(np.uint8)
+        dt = rng.integers(0, 40, 3000).astype(np.uint16)
+        got = np.full(3000, -1, np.int64)
+        buckets.first_at_or_after(key, ts - dt, dt, sides, 2, d_ts, defs["index"].slots, defs["index"].a,
+                                  defs["run_lo"], defs["run_hi"], got)
+        assert got.tolist() == [w if s & 2 else -1 for w, s in zip(want, sides)]
 
 
 def _piece_hash(frames: list[int]) -> tuple[int, int, int]:

@@ -41,7 +41,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.decode.etl.batch import PairSet, to_ns, unique_pairs
-from pipeline.decode.etl.kernels import JIT, POLY_B1, POLY_B2, _pair_slot, poly_pow, stack_ids
+from pipeline.decode.etl.kernels import JIT, POLY_B1, POLY_B2, _finish, _pair_slot, poly_pow, stack_ids
 
 #: Scratch tables that partitions write for the bucket joins: table -> time column.
 BUCKETED = {"_samples": "timestamp", "_pieces": "event_ts", "_keyed_refs": "event_ts", "_virtual_allocs": "timestamp",
@@ -521,11 +521,28 @@ def settle_keyed_samples(samples: pa.Table, refs: pa.Table, rbuf: np.ndarray,
     return out, rest, refs.filter(pa.array(left)), int(refs.num_rows - left.sum())
 
 
+def defined_stacks(defs: dict, k_at: np.ndarray, u_at: np.ndarray, sid: np.ndarray, check: np.ndarray) -> Stacks:
+    """The distinct stacks of rows whose pieces are the definitions ``k_at`` and ``u_at`` (positions in
+    ``defs``, -1 for none), with their pieces in order."""
+    rows = np.flatnonzero(sid >= 0)
+    if not len(rows):
+        return Stacks.empty()
+    first, _ = unique_pairs(k_at[rows].view(np.uint64), u_at[rows].view(np.uint64))
+    r = rows[first]
+    ka, ua = k_at[r], u_at[r]
+    d = {"stack_id": sid[r], "id_check": check[r]}
+    for prefix, at in (("k_", ka), ("u_", ua)):
+        has = at >= 0
+        for field, source in (("h1", defs["h1"]), ("h2", defs["h2"]), ("n", defs["n"])):
+            d[prefix + field] = np.where(has, source[np.where(has, at, 0)], 0).astype(source.dtype)
+    return adopted_stacks(d, np.arange(len(r)))
+
+
 def keyed_samples_task(task: dict[str, Any]) -> dict[str, Any]:
     """The final ``samples`` rows of one partition's samples settled by their stack keys
-    (``settle_keyed_samples``): each reference takes the first definition of its key at or after it
-    (``first_at_or_after``, as ``resolve_keys`` does for the buckets), the two pieces' hashes make the stack
-    id as a group of those pieces would get it in a bucket, and the rows are written in record order
+    (``settle_keyed_samples``): each reference takes the first definition of its key at or after it, as
+    ``resolve_keys`` does for the buckets, and the two pieces' hashes make the stack id as a group of those
+    pieces would get it in a bucket (``defined_ids``); the rows are written in record order
     (``keyed-<partition>.parquet``) with their distinct stacks (writer ``task["writer"]``)."""
     from pipeline.decode.etl.partition import reuse_freed_memory, write_stacks_once
 
@@ -534,33 +551,29 @@ def keyed_samples_task(task: dict[str, Any]) -> dict[str, Any]:
         t = pa.Table.from_batches([reader.get_batch(i) for i in range(reader.num_record_batches)], reader.schema)
         n = t.num_rows
         defs = load_defs(task["stack_defs"])
+        index = defs["index"]
         ts, sides = _np(t, "timestamp"), _np(t, "sides")
-        hashes, unresolved = {}, 0
+        at = {}
         for prefix, bit in (("k_", 1), ("u_", 2)):
-            rows = np.flatnonzero(sides & bit)
-            h1, h2, cnt = np.zeros(n, np.uint64), np.zeros(n, np.uint64), np.zeros(n, np.int64)
-            h1[rows], h2[rows], cnt[rows], found = definitions(
-                _np(t, prefix + "key")[rows], ts[rows] + _np(t, prefix + "dt")[rows], defs)
-            unresolved += int(len(rows) - found.sum())
-            hashes[prefix] = (h1, h2, cnt)
-        h1, h2, cnt = np.empty(n, np.uint64), np.empty(n, np.uint64), np.empty(n, np.int64)
-        adopted_hashes(*hashes["k_"], *hashes["u_"], h1, h2, cnt)
+            at[prefix] = np.full(n, -1, np.int64)
+            first_at_or_after(_np(t, prefix + "key"), ts, _np(t, prefix + "dt"), sides, bit, defs["timestamp"],
+                              index.slots, index.a, defs["run_lo"], defs["run_hi"], at[prefix])
+        k_at, u_at = at["k_"], at["u_"]
+        unresolved = int(((sides & 1).astype(np.bool_) & (k_at < 0)).sum() + ((sides & 2).astype(np.bool_) & (u_at < 0)).sum())
         sid, check = np.empty(n, np.int64), np.empty(n, np.uint64)
-        stack_ids(h1, h2, cnt, sid, check)
-        stack = np.where(cnt > 0, sid, -1)
-        pid = _np(t, "pid")
+        defined_ids(k_at, u_at, defs["h1"], defs["h2"], defs["n"], defs["pow1"], defs["pow2"], sid, check)
         table = pa.table({
             "timestamp": t.column("timestamp"), "timestamp_ns": to_ns(ts, *task["clock"]), "cpu": t.column("cpu"),
-            "tid": t.column("tid"), "pid": t.column("pid"), "ip": t.column("ip"), "stack_id": _stack_column(stack),
+            "tid": t.column("tid"), "pid": t.column("pid"), "ip": t.column("ip"), "stack_id": _stack_column(sid),
             "stream_pos": t.column("stream_pos")}).cast(OUTPUT_SCHEMAS["samples"])
         path = write_final(table, Path(task["out_dir"]) / "samples.parquet", task["part"], prefix="keyed-",
                            extra_delta=("stream_pos",))
-        (kh1, kh2, kn), (uh1, uh2, un) = hashes["k_"], hashes["u_"]
-        per_row = dict(zip(ADOPTED_FIELDS, (sid, check, kh1, kh2, kn.astype(np.int32), uh1, uh2, un.astype(np.int32), pid)))
-        # (each distinct stack once per worker: the tasks of a trace with varied stacks repeat most of them)
-        write_stacks_once(adopted_stacks(per_row, np.where(cnt > 0, np.arange(n), -1)), task["writer"],
+        # The distinct stacks, from one row per distinct pair of definitions (not from every row: ~300,000 rows
+        # a task). Each distinct stack is written once per worker: the tasks of a trace with varied stacks
+        # repeat most of them.
+        write_stacks_once(defined_stacks(defs, k_at, u_at, sid, check), task["writer"],
                           f"keyed-{task['part']:05d}", Path(task["scratch_dir"]))
-    with_stack = int((stack >= 0).sum())
+    with_stack = int((sid >= 0).sum())
     return {"bucket": task["writer"], "tables": {"samples": path}, "rows_in": {KEYED_SAMPLES: n}, "groups": 0,
             "samples": n, "samples_with_stack": with_stack, "samples_with_stack_records": n, "samples_adopted_stacks": n,
             "samples_settled_by_keys": n, "stack_keys_unresolved": unresolved, "adopted_stacks_rejoined": 0}
@@ -1188,12 +1201,19 @@ def load_defs(path: str) -> dict:
 
 def index_defs(defs: dict) -> dict:
     """``defs`` (sorted by key, then time) with the run of each key's definitions: ``run_lo``, ``run_hi``,
-    and ``index``, a hash table from key to run (a PairSet of (key, 0))."""
+    and ``index``, a hash table from key to run (a PairSet of (key, 0)); and ``pow1``, ``pow2``: the hash
+    bases to the power of each definition's frame count (``poly_pow``, for ``defined_ids``)."""
     k = defs["key"]
     lo = np.flatnonzero(np.r_[True, k[1:] != k[:-1]]) if len(k) else np.zeros(0, np.int64)
     index = PairSet()
     index.add(k[lo], np.zeros(len(lo), np.uint64))
-    return {**defs, "run_lo": lo, "run_hi": np.r_[lo[1:], len(k)].astype(np.int64), "index": index}
+    counts = np.asarray(defs["n"], np.int64)
+    top = int(counts.max()) + 1 if len(counts) else 1
+    # (powers modulo 2**64, as poly_pow computes them: numpy's unsigned products wrap)
+    power = {b: np.cumprod(np.r_[np.ones(1, np.uint64), np.full(top - 1, b, np.uint64)], dtype=np.uint64)
+             for b in (POLY_B1, POLY_B2)}
+    return {**defs, "run_lo": lo, "run_hi": np.r_[lo[1:], len(k)].astype(np.int64), "index": index,
+            "pow1": power[POLY_B1][counts], "pow2": power[POLY_B2][counts]}
 
 
 def positions(key: np.ndarray, ts: np.ndarray, defs: dict) -> np.ndarray:
@@ -1201,7 +1221,8 @@ def positions(key: np.ndarray, ts: np.ndarray, defs: dict) -> np.ndarray:
     of its key at or after it; -1 when there is none."""
     at = np.full(len(key), -1, np.int64)
     index = defs["index"]
-    first_at_or_after(key, ts, defs["timestamp"], index.slots, index.a, defs["run_lo"], defs["run_hi"], at)
+    first_at_or_after(key, ts, np.zeros(len(key), np.uint8), np.ones(len(key), np.uint8), 1, defs["timestamp"],
+                      index.slots, index.a, defs["run_lo"], defs["run_hi"], at)
     return at
 
 
@@ -1217,16 +1238,20 @@ def definitions(key: np.ndarray, ts: np.ndarray, defs: dict):
 
 
 @nb.njit(**JIT)
-def first_at_or_after(key, ts, d_ts, slots, index_key, run_lo, run_hi, out):
-    """``out[i]``: the first definition of ``key[i]`` with a time (``d_ts``) at or after ``ts[i]``; left as
-    it is when there is none. A key's definitions are the run [run_lo[j], run_hi[j]) of the definitions,
-    sorted by time, where j is the key's entry in the hash table ``slots``/``index_key`` (``index_defs``).
-    With a direct-mapped cache of 4,096 recent keys and two binary searches on a miss, a trace with
-    275,000 distinct stack keys spent 1.6 s here (13 M references)."""
+def first_at_or_after(key, ts, dt, sides, side, d_ts, slots, index_key, run_lo, run_hi, out):
+    """``out[i]``: the first definition of ``key[i]`` with a time (``d_ts``) at or after ``ts[i] + dt[i]``,
+    for the rows with bit ``side`` in ``sides``; left as it is for the others and when there is none. A
+    key's definitions are the run [run_lo[j], run_hi[j]) of the definitions, sorted by time, where j is the
+    key's entry in the hash table ``slots``/``index_key`` (``index_defs``). With a direct-mapped cache of
+    4,096 recent keys and two binary searches on a miss, a trace with 275,000 distinct stack keys spent
+    1.6 s here (13 M references). (One loop: with the search in a function of its own, called per row,
+    the same lookups took 14x longer.)"""
     mask = np.uint64(slots.shape[0] - 1)
     zero = np.uint64(0)
     for i in range(key.shape[0]):
-        k, t = key[i], ts[i]
+        if not sides[i] & side:
+            continue
+        k, t = key[i], ts[i] + np.int64(dt[i])
         s = _pair_slot(k, zero, mask)
         j = slots[s]
         while j >= 0 and index_key[j] != k:
@@ -1244,6 +1269,27 @@ def first_at_or_after(key, ts, d_ts, slots, index_key, run_lo, run_hi, out):
                 b = mid
         if a < hi:
             out[i] = a
+
+
+@nb.njit(**JIT)
+def defined_ids(k_at, u_at, d_h1, d_h2, d_n, d_pow1, d_pow2, sid, check):
+    """Stack id and check (``stack_ids``; id -1 without frames) of the kernel piece followed by the user
+    piece (``adopted_hashes``) given as positions in the definitions (``k_at``, ``u_at``; -1: none);
+    ``d_pow1``, ``d_pow2``: each definition's ``poly_pow`` of its frame count (``index_defs``)."""
+    for i in range(k_at.shape[0]):
+        ka, ua = k_at[i], u_at[i]
+        h1, h2, n = np.uint64(0), np.uint64(0), np.int64(0)
+        if ka >= 0:
+            h1, h2, n = d_h1[ka], d_h2[ka], np.int64(d_n[ka])
+        if ua >= 0:
+            h1 = h1 * d_pow1[ua] + d_h1[ua]
+            h2 = h2 * d_pow2[ua] + d_h2[ua]
+            n += np.int64(d_n[ua])
+        if n > 0:
+            sid[i] = np.int64(_finish(h1, n, np.uint64(0x2545F4914F6CDD1D)) >> np.uint64(2))
+            check[i] = _finish(h2, n, np.uint64(0x94D049BB133111EB))
+        else:
+            sid[i], check[i] = -1, 0
 
 
 def thread_slots(threads_path: str):
