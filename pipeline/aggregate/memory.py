@@ -84,12 +84,12 @@ def _commit(ctx) -> dict[str, Any]:
                                    OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)))::BIGINT AS bytes
         FROM frees f JOIN commits c ON c.event = f.commit_event
         WINDOW w AS (PARTITION BY f.commit_event ORDER BY f.event)""")
-    resolve.assign_units(con, ctx, f"""(SELECT c.*, coalesce(r.bytes, 0) AS returned_bytes FROM commits c
+    resolve.assign_units(con, ctx, """(SELECT c.*, coalesce(r.bytes, 0) AS returned_bytes FROM commits c
         LEFT JOIN (SELECT commit_event, sum(bytes) AS bytes FROM returned GROUP BY 1) r ON r.commit_event = c.event)""",
                          "cm")
     weights = """SELECT unit_id, count(*)::BIGINT AS allocs, sum(size)::BIGINT AS commit_bytes,
                         sum(size - returned_bytes)::BIGINT AS outstanding_bytes FROM cm GROUP BY unit_id"""
-    _copy(ctx, con, COMMIT_BY_STACK, f"""
+    _copy(ctx, con, COMMIT_BY_STACK, """
         SELECT c.stack_id, st.folded, count(*)::BIGINT AS allocs, sum(c.size)::BIGINT AS commit_bytes,
                sum(c.returned_bytes)::BIGINT AS returned_bytes, sum(c.size - c.returned_bytes)::BIGINT AS outstanding_bytes
         FROM cm c LEFT JOIN cm_stacks st USING (unit_id) GROUP BY ALL""", "commit_bytes DESC, stack_id, folded")

@@ -25,7 +25,7 @@ def aggregate(ctx) -> dict[str, Any] | None:
         con.execute("CREATE VIEW samples AS SELECT NULL::BIGINT AS pid, NULL::BIGINT AS timestamp_ns WHERE false")
     if "threads" not in tables:
         con.execute("CREATE VIEW threads AS SELECT NULL::BIGINT AS pid, NULL::BIGINT AS first_seen_ns WHERE false")
-    con.execute(f"""
+    con.execute("""
         CREATE TABLE tree AS
         WITH own AS (
             SELECT p.process_key, count(*)::BIGINT AS samples

@@ -23,7 +23,6 @@ summed per crate and for the whole build:
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from pipeline.aggregate.resolve import CMD_CRATE_SQL, duckdb_for

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 SCRATCH_TABLES = ("_process_events", "_thread_events", "_image_events", "_image_id_info", "_image_id_dbg",
