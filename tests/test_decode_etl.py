@@ -195,6 +195,30 @@ def test_truncated_file_decodes_what_is_there(tmp_path):
     assert read_manifest(run_dir, "decoded")["etl"]["records"] > 0
 
 
+def test_header_times_that_cannot_be_times_are_errors_not_crashes(tmp_path):
+    """A logfile header whose StartTime and BootTime are beyond any date (a fuzzed header crashed the stage
+    after every table was decoded): their UTC columns are empty, an error row names each field's offset,
+    and the events decode as from the clean file. A zero EndTime is "not set", not an error."""
+    clean = _run(fixture_path("etl/airbus/AMSITrace.etl"), tmp_path / "clean")
+    src = _copy("airbus/AMSITrace.etl", tmp_path)
+    data = bytearray(src.read_bytes())
+    at = {name: L.LOGFILE_PAYLOAD_FILE_OFFSET + L.LOGFILE[name][0] for name in L.LOGFILE_TIMES}
+    data[at["start_time_filetime"]:at["start_time_filetime"] + 8] = (L.MAX_FILETIME + 1).to_bytes(8, "little")
+    data[at["boot_time_filetime"]:at["boot_time_filetime"] + 8] = (-5).to_bytes(8, "little", signed=True)
+    data[at["end_time_filetime"]:at["end_time_filetime"] + 8] = bytes(8)
+    src.write_bytes(bytes(data))
+    run_dir = _run(src, tmp_path)
+    errors = read_table(run_dir, "decoded", "errors").to_pylist()
+    assert [(e["kind"], e["buffer_index"], e["file_offset"]) for e in errors] == [
+        ("header", 0, at["start_time_filetime"]), ("header", 0, at["boot_time_filetime"])]
+    assert all(str(src) in e["message"] and "is not a time" in e["message"] for e in errors)
+    trace = read_table(run_dir, "decoded", "trace").to_pylist()[0]
+    assert (trace["start_utc"], trace["end_utc"], trace["boot_utc"]) == (None, None, None)
+    assert trace["start_filetime"] == L.MAX_FILETIME + 1 and trace["buffers_skipped"] == 0
+    counts = lambda r: sorted(read_table(r, "decoded", "event_counts").to_pylist(), key=str)  # noqa: E731
+    assert counts(run_dir) == counts(clean)
+
+
 def test_corrupt_records_and_compressed_buffers_are_skipped_and_counted(tmp_path):
     src = _copy("perfview-net452-x64/net.4.5.2.x64.etl", tmp_path)
     data = bytearray(src.read_bytes())

@@ -50,7 +50,9 @@ def stream_ranks(bufs: np.ndarray) -> np.ndarray:
 
 
 def filetime_to_utc(ft: int) -> _dt.datetime | None:
-    if ft <= 0:
+    """A FILETIME (100 ns since 1601) as UTC; None when it is 0 or cannot be a time (``buffers.read_header``
+    reports the latter)."""
+    if not 0 < ft <= L.MAX_FILETIME:
         return None
     return _dt.datetime(1601, 1, 1, tzinfo=_dt.timezone.utc) + _dt.timedelta(microseconds=ft // 10)
 
@@ -92,7 +94,7 @@ def decode_etl(path: Path, out, cfg, pool) -> dict[str, Any]:
     small.close()
     t_parts = time.time()
 
-    errors = list(header.walk_errors)
+    errors = list(header.walk_errors) + header.field_errors
     for r in results:
         errors.extend(r["errors"])
     write_event_counts(out, results)

@@ -48,7 +48,8 @@ class TraceHeader:
     perf_freq: int          # clock ticks per second (after ClockType)
     logger_name: str
     log_file_name: str
-    walk_errors: list[dict[str, Any]] = field(default_factory=list)
+    walk_errors: list[dict[str, Any]] = field(default_factory=list)     # each ended the chain: a buffer skipped
+    field_errors: list[dict[str, Any]] = field(default_factory=list)    # header fields that cannot be what they say
 
 
 def _read_logfile_header(path: Path, head: bytes, file_size: int) -> TraceHeader:
@@ -79,7 +80,12 @@ def _read_logfile_header(path: Path, head: bytes, file_size: int) -> TraceHeader
     if freq <= 0:
         raise InputError(f"{path}: buffer 0, byte offset 0x{base + L.LOGFILE['perf_freq'][col]:x}: "
                          f"clock frequency {freq} (ClockType {clock}) is not usable")
-    return TraceHeader(str(path), file_size, P, fields, header_ts, freq, names[0], names[1])
+    header = TraceHeader(str(path), file_size, P, fields, header_ts, freq, names[0], names[1])
+    for name in L.LOGFILE_TIMES:
+        if not 0 <= fields[name] <= L.MAX_FILETIME:        # (0: not set; the UTC column is then empty too)
+            header.field_errors.append(_err(path, 0, base + L.LOGFILE[name][col], "header",
+                                           f"{name} {fields[name]} is not a time; its UTC column is left empty"))
+    return header
 
 
 def _utf16_strings(raw: bytes, n: int) -> list[str]:

@@ -64,6 +64,9 @@ LOGFILE = {
     "clock_type": (0x110, 0x108, "<u4"),
     "buffers_lost": (0x114, 0x10C, "<u4"),
 }
+#: The FILETIME fields of the logfile header, and the last FILETIME a date can hold (9999-12-31, 100 ns units).
+LOGFILE_TIMES = ("start_time_filetime", "end_time_filetime", "boot_time_filetime")
+MAX_FILETIME = 2_650_467_743_999_999_999
 LOGFILE_HEADER_SIZE = {8: 0x118, 4: 0x110}  # fixed part; LoggerName and LogFileName (UTF-16) follow
 LOG_FILE_MODE_COMPRESSED = 0x04000000
 
