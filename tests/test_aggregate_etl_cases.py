@@ -75,7 +75,7 @@ def samples():
     # (t, pid, ip, stack_id)
     rows = [(500, 100, BASE + 0x10, 0)] * 3 + [(2500, 100, BASE + 0x10, 0)] * 5 + [(2600, 100, BASE + 0x10, 1)] * 2 \
         + [(2700, 100, BASE + 0x100010, 2), (2800, 100, 0xDEAD0000, 3), (2900, 100, BASE + 0x20, None),
-           (100, 7, 0x1234, None)]
+           (100, 7, 0x1234, None), (3000, None, 0x4321, None)]    # the last: no process (a damaged trace)
     cols = list(zip(*rows))
     return pa.table({"timestamp_ns": pa.array(cols[0], I64), "cpu": pa.array([0] * len(rows), pa.uint16()),
                      "tid": pa.array([1] * len(rows), U32), "pid": pa.array(cols[1], U32),
@@ -142,9 +142,9 @@ def test_inlined_leaf_recursion_and_missing_symbols(run):
     assert fns[("nosym.dll", "nosym.dll+0x10")]["self_samples"] == 1
     assert fns[(None, "0xdead0000")]["self_samples"] == 1
     assert fns[("new.dll", "new::main")]["self_samples"] == 1           # the sample without a stack: its ip
-    assert fns[(None, "0x1234")]["self_samples"] == 1
+    assert fns[(None, "0x1234")]["self_samples"] == 1 and fns[(None, "0x4321")]["self_samples"] == 1
     assert {r["crate"] for r in fns.values()} == {"old", "new", None}
-    assert sum(r["self_samples"] for r in fns.values()) == 14
+    assert sum(r["self_samples"] for r in fns.values()) == 15
     modules = by(run, "cpu_by_module", "module")
     assert modules[("new.dll",)]["inclusive_samples"] == 10 and modules[("nosym.dll",)]["self_samples"] == 1
     folded = {r["stack"]: r["samples"] for r in read_table(run, "aggregated", "cpu_folded").to_pylist()}
@@ -154,6 +154,7 @@ def test_inlined_leaf_recursion_and_missing_symbols(run):
     assert folded["rustc.exe alpha;old.dll!old::main;old.dll!old::leaf"] == 3
     assert folded["rustc.exe beta;new.dll!new::main;nosym.dll+0x10"] == 1
     assert folded["cargo.exe;0x1234"] == 1
+    assert folded["[unknown process];0x4321"] == 1 and None not in folded     # (a null stack broke the report)
 
 
 def test_commit_frees_and_peak(run):

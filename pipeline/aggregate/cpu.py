@@ -26,8 +26,10 @@ BY_FUNCTION = "cpu_by_function"
 BY_CODE_CRATE = "cpu_by_code_crate"
 FOLDED = "cpu_folded"
 
-#: Frame at the root of each folded stack: the program, plus the compiled crate for rustc.
-PROCESS_FRAME_SQL = "coalesce(nullif(p.image_name, ''), 'pid ' || p.pid) || coalesce(' ' || p.crate, '')"
+#: Frame at the root of each folded stack: the program, plus the compiled crate for rustc; events whose process
+#: is not known (no process id, e.g. a sample without a stack in a damaged trace) go under one root of their own.
+PROCESS_FRAME_SQL = ("coalesce(nullif(p.image_name, ''), 'pid ' || p.pid, '[unknown process]') "
+                     "|| coalesce(' ' || p.crate, '')")
 
 
 def aggregate(ctx) -> dict[str, Any] | None:
