@@ -559,7 +559,7 @@ def keyed_samples_task(task: dict[str, Any]) -> dict[str, Any]:
             first_at_or_after(_np(t, prefix + "key"), ts, _np(t, prefix + "dt"), sides, bit, defs["timestamp"],
                               index.slots, index.a, defs["run_lo"], defs["run_hi"], at[prefix])
         k_at, u_at = at["k_"], at["u_"]
-        unresolved = int(((sides & 1).astype(np.bool_) & (k_at < 0)).sum() + ((sides & 2).astype(np.bool_) & (u_at < 0)).sum())
+        unresolved = int((((sides & 1) > 0) & (k_at < 0)).sum() + (((sides & 2) > 0) & (u_at < 0)).sum())
         sid, check = np.empty(n, np.int64), np.empty(n, np.uint64)
         defined_ids(k_at, u_at, defs["h1"], defs["h2"], defs["n"], defs["pow1"], defs["pow2"], sid, check)
         table = pa.table({
