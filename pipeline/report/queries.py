@@ -246,7 +246,8 @@ def trace_js_of_part(part: str, out_dir: str, files: dict[int, dict], max_events
         parent = ft["parent"].to_numpy()[idx]
         parent = np.where(parent >= 0, new_index[np.maximum(parent, 0)], -1)
         label, kind = ft["label"].chunk(0), ft["kind"].chunk(0)
-        hits = invocation_hits(kind, ft["string_id"].to_numpy(), ft["value"].to_numpy(zero_copy_only=False))[idx]
+        # (a count without a value, as in a damaged file, counts 0)
+        hits = invocation_hits(kind, ft["string_id"].to_numpy(), ft["value"].fill_null(0).to_numpy())[idx]
         meta = files.get(fid, {})
         data = {
             "file_id": fid, "crate": meta.get("crate"), "pid": meta.get("pid"), "total_ns": meta.get("total_ns"),
@@ -277,7 +278,10 @@ def invocation_hits(kind, string_id, value):
         return out
     counts = (codes == names.index("QueryCacheHitCount")) & (string_id <= MAX_VIRTUAL_STRING_ID)
     ids, inverse = np.unique(string_id[counts], return_inverse=True)
-    totals = np.bincount(inverse, weights=value[counts].astype(np.float64)).astype(np.int64) if len(ids) else ids
+    # (summed as integers: a float sum loses counts above 2**53 and cannot be cast back when a damaged file
+    # holds an absurd one)
+    totals = np.zeros(len(ids), np.int64)
+    np.add.at(totals, inverse.ravel(), value[counts].astype(np.int64, copy=False))
     query = np.nonzero((codes == names.index("Query")) & (string_id <= MAX_VIRTUAL_STRING_ID))[0]
     # Some invocations share an index (e.g. DepNodeIndex 0): hits of a shared id are not attributed.
     qids, qcount = np.unique(string_id[query], return_counts=True)
