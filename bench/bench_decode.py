@@ -208,7 +208,6 @@ def decode(trace: Path, workers: int, tag: str, runs: int = 3, mode: str = "loca
     median["rss"] = max(r["rss"] for r in done)
     median["best_stage_s"] = stage(by_stage[0])
     median["first_seconds"] = done[0]["seconds"]
-    median["runs"] = len(done)
     return median
 
 
