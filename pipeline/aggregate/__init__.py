@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pipeline.aggregate import cpu, memory, processes, queries
-from pipeline.errors import ConfigError
+from pipeline.errors import out_of_memory
 from pipeline.runs import has_table, read_manifest, stage_dir, stage_output, table_path
 
 STAGE = "aggregated"
@@ -68,7 +68,5 @@ def _run_section(section: Callable[[Context], dict[str, Any] | None], ctx: Conte
     try:
         return section(ctx)
     except duckdb.OutOfMemoryException as exc:
-        detail = str(exc).splitlines()[0]
-        raise ConfigError(f"{ctx.run_dir}: the aggregate section '{section_name(section)}' needs more memory than "
-                          f"aggregate.memory_limit ({ctx.config.aggregate.memory_limit}) gives it; raise it. "
-                          f"DuckDB: {detail}") from None
+        raise out_of_memory(ctx.run_dir, f"the aggregate section '{section_name(section)}'", "aggregate.memory_limit",
+                            ctx.config.aggregate.memory_limit, exc) from None

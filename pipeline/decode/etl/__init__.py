@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from pipeline.decode.etl import layout as L
 from pipeline.decode.etl.buffers import walk
-from pipeline.errors import ConfigError
+from pipeline.errors import out_of_memory
 
 
 def plan_partitions(bufs: np.ndarray, partition_bytes: int) -> list[np.ndarray]:
@@ -119,11 +119,9 @@ def decode_etl(path: Path, out, cfg, pool) -> dict[str, Any]:
         try:
             joined = joins.finish(out, scratch, header, cfg, pool, results, errors, snapshots_done)
         except duckdb.OutOfMemoryException as exc:
-            # DuckDB spills most of its work to disk, but not all of it: the stage fails (nothing written) with
-            # the setting to change, not a traceback.
-            detail = str(exc).splitlines()[0]
-            raise ConfigError(f"{path}: the whole-trace joins need more memory than decode.join_memory_limit "
-                              f"({cfg.join_memory_limit}) gives them; raise it. DuckDB: {detail}") from None
+            # (the stage fails, nothing written, with the setting to change)
+            raise out_of_memory(path, "the whole-trace joins", "decode.join_memory_limit", cfg.join_memory_limit,
+                                exc) from None
     shutil.rmtree(scratch, ignore_errors=True)
 
     skipped = sum(r["buffers_skipped"] for r in results) + len(header.walk_errors)
