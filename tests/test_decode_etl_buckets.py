@@ -54,6 +54,8 @@ def test_tables_do_not_depend_on_partition_or_bucket_size(synth_traces, dask_poo
             a, b = a.sort_by(ORDER), b.sort_by(ORDER)
         assert a.equals(b), table
     _only_common_encodings(runs["default"])
+    for run in runs.values():
+        _every_part_has_the_output_schema(run)
     samples = read_table(runs["tiny"], "decoded", "samples")
     assert samples.column("stack_id").null_count < samples.num_rows // 10
     for key in ("samples", "samples_with_stack", "stacks", "stack_keys", "stack_keys_unresolved"):
@@ -378,6 +380,20 @@ def test_record_walk_sized_from_an_estimate_equals_the_counted_walk():
 #: Parquet encodings every DuckDB 1.x and pyarrow reads (BYTE_STREAM_SPLIT on integers, for one, needs a
 #: DuckDB from mid-2026).
 COMMON_ENCODINGS = {"PLAIN", "RLE", "BIT_PACKED", "PLAIN_DICTIONARY", "RLE_DICTIONARY", "DELTA_BINARY_PACKED"}
+
+
+def _every_part_has_the_output_schema(run):
+    """Every part of the per-event tables, whoever wrote it (a partition, a keyed-sample task, a bucket, the
+    empty table of a trace without such rows), has the table's schema, NOT NULL columns included, so that
+    a reader of the whole directory sees one schema."""
+    for table, schema in buckets.OUTPUT_SCHEMAS.items():
+        target = run / "decoded" / f"{table}.parquet"
+        parts = sorted(target.glob("*.parquet")) if target.is_dir() else [target]
+        assert parts, table
+        for part in parts:
+            assert pq.read_schema(part).remove_metadata().equals(schema), part
+    assert not buckets.OUTPUT_SCHEMAS["samples"].field("ip").nullable
+    assert buckets.OUTPUT_SCHEMAS["samples"].field("stack_id").nullable
 
 
 def _only_common_encodings(run):
