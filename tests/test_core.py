@@ -234,6 +234,35 @@ def test_cli_decode_with_a_local_cluster_ends_cleanly(tmp_path):
     assert out.stderr == ""
 
 
+def _log_as_distributed_worker(_item):
+    """A task: log what distributed logs when a heartbeat meets a closing scheduler, and another error."""
+    import logging
+
+    log = logging.getLogger("distributed.worker")
+    try:
+        raise OSError("stream closed")
+    except OSError:
+        log.exception("Failed to communicate with scheduler during heartbeat.")
+        log.exception("another worker error")
+    return True
+
+
+def test_local_workers_keep_quiet_about_a_closing_scheduler():
+    """A local worker drops the heartbeat error that distributed logs (with a traceback) when the cluster
+    closes during a heartbeat, and logs every other error as before: on stderr, which a worker shares
+    with the command."""
+    code = ("from pipeline.cluster import connect\n"
+            "from pipeline.config import ClusterConfig\n"
+            "from tests.test_core import _log_as_distributed_worker\n"
+            "if __name__ == '__main__':\n"
+            "    with connect(ClusterConfig(mode='local', n_workers=1, memory_limit='1GiB')) as pool:\n"
+            "        print(pool.map(_log_as_distributed_worker, [None]))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[True]", out.stderr
+    assert "another worker error" in out.stderr
+    assert "heartbeat" not in out.stderr
+
+
 def test_set_aside_objects_stay_aside_at_exit_unless_duckdb_is_loaded():
     """A worker keeps its objects out of the collector as it exits (teardown has nothing to scan); a
     process with DuckDB gives them back first (its bindings report objects teardown never finalized)."""
