@@ -395,7 +395,7 @@ def settle_samples(samples: pa.Table, others: list[tuple[np.ndarray, np.ndarray]
     a = idx[done]
     keep = pa.array(final)
     s = samples.select(["timestamp", "cpu", "tid", "ip", "stream_pos"]).filter(keep)      # (arrow: 5x numpy's take)
-    out = final_table("samples", {
+    out = pa.table({
         "timestamp": s.column("timestamp"), "timestamp_ns": to_ns(_np(s, "timestamp"), *clock), "cpu": s.column("cpu"),
         "tid": s.column("tid"), "pid": d["pid"][a], "ip": s.column("ip"), "stack_id": _stack_column(d["stack_id"][a]),
         "stream_pos": s.column("stream_pos")})
@@ -449,7 +449,7 @@ def settle_heap_events(heap: pa.Table, refs: pa.Table, rbuf: np.ndarray, others:
     a = c.codes[done]
     keep = pa.array(final)
     out = heap.select(HEAP_COLUMNS).filter(keep).append_column("stack_id", _stack_column(c.d["stack_id"][a]))
-    return (out.cast(OUTPUT_SCHEMAS["heap_events"]), heap.filter(pc.invert(keep)), c.left(c.pieces_of(done)),
+    return (out, heap.filter(pc.invert(keep)), c.left(c.pieces_of(done)),
             adopted_stacks(c.d, a))
 
 
@@ -562,7 +562,7 @@ def keyed_samples_task(task: dict[str, Any]) -> dict[str, Any]:
         unresolved = int((((sides & 1) > 0) & (k_at < 0)).sum() + (((sides & 2) > 0) & (u_at < 0)).sum())
         sid, check = np.empty(n, np.int64), np.empty(n, np.uint64)
         defined_ids(k_at, u_at, defs["h1"], defs["h2"], defs["n"], defs["pow1"], defs["pow2"], sid, check)
-        table = final_table("samples", {
+        table = pa.table({
             "timestamp": t.column("timestamp"), "timestamp_ns": to_ns(ts, *task["clock"]), "cpu": t.column("cpu"),
             "tid": t.column("tid"), "pid": t.column("pid"), "ip": t.column("ip"), "stack_id": _stack_column(sid),
             "stream_pos": t.column("stream_pos")})
@@ -845,7 +845,7 @@ def thread_pids(ts, tid, u_tid, u_start, s_t0, s_t1, s_next, s_pid, out, has):
 #: The tables the event tasks write (an empty file when a trace has no such rows). Every column is NOT NULL
 #: (a parquet REQUIRED column) but those named in ``NULLABLE``: a part need not encode definition levels for
 #: them, which took ~10 % of writing a partition's ``samples`` (2.5 of 15 ms a part here), and a reader knows
-#: that they have no nulls. Every part of a table has this schema (``final_table``).
+#: that they have no nulls. Every part of a table is written with this schema (``write_final``).
 NULLABLE = {"samples": ("pid", "stack_id"), "virtual_allocs": ("tid", "stack_id"), "heap_events": ("stack_id",),
             "event_stacks": ("stack_id",)}
 
@@ -871,11 +871,6 @@ OUTPUT_SCHEMAS = {
         ("timestamp", pa.int64()), ("timestamp_ns", pa.int64()), ("cpu", pa.uint16()), ("stream_pos", pa.int64()),
         ("tid", pa.uint32()), ("stack_id", pa.int64())]),
 }
-
-
-def final_table(table: str, columns: dict[str, Any]) -> pa.Table:
-    """Rows of the output table ``table`` (column name -> array) with its schema (``OUTPUT_SCHEMAS``)."""
-    return pa.table(columns).cast(OUTPUT_SCHEMAS[table])
 
 
 # --- bucket tasks ----------------------------------------------------------------------------------------
@@ -1127,7 +1122,7 @@ def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
         tpid, has = np.zeros(len(ts), np.uint32), np.zeros(len(ts), np.bool_)
         thread_pids(ts, tid, *threads, tpid, has)
         pid = np.where(with_records, group_pid, tpid).astype(np.uint32)
-        table = final_table("samples", {
+        table = pa.table({
             "timestamp": s.column("timestamp"), "timestamp_ns": to_ns(ts, *task["clock"]), "cpu": s.column("cpu"),
             "tid": s.column("tid"), "pid": pa.array(pid, pa.uint32(), mask=~has & ~with_records), "ip": s.column("ip"),
             "stack_id": _stack_column(stack), "stream_pos": s.column("stream_pos"),
@@ -1154,7 +1149,7 @@ def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
         gi[vtid < 0] = -1
         stack = groups.stack[gi]
         free = _np(v, "is_free", np.bool_)
-        table = final_table("virtual_allocs", {
+        table = pa.table({
             "timestamp": v.column("timestamp"), "timestamp_ns": v.column("timestamp_ns"), "cpu": v.column("cpu"),
             "pid": v.column("pid"), "tid": pa.array(np.maximum(vtid, 0).astype(np.uint32), mask=vtid < 0),
             "base": v.column("base"), "size": v.column("size"), "flags": v.column("flags"),
@@ -1167,14 +1162,13 @@ def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
         gi = groups.match(_np(h, "timestamp"), _np(h, "tid"))
         stack = groups.stack[gi]
         table = h.select(HEAP_COLUMNS).append_column("stack_id", _stack_column(stack))
-        table = table.cast(OUTPUT_SCHEMAS["heap_events"])      # kind: dictionary in scratch, text here
         written["heap_events"] = write_final(table, out_dir / "heap_events.parquet", k)
 
     if e is not None:
         gi = groups.match(_np(e, "timestamp"), _np(e, "tid"))
         stack = groups.stack[gi]
         table = e.select(["timestamp", "timestamp_ns", "cpu", "stream_pos", "tid"]).append_column(
-            "stack_id", _stack_column(stack)).cast(OUTPUT_SCHEMAS["event_stacks"])
+            "stack_id", _stack_column(stack))
         written["event_stacks"] = write_final(table, out_dir / "event_stacks.parquet", k)
     return result
 
@@ -1333,6 +1327,10 @@ def _sorted_rows(paths: list[str], lo: int, hi: int) -> pa.Table | None:
 
 
 def write_final(table: pa.Table, directory: Path, k: int, prefix: str = "part-", extra_delta: tuple[str, ...] = ()) -> str:
+    """One part of the output table that ``directory`` holds (``<table>.parquet``), cast to that table's schema
+    (``OUTPUT_SCHEMAS``: its NOT NULL columns, and text for the dictionary columns of scratch, e.g. heap
+    events' ``kind``); returns its path."""
+    table = table.cast(OUTPUT_SCHEMAS[directory.name.removesuffix(".parquet")])
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / f"{prefix}{k:05d}.parquet"
     # Dictionary pages for text, and for stack ids and instruction pointers (few distinct values per
