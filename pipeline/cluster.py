@@ -7,9 +7,11 @@ statistics, never bulk bytes. ``map_tasks`` is the one place that fans work out,
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
+import threading
 from typing import Any, Callable, Iterable, Iterator
 
 from pipeline import warmup
@@ -24,6 +26,9 @@ log = logging.getLogger(__name__)
 #: reuses it: the worker touched 543 -> 307-340 MB of fresh pages decoding a 1 GB trace. (Never purging,
 #: -1, did as well, but then ``release_unused`` could no longer empty the pool of an idle worker.)
 WORKER_ENV = {"MIMALLOC_PURGE_DELAY": "1000"}
+#: One thread for numpy's BLAS in the processes the workers are forked from, as dask sets for the workers
+#: it spawns (and the CLI for itself): read when numpy is imported, which the fork server does.
+FORK_SERVER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
 
 class Pool:
@@ -83,14 +88,22 @@ class Pool:
 def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = ()) -> Iterator[Pool]:
     """A Pool for the configured cluster: a LocalCluster on 127.0.0.1, a remote scheduler, or inline.
 
-    ``warm_up``: modules (the stages' ``WARM_UP``) that each local worker imports, with their compiled
-    kernels, on a thread as soon as it starts (:mod:`pipeline.warmup`); the pool's first ``map`` waits
-    until they have all done so, so that no task shares a worker with its warm-up."""
+    ``warm_up``: modules (the stages' ``WARM_UP``) that local workers have imported, with their compiled
+    kernels, before their first task: local workers are forked from one server process that loaded them
+    while this cluster started (:func:`_fork_server`); modules it lacks (it serves every cluster of this
+    process) a worker loads on a thread as it starts (:mod:`pipeline.warmup`). The pool's first ``map``
+    waits until every worker has them, so that no task shares a worker with its warm-up."""
     cfg = cfg or ClusterConfig()
     warm_up = list(warm_up)
     if cfg.mode == "synchronous":
         yield Pool(None)
         return
+    # First the fork server, which warms up while this process imports what it runs of the stage (the same
+    # modules: a decode's client plans and joins with them) and distributed, and starts the scheduler.
+    forked = cfg.mode == "local" and _fork_server(warm_up)
+    if forked:
+        _import(warm_up)
+    import dask
     from distributed import Client, LocalCluster
 
     # distributed logs every scheduler/nanny step at INFO on its own handler; keep the CLI quiet
@@ -117,7 +130,7 @@ def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = ()) -> It
             yield Pool(client)
         return
     n = cfg.n_workers or os.cpu_count() or 1
-    with LocalCluster(
+    with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver" if forked else "spawn"}), LocalCluster(
         n_workers=n,
         threads_per_worker=cfg.threads_per_worker,
         processes=True,
@@ -128,9 +141,82 @@ def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = ()) -> It
         memory_limit=cfg.memory_limit,
         silence_logs=40,
         preload=["pipeline.warmup"],
-        env={warmup.ENV: ",".join(warm_up), **WORKER_ENV},
+        # (a forked worker has the fork server's environment: it gets this process's as it is now, as a
+        # spawned one would)
+        env={**os.environ, warmup.ENV: ",".join(warm_up), **WORKER_ENV},
     ) as cluster, Client(cluster) as client, _gc_set_aside():
         yield Pool(client, warming=bool(warm_up))
+
+
+_fork_lock = threading.Lock()
+
+
+def _fork_server(warm_up: list[str]) -> bool:
+    """Start the process that this process's local workers are forked from (once per process: clusters
+    started later fork from the same one); whether it runs.
+
+    It imports what a worker runs (distributed's worker, the ``warm_up`` modules) and loads their cached
+    numba kernels once (:mod:`pipeline.prefork`), on the other core while this process imports distributed
+    and starts the scheduler, so a worker is warm as soon as it is forked. A spawned worker (dask's default)
+    is a fresh interpreter that does all of it again after the cluster is up, each worker its own copy:
+    the stage then waited ~0.3-0.7 s for it before its first task (1 GB synth trace, one worker).
+    Modules a later cluster names beyond the first one's are warmed up by each of its workers, as
+    spawned ones were (:func:`pipeline.warmup.dask_setup`).
+
+    Ended with this process (it waits for the server, whose children the workers were, so their CPU
+    time is accounted to this process as a spawned worker's was). False (workers are spawned) where
+    the platform has no fork server."""
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return False
+    with _fork_lock:
+        if not _fork_servers:
+            env = {warmup.ENV: ",".join(warm_up), **WORKER_ENV, **FORK_SERVER_ENV}
+            saved = {k: os.environ.get(k) for k in env}
+            os.environ.update(env)           # (the server inherits this process's environment as it starts)
+            try:
+                multiprocessing.get_context("forkserver").set_forkserver_preload(["pipeline.prefork"])
+                forkserver.ensure_running()
+            except OSError as exc:
+                log.warning("cannot start a fork server for the workers (%s): spawning them", exc)
+                return False
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        del os.environ[k]
+                    else:
+                        os.environ[k] = v
+            _fork_servers.append(True)
+            atexit.register(_stop_fork_server)
+    return True
+
+
+_fork_servers: list[bool] = []
+
+
+def _import(names: list[str]) -> None:
+    """Import these modules now (one that fails is left for the stage to import and report)."""
+    import importlib
+
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            log.debug("cannot import %s", name, exc_info=True)
+
+
+def _stop_fork_server() -> None:
+    """At exit: end the fork server and wait for it (multiprocessing's own stop, which its tests use)."""
+    from multiprocessing import forkserver
+
+    stop = getattr(getattr(forkserver, "_forkserver", None), "_stop", None)
+    if stop is not None:
+        try:
+            stop()
+        except OSError:
+            pass
 
 
 @contextlib.contextmanager

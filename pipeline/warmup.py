@@ -1,5 +1,9 @@
-"""Worker warm-up: each worker of a local cluster imports the modules the stages will run and loads
-their numba kernels from the on-disk cache, on a background thread, as soon as it starts.
+"""Worker warm-up: a local cluster's workers have imported the modules the stages will run and loaded
+their numba kernels from the on-disk cache before their first task. They are forked from one server
+process that did so while the cluster started (:func:`prepare_fork_server`, via :mod:`pipeline.prefork`);
+what that server lacks (it serves every cluster of the process that started it, warmed up for the first)
+a worker loads on a background thread as soon as it starts (:func:`dask_setup`), as every worker did
+when workers were spawned.
 
 A fresh worker otherwise pays for both inside its first tasks: on the ETL decoder that is ~0.4 s of
 imports and ~0.25 s of loading compiled kernels (numba's code generator set-up included), 10-15 % of
@@ -45,6 +49,9 @@ READY_TIMEOUT_S = 60.0
 log = logging.getLogger(__name__)
 _finished = threading.Event()
 _finished.set()          # (no warm-up in this process unless dask_setup starts one)
+#: The modules this process has warmed up, with the pid of the process that did (a forked worker: its fork
+#: server's, for those the server warmed up).
+_warmed: dict[str, int] = {}
 
 
 def dask_setup(worker) -> None:
@@ -52,7 +59,7 @@ def dask_setup(worker) -> None:
     ends as :func:`_at_exit` says, and keeps quiet about its scheduler closing (:class:`QuietClose`)."""
     _on_exit()
     logging.getLogger("distributed.worker").addFilter(QuietClose())
-    names = [n for n in os.environ.get(ENV, "").split(",") if n]
+    names = [n for n in os.environ.get(ENV, "").split(",") if n and n not in _warmed]
     if names:
         _finished.clear()
         threading.Thread(target=_warm_up_then_finish, args=(names,), name="bootprof-warm-up", daemon=True).start()
@@ -101,11 +108,25 @@ def warm_up(names: list[str]) -> int:
         except Exception:       # noqa: BLE001 - the task that needs it will raise properly
             log.debug("warm-up: cannot import %s", name, exc_info=True)
             continue
+        _warmed[name] = os.getpid()
         for attr, value in list(vars(module).items()):
             if getattr(value, "__module__", None) == name and not attr.startswith("_"):
                 loaded += _load_cached(value)
     set_aside()
     return loaded
+
+
+def prepare_fork_server() -> None:
+    """In the process that local workers are forked from (:func:`pipeline.cluster.connect`): import what a
+    worker runs (distributed's nanny and worker) and warm up the modules named in ``BOOTPROF_WARM_UP``,
+    so that every worker forked from it starts warm. Failures are logged and skipped, as in
+    :func:`warm_up`: a worker that misses something imports it itself."""
+    try:
+        import distributed.nanny  # noqa: F401
+        import distributed.worker  # noqa: F401
+    except Exception:           # noqa: BLE001 - the worker will raise properly
+        log.debug("fork server: cannot import distributed", exc_info=True)
+    warm_up([n for n in os.environ.get(ENV, "").split(",") if n])
 
 
 def load_kernels(dispatchers) -> int:

@@ -326,3 +326,94 @@ def test_worker_modules_do_not_import_the_config():
             + "print(sorted(m for m in ('pipeline.config', 'pydantic') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _fork_state(_item):
+    """A task: this worker's parent, the process that warmed each module up, and whether the kernels are loaded."""
+    import os
+    import sys
+
+    from pipeline import warmup
+
+    kernels = sys.modules.get("pipeline.decode.etl.kernels")
+    loaded = len(kernels.group_by_code.overloads) if kernels is not None else 0
+    return os.getppid(), os.getpid(), dict(warmup._warmed), loaded
+
+
+def test_local_workers_are_forked_warm_from_one_server():
+    """Local workers are forked from a server that imported the warm-up modules and loaded their kernels
+    once: each worker (of two) has them before its first task without warming up itself, and both have the
+    same parent, which is not the process that started the cluster."""
+    code = ("import os\n"
+            "from pipeline.cluster import connect\n"
+            "from pipeline.config import ClusterConfig\n"
+            "from tests.test_core import _fork_state\n"
+            "if __name__ == '__main__':\n"
+            "    import numpy as np\n"
+            "    from pipeline.decode.etl import kernels as K\n"
+            "    K.group_by_code(np.zeros(4, np.int32), 1)\n"     # (compiled and cached at least once)
+            "    with connect(ClusterConfig(mode='local', n_workers=2, memory_limit='1GiB'),\n"
+            "                 warm_up=['pipeline.decode.etl.kernels']) as pool:\n"
+            "        print(repr((os.getpid(), pool.map(_fork_state, [0, 1, 2, 3]))))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    client, states = eval(out.stdout)      # noqa: S307 - our own repr
+    parents = {ppid for ppid, _, _, _ in states}
+    assert len(parents) == 1 and client not in parents, states
+    assert len({pid for _, pid, _, _ in states}) == 2, "expected the tasks on both workers"
+    for ppid, pid, warmed, loaded in states:
+        assert warmed.get("pipeline.decode.etl.kernels") == ppid, f"worker {pid} warmed the kernels itself: {warmed}"
+        assert loaded >= 1
+
+
+def _environment(_item):
+    import os
+
+    return os.environ.get("BOOTPROF_TEST_PROBE"), os.environ.get("MIMALLOC_PURGE_DELAY")
+
+
+def test_forked_workers_see_the_environment_of_their_cluster_start():
+    """A worker forked from a server started for an earlier cluster still gets this process's environment as
+    it is when its own cluster starts (as a spawned worker would), and the workers' own settings."""
+    code = ("import os\n"
+            "from pipeline.cluster import connect\n"
+            "from pipeline.config import ClusterConfig\n"
+            "from tests.test_core import _environment\n"
+            "if __name__ == '__main__':\n"
+            "    cfg = ClusterConfig(mode='local', n_workers=1, memory_limit='1GiB')\n"
+            "    with connect(cfg) as pool:\n"
+            "        print(pool.map(_environment, [0]))\n"
+            "    os.environ['BOOTPROF_TEST_PROBE'] = 'set later'\n"
+            "    with connect(cfg) as pool:\n"
+            "        print(pool.map(_environment, [0]))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["[(None, '1000')]", "[('set later', '1000')]"], out.stdout
+
+
+def _burn_cpu(seconds):
+    import time
+
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+    return True
+
+
+def test_the_fork_server_and_its_workers_are_waited_for():
+    """At exit the process waits for the fork server, which waited for its workers: their CPU time is the
+    process's children's (what the benchmarks add up), and nothing is left running."""
+    code = ("import resource\n"
+            "from pipeline import cluster\n"
+            "from pipeline.config import ClusterConfig\n"
+            "from tests.test_core import _burn_cpu\n"
+            "if __name__ == '__main__':\n"
+            "    with cluster.connect(ClusterConfig(mode='local', n_workers=1, memory_limit='1GiB')) as pool:\n"
+            "        pool.map(_burn_cpu, [1.0])\n"
+            "    before = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+            "    cluster._stop_fork_server()\n"         # (what exiting does: an atexit handler)
+            "    after = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+            "    print(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert float(out.stdout) >= 0.9      # (the task's second, on a core of its own when the machine is idle)

@@ -1,0 +1,14 @@
+"""Imported by the fork server of local dask workers (:func:`pipeline.cluster.connect`, as multiprocessing's
+fork-server preload): importing it warms the server up, so that every worker forked from it starts with
+distributed, the stages' modules and their compiled kernels loaded (:func:`pipeline.warmup.prepare_fork_server`).
+Nothing else imports it."""
+
+import atexit
+import os
+
+from pipeline import warmup
+
+warmup.prepare_fork_server()
+# The server ends when the process that started it does, which waits for it (``cluster._stop_fork_server``):
+# without the teardown of its imports (60-85 ms here). Forked workers never run it: they end with os._exit.
+atexit.register(os._exit, 0)
