@@ -5,8 +5,9 @@ stacks), written once to ``bench/out/synth-<size>/trace.etl`` and reused while i
 was made with the same settings; plus a slice of it (the header buffer and the first data buffers,
 ``--slice`` bytes, with BuffersWritten patched) for dissect.etl, whose speed is per byte.
 
-Measured, each run in its own subprocess, with the peak RSS of the whole process tree (psutil, summed
-over the CLI process, the dask scheduler side and every worker, sampled every 50 ms):
+Measured, each run in its own subprocess, with the peak memory of the whole process tree (PSS and RSS,
+psutil, summed over the CLI process, the dask scheduler side, the workers' fork server and every worker,
+sampled every 50 ms):
 
 * ``bootprof decode`` on the full trace with one dask worker and with one worker per core
   (end to end: process start, cluster start, decode into parquet, joins, manifest), and in one process
@@ -28,7 +29,7 @@ the decode stage's own time with one worker (bytes in, every parquet table out: 
 Also reported: user and system CPU seconds of the process tree, and MB per CPU-second. The ratio
 compares the per-core MB/s with dissect's MB/s on the slice: headers only (the strict ratio, judged against
 the target) and with fields (the same work, reported beside it). Targets (reported, not asserted): >= 300 MB/s
-per core, >= 100x dissect.etl per core, peak RSS < 1.5 GB.
+per core, >= 100x dissect.etl per core, peak memory < 1.5 GB (PSS: see ``measure``; RSS beside it).
 
 Defaults (``make bench``): 1 GB trace, 64 MB slice. ``--big`` (or ``BENCH_DECODE_BIG=1``) adds the same
 measurements on a 4 GB trace to show that memory stays flat. ``--size`` / ``BENCH_DECODE_SIZE`` change the
@@ -148,27 +149,33 @@ def page_in(path: Path) -> None:
             pass
 
 
-def measure(cmd: list[str], env=None) -> tuple[float, int, str]:
-    """Wall seconds, peak RSS (bytes) of the process tree, stdout; ``LAST_CPU`` gets the user and
-    system CPU seconds of the whole tree (every process it waited for)."""
+def measure(cmd: list[str], env=None) -> tuple[float, int, int, str]:
+    """Wall seconds, peak RSS and peak PSS (bytes) of the process tree, stdout; ``LAST_CPU`` gets the user
+    and system CPU seconds of the whole tree (every process it waited for).
+
+    RSS counts a page once per process that maps it; PSS divides it among them. Local workers are forked
+    from one server process and share its pages (imports, compiled kernels) until they write them, so the
+    sum of their RSS counts those pages once per worker and once for the server: the sum of PSS is what
+    the tree holds (for spawned processes the two differ by their shared libraries only)."""
     import psutil
 
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = psutil.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    peak = 0
+    peak = peak_pss = 0
     while proc.poll() is None:
-        total = 0
+        rss = pss = 0
         try:
             procs = [proc] + proc.children(recursive=True)
         except psutil.NoSuchProcess:
             procs = []
         for p in procs:
             try:
-                total += p.memory_info().rss
-            except psutil.NoSuchProcess:
+                m = p.memory_full_info()
+                rss, pss = rss + m.rss, pss + m.pss
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
                 pass
-        peak = max(peak, total)
+        peak, peak_pss = max(peak, rss), max(peak_pss, pss)
         time.sleep(0.05)
     out, err = proc.communicate()
     secs = time.perf_counter() - t0
@@ -176,14 +183,14 @@ def measure(cmd: list[str], env=None) -> tuple[float, int, str]:
     LAST_CPU[:] = [after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime]
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err[-3000:]}")
-    return secs, peak, out
+    return secs, peak, peak_pss, out
 
 
 def decode(trace: Path, workers: int, tag: str, runs: int = 3, mode: str = "local") -> dict:
     """``bootprof decode`` ``runs`` times. Reported: the median run (by the decode stage's own time, the
     manifest's ``decode_s + join_s``) with the median wall time of the whole CLI run, and beside them the
     best stage time and the first run's wall time (this VM backs guest memory lazily, so a process's first
-    touch of memory it got back from the host costs up to 2.7 s per GB: runs differ by that). Peak RSS is
+    touch of memory it got back from the host costs up to 2.7 s per GB: runs differ by that). Peak RSS and PSS are
     the highest of the runs. A failure is recorded (last error line) instead of ending the benchmark."""
     cfg = OUT / f"decode-{mode}-{workers}w.yaml"
     cfg.write_text(f"cluster:\n  mode: {mode}\n  n_workers: {workers}\n  memory_limit: 4GiB\n")
@@ -192,20 +199,21 @@ def decode(trace: Path, workers: int, tag: str, runs: int = 3, mode: str = "loca
         run = OUT / f"run-{tag}"
         page_in(trace)
         try:
-            secs, rss, out = measure([sys.executable, "-m", "pipeline", "--config", str(cfg), "decode", str(trace),
+            secs, rss, pss, out = measure([sys.executable, "-m", "pipeline", "--config", str(cfg), "decode", str(trace),
                                       "--run", str(run)])
         except RuntimeError as exc:
             lines = [ln for ln in str(exc).splitlines() if "Error" in ln or "error" in ln]
             print(f"decode {tag} failed: {lines[-1] if lines else exc}", file=sys.stderr)
-            return {"seconds": float("nan"), "rss": 0, "records": 0, "error": (lines[-1] if lines else str(exc))[:300]}
+            return {"seconds": float("nan"), "rss": 0, "pss": 0, "records": 0, "error": (lines[-1] if lines else str(exc))[:300]}
         summary = json.loads(out[out.index("{"):])["etl"]
-        done.append({"seconds": secs, "rss": rss, "records": summary["records"], "decode_s": summary.get("decode_s"),
+        done.append({"seconds": secs, "rss": rss, "pss": pss, "records": summary["records"], "decode_s": summary.get("decode_s"),
                      "join_s": summary.get("join_s"), "user_s": LAST_CPU[0], "sys_s": LAST_CPU[1]})
     stage = lambda r: (r["decode_s"] or 0) + (r["join_s"] or 0)  # noqa: E731
     by_stage = sorted(done, key=stage)
     median = dict(by_stage[len(by_stage) // 2])
     median["seconds"] = statistics.median(r["seconds"] for r in done)
     median["rss"] = max(r["rss"] for r in done)
+    median["pss"] = max(r["pss"] for r in done)
     median["best_stage_s"] = stage(by_stage[0])
     median["first_seconds"] = done[0]["seconds"]
     return median
@@ -213,19 +221,19 @@ def decode(trace: Path, workers: int, tag: str, runs: int = 3, mode: str = "loca
 
 def dissect(trace: Path, script: str = DISSECT) -> dict:
     page_in(trace)
-    secs, rss, out = measure([sys.executable, "-c", script, str(trace)])
+    secs, rss, pss, out = measure([sys.executable, "-c", script, str(trace)])
     n, inner = out.split()
-    return {"seconds": float(inner), "wall": secs, "rss": rss, "records": int(n)}
+    return {"seconds": float(inner), "wall": secs, "rss": rss, "pss": pss, "records": int(n)}
 
 
 def row(measure_name: str, path: Path, r: dict, seconds: float) -> dict:
     mb = path.stat().st_size / 1e6
     if "error" in r:
         return {"measure": measure_name, "MB": round(mb, 1), "records": 0, "seconds": 0.0, "MB_per_s": 0.0,
-                "events_per_s": 0, "peak_rss_MB": 0, "error": r["error"]}
+                "events_per_s": 0, "peak_rss_MB": 0, "peak_pss_MB": 0, "error": r["error"]}
     out = {"measure": measure_name, "MB": round(mb, 1), "records": r["records"], "seconds": round(seconds, 2),
            "MB_per_s": round(mb / seconds, 1), "events_per_s": int(r["records"] / seconds),
-           "peak_rss_MB": round(r["rss"] / 1e6)}
+           "peak_rss_MB": round(r["rss"] / 1e6), "peak_pss_MB": round(r["pss"] / 1e6)}
     if r.get("decode_s") is not None:     # the decoder's own timing: buffer decode and join passes
         out["decode_s"], out["join_s"] = r["decode_s"], r["join_s"]
         stage = r["decode_s"] + r["join_s"]
@@ -303,11 +311,12 @@ def main() -> int:
     fields_rate = fields_row["MB_per_s"]
     fields_ratio = per_core / fields_rate if fields_rate else 0.0
     peak = max(r["peak_rss_MB"] for r in rows[1:])
-    print(f"\n{'measure':<40} {'MB':>6} {'records':>11} {'s':>6} {'MB/s':>7} {'events/s':>10} {'RSS MB':>7} "
+    peak_pss = max(r["peak_pss_MB"] for r in rows[1:])
+    print(f"\n{'measure':<40} {'MB':>6} {'records':>11} {'s':>6} {'MB/s':>7} {'events/s':>10} {'RSS MB':>7} {'PSS MB':>7} "
           f"{'stage s':>7} {'stage MB/s':>10} {'best MB/s':>9} {'user s':>6} {'sys s':>6} {'1st run s':>9}")
     for r in rows:
         print(f"{r['measure']:<40} {r['MB']:>6,.0f} {r['records']:>11,} {r['seconds']:>6.2f} {r['MB_per_s']:>7,.1f} "
-              f"{r['events_per_s']:>10,} {r['peak_rss_MB']:>7,}"
+              f"{r['events_per_s']:>10,} {r['peak_rss_MB']:>7,} {r['peak_pss_MB']:>7,}"
               + (f" {r['stage_s']:>7.2f} {r['stage_MB_per_s']:>10,.1f} {r['best_stage_MB_per_s']:>9,.1f} "
                  f"{r['user_s']:>6.1f} {r['sys_s']:>6.1f} {r['first_run_s']:>9.2f}" if "stage_s" in r else "")
               + (f"  FAILED: {r['error']}" if "error" in r else ""))
@@ -322,7 +331,9 @@ def main() -> int:
     print(f"vs dissect.etl reading record headers only: {ratio:,.0f}x (target >= 100: {verdict(ratio >= 100)}); "
           f"vs dissect.etl parsing every record's fields (the same work): {fields_ratio:,.0f}x "
           f"({verdict(fields_ratio >= 100)}); "
-          f"peak RSS {peak:,} MB (target < 1500: {verdict(peak < 1500)})")
+          f"peak memory of the process tree (PSS) {peak_pss:,} MB (target < 1500: {verdict(peak_pss < 1500)}), "
+          f"its RSS summed per process {peak:,} MB (counts pages the workers share with their fork server once "
+          f"per process)")
     result = {"cores": cores, "sizes": ",".join(sizes), "seed": SEED, "simulated_cpus": SIM_CPUS,
               "per_core_MB_per_s": per_core, "per_core_best_run_MB_per_s": per_core_best, "all_cores_MB_per_s": all_cores, "cli_1_worker_MB_per_s": per_core_cli,
               "cli_in_process_MB_per_s": inproc_row["MB_per_s"],
@@ -330,7 +341,7 @@ def main() -> int:
               "dissect_fields_MB_per_s": fields_rate, "ratio_vs_dissect_fields": round(fields_ratio, 1),
               "stack_keys_1_worker_MB_per_s": keyed_row.get("stage_MB_per_s", 0.0),
               "varied_stacks_1_worker_MB_per_s": varied_row.get("stage_MB_per_s", 0.0), "varied_stack_variety": VARIETY,
-              "peak_rss_MB": peak, "target_per_core_MB_per_s": 300, "target_ratio": 100, "target_peak_rss_MB": 1500,
+              "peak_rss_MB": peak, "peak_pss_MB": peak_pss, "target_per_core_MB_per_s": 300, "target_ratio": 100, "target_peak_rss_MB": 1500,
               "failed_runs": len(failed), "rows": rows}
     (OUT / "decode.json").write_text(json.dumps(result, indent=2) + "\n")
     return 0
