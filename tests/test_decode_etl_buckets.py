@@ -573,3 +573,30 @@ def test_rows_with_a_complete_stack_are_settled_in_their_partition():
     assert final.column("timestamp_ns").to_pylist() == [10_000, 20_000]
     assert rest.column("timestamp").to_pylist() == [300, 600, 700]  # kernel piece only; no piece; shared
     assert counts["samples"] == 2 and len(stacks.sid) == 2
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_unshared_rows_equal_a_pairwise_comparison(seed):
+    """``unshared`` (bitmaps first, then an exact comparison of the rows whose bits are set twice) marks
+    exactly the whole rows that share their (time, thread) with no other row and no row of the others, and
+    their (time, cpu) with no VirtualAlloc event: rows drawn from few times, threads and cpus, so that every
+    kind of sharing happens often, and enough of them that the bitmaps have thousands of collisions too."""
+    rng = np.random.default_rng(seed)
+    n, m, v = 60_000, 20_000, 3_000
+    rows = pa.table({"timestamp": rng.integers(0, 40_000, n).astype(np.int64), "tid": rng.integers(0, 4, n).astype(np.uint32),
+                     "cpu": rng.integers(0, 3, n).astype(np.uint16)})
+    whole = rng.random(n) < 0.8
+    others = [(rng.integers(0, 40_000, m).astype(np.int64), rng.integers(0, 4, m).astype(np.uint32)),
+              (rng.integers(0, 40_000, m // 4).astype(np.int64), rng.integers(0, 4, m // 4).astype(np.uint32))]
+    vallocs = pa.table({"timestamp": rng.integers(0, 40_000, v).astype(np.int64), "cpu": rng.integers(0, 3, v).astype(np.uint16)})
+    ts, tid, cpu = (rows.column(c).to_numpy() for c in ("timestamp", "tid", "cpu"))
+    keys = collections.Counter(zip(ts.tolist(), tid.tolist()))
+    for o_ts, o_tid in others:
+        keys.update(zip(o_ts.tolist(), o_tid.tolist()))
+    va = set(zip(vallocs.column("timestamp").to_numpy().tolist(), vallocs.column("cpu").to_numpy().tolist()))
+    expected = np.array([w and keys[(t, k)] == 1 and (t, c) not in va
+                         for w, t, k, c in zip(whole.tolist(), ts.tolist(), tid.tolist(), cpu.tolist())])
+    assert 0 < expected.sum() < whole.sum()
+    assert np.array_equal(buckets.unshared(rows, whole, others, vallocs), expected)
+    assert np.array_equal(buckets.unshared(rows, whole, others, None),
+                          np.array([w and keys[(t, k)] == 1 for w, t, k in zip(whole.tolist(), ts.tolist(), tid.tolist())]))
