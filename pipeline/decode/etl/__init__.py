@@ -83,6 +83,10 @@ def decode_etl(path: Path, out, cfg, pool) -> dict[str, Any]:
     ]
     small = InlineScratch(scratch)
     preloading: list[threading.Thread] = []
+    # (opened while the partitions run: the joins need it as soon as they end)
+    connecting = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    con = connecting.submit(joins.connect, scratch, cfg)
+    connecting.shutdown(wait=False)
 
     def take(result: dict[str, Any]) -> None:
         if not preloading and any("_heapsnap_chunks" in result[k] for k in ("inline", "tables")):
@@ -117,7 +121,7 @@ def decode_etl(path: Path, out, cfg, pool) -> dict[str, Any]:
             return done
 
         try:
-            joined = joins.finish(out, scratch, header, cfg, pool, results, errors, snapshots_done)
+            joined = joins.finish(con.result(), out, scratch, header, cfg, pool, results, errors, snapshots_done)
         except duckdb.OutOfMemoryException as exc:
             # (the stage fails, nothing written, with the setting to change)
             raise out_of_memory(path, "the whole-trace joins", "decode.join_memory_limit", cfg.join_memory_limit,

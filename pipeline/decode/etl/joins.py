@@ -97,19 +97,25 @@ LIFETIMES = {
 }
 
 
-def finish(out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
-           errors: list[dict[str, Any]], before_stacks=dict) -> dict[str, Any]:
-    """Build the joined tables from the partitions' scratch files; returns counts for the manifest.
-    ``before_stacks()`` runs once the bucket joins are done, before the stacks table (the heap-snapshot
-    assembly, which runs beside the buckets); its counts join the returned ones."""
+def connect(scratch: Path, cfg):
+    """The DuckDB connection of the joins (``cfg``: the decode section): its memory limit, spilling into
+    ``scratch``. Opening one takes ~30 ms here, so the decode opens it while the partitions run."""
     import duckdb
-
-    from pipeline.decode.etl import buckets as B
 
     from pipeline.config import parse_size
 
-    con = duckdb.connect(config={"memory_limit": f"{parse_size(cfg.join_memory_limit)}B", "temp_directory": str(scratch / "duckdb.tmp"),
-                                 "preserve_insertion_order": False})
+    return duckdb.connect(config={"memory_limit": f"{parse_size(cfg.join_memory_limit)}B",
+                                  "temp_directory": str(scratch / "duckdb.tmp"), "preserve_insertion_order": False})
+
+
+def finish(con, out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
+           errors: list[dict[str, Any]], before_stacks=dict) -> dict[str, Any]:
+    """Build the joined tables from the partitions' scratch files with ``con`` (``connect``; closed here);
+    returns counts for the manifest. ``before_stacks()`` runs once the bucket joins are done, before the
+    stacks table (the heap-snapshot assembly, which runs beside the buckets); its counts join the returned
+    ones."""
+    from pipeline.decode.etl import buckets as B
+
     clock = [time.perf_counter()]
     lap = lambda: clock.append(time.perf_counter())  # noqa: E731
     beside = concurrent.futures.ThreadPoolExecutor(max_workers=1)
