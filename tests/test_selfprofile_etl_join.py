@@ -6,6 +6,8 @@ No ETL trace of a rustc build exists among the fixtures, so the test writes the 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -89,3 +91,27 @@ def test_join_without_etl_leaves_columns_empty():
     rows = join_etl([{"pid": 1, "crate": "a", "start_time_ns": 10}], [], 1000)
     assert rows == [{"etl_pid": None, "etl_parent_pid": None, "etl_image": None, "etl_start_ns": None,
                      "etl_end_ns": None, "etl_match": None}]
+
+
+def test_decoder_and_aggregate_read_the_same_crate_from_a_command_line():
+    """The self-profile decoder's crate (``crate_of``) and the aggregate's (``CMD_CRATE_SQL``, which matches
+    self-profiles to ETL processes) follow one rule: each form rustc accepts, plain or quoted."""
+    import duckdb
+
+    from pipeline.aggregate.resolve import CMD_CRATE_SQL
+    from pipeline.decode.measureme import crate_of
+
+    lines = {
+        "rustc --crate-name alpha x.rs": "alpha",
+        "rustc --crate-name=beta --edition=2021 y.rs": "beta",
+        '"C:\\rust\\rustc.exe" "--crate-name" gamma src\\lib.rs': "gamma",
+        'rustc.exe --crate-name "delta" z.rs': "delta",
+        "rustc   --crate-name   epsilon": "epsilon",
+    }
+    with duckdb.connect() as con:
+        for line, crate in lines.items():
+            sql = con.execute(f"select {CMD_CRATE_SQL} from (select ?::varchar as command_line)", [line]).fetchone()[0]
+            assert (crate_of(line, Path("x-1.mm_profdata")), sql) == (crate, crate), line
+    # Without --crate-name, the decoder falls back on the file name (<crate>-<pid>.mm_profdata).
+    assert crate_of("rustc -", Path("zeta-0001234.mm_profdata")) == "zeta"
+    assert crate_of(None, Path("eta-17.mm_profdata")) == "eta"

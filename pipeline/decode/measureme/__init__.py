@@ -58,13 +58,17 @@ def files_schema():
     ])
 
 
+#: The crate a rustc command line compiles: ``--crate-name X``, ``--crate-name=X``, either quoted (a Windows
+#: command line). The same rule as the aggregate stage's ``CMD_CRATE_SQL``, which matches self-profiles to
+#: ETL processes by it; a test holds the two to the same answers.
+_CRATE_NAME = re.compile(r'--crate-name"?[ =]+"?([^ "]+)')
+
+
 def crate_of(cmd: str | None, path: Path) -> str:
-    """The token after ``--crate-name`` in the command line, else the file-name prefix."""
-    if cmd:
-        tokens = cmd.split()
-        for i, tok in enumerate(tokens[:-1]):
-            if tok == "--crate-name":
-                return tokens[i + 1]
+    """The crate named by ``--crate-name`` in the command line, else the file-name prefix."""
+    m = _CRATE_NAME.search(cmd or "")
+    if m:
+        return m.group(1)
     m = _NAME_PID.match(path.name)
     return m.group("crate") if m else path.stem
 
