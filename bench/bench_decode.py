@@ -26,7 +26,8 @@ best stage rate and the first run's wall time beside it: this VM's speed moves b
 between hours, and a best-of-N headline would report its luckiest run. Targets are judged on the median. Per core is
 the decode stage's own time with one worker (bytes in, every parquet table out: the manifest's
 ``decode_s + join_s``); the whole CLI run adds the interpreter, the imports and the dask cluster start and close (1.2-1.5 s here).
-Also reported: user and system CPU seconds of the process tree, and MB per CPU-second. The ratio
+Also reported: user and system CPU seconds of the process tree, MB per CPU-second, and a probe of the
+machine's speed before and after (``PROBE``: this VM's speed moves by up to 2.3x between sessions). The ratio
 compares the per-core MB/s with dissect's MB/s on the slice: headers only (the strict ratio, judged against
 the target) and with fields (the same work, reported beside it). Targets (reported, not asserted): >= 300 MB/s
 per core, >= 100x dissect.etl per core, peak memory < 1.5 GB (PSS: see ``measure``; RSS beside it).
@@ -93,6 +94,36 @@ with open(sys.argv[1], "rb") as fh:
         n += 1
 print(n, time.perf_counter() - t)
 """
+
+
+#: How fast this machine is right now, beside the decode: the same code and trace decoded at 141 MB/s in one
+#: session and 296-350 MB/s in others, and dissect.etl moved by the same factor (3.4 vs 7.8 MB/s). Two probes,
+#: each the median of three in a fresh process: hashing 1 GiB that is already in memory (compute; what the
+#: decode stage's input sha256 does beside the partitions) and writing 1 GiB of fresh anonymous memory (this
+#: VM's host backs guest memory lazily, and every page of fresh heap or page cache a decode touches pays it).
+PROBE = """
+import hashlib, statistics, sys, time
+import numpy as np
+block = np.ones(1 << 28, np.uint8)
+hashes, touches = [], []
+for _ in range(3):
+    t = time.perf_counter(); h = hashlib.sha256()
+    for _ in range(4):
+        h.update(block)
+    hashes.append(time.perf_counter() - t)
+    t = time.perf_counter(); fresh = np.empty(1 << 30, np.uint8); fresh.fill(1); touches.append(time.perf_counter() - t)
+    del fresh
+    time.sleep(2)
+print(statistics.median(hashes), statistics.median(touches))
+"""
+
+
+def machine_probe() -> dict:
+    """The machine's speed at the time of the bench (``PROBE``): seconds to sha256 1 GiB in memory, and to
+    write 1 GiB of fresh memory."""
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True).stdout
+    sha, touch = (float(x) for x in out.split())
+    return {"sha256_s_per_GiB": round(sha, 3), "fresh_memory_s_per_GiB": round(touch, 3)}
 
 
 def synthesize(size: str, compress: bool = False, stack_caching: bool = False, stack_variety: int | None = None) -> Path:
@@ -258,6 +289,7 @@ def main() -> int:
     cores = os.cpu_count() or 1
     rows = []
     trace = synthesize(args.size)
+    probe_before = machine_probe()
     sl = make_slice(trace, parse_size(args.slice))
     d = dissect(sl)
     rows.append(row("dissect.etl, slice (headers only)", sl, d, d["seconds"]))
@@ -292,6 +324,7 @@ def main() -> int:
         bn = decode(big, cores, f"4GB-{cores}w")
         rows.append(row(f"bootprof decode, 4GB, {cores} workers", big, bn, bn["seconds"]))
         sizes.append("4GB")
+    probe_after = machine_probe()
     one_row, all_row, inproc_row = rows[2], rows[3], rows[4]
     keyed_row = next(r for r in rows if "stack keys" in r["measure"])
     varied_row = next(r for r in rows if "varied stacks" in r["measure"])
@@ -334,7 +367,10 @@ def main() -> int:
           f"peak memory of the process tree (PSS) {peak_pss:,} MB (target < 1500: {verdict(peak_pss < 1500)}), "
           f"its RSS summed per process {peak:,} MB (counts pages the workers share with their fork server once "
           f"per process)")
-    result = {"cores": cores, "sizes": ",".join(sizes), "seed": SEED, "simulated_cpus": SIM_CPUS,
+    print(f"machine probe before / after: sha256 of 1 GiB in memory {probe_before['sha256_s_per_GiB']} / "
+          f"{probe_after['sha256_s_per_GiB']} s; writing 1 GiB of fresh memory {probe_before['fresh_memory_s_per_GiB']} / "
+          f"{probe_after['fresh_memory_s_per_GiB']} s")
+    result = {"cores": cores, "machine_probe_before": probe_before, "machine_probe_after": probe_after, "sizes": ",".join(sizes), "seed": SEED, "simulated_cpus": SIM_CPUS,
               "per_core_MB_per_s": per_core, "per_core_best_run_MB_per_s": per_core_best, "all_cores_MB_per_s": all_cores, "cli_1_worker_MB_per_s": per_core_cli,
               "cli_in_process_MB_per_s": inproc_row["MB_per_s"],
               "MB_per_cpu_second": per_cpu_second, "marginal_1_worker_MB_per_s": marginal, "dissect_MB_per_s": dissect_rate, "ratio_vs_dissect": round(ratio, 1),
