@@ -96,34 +96,37 @@ print(n, time.perf_counter() - t)
 """
 
 
-#: How fast this machine is right now, beside the decode: the same code and trace decoded at 141 MB/s in one
-#: session and 296-350 MB/s in others, and dissect.etl moved by the same factor (3.4 vs 7.8 MB/s). Two probes,
-#: each the median of three in a fresh process: hashing 1 GiB that is already in memory (compute; what the
-#: decode stage's input sha256 does beside the partitions) and writing 1 GiB of fresh anonymous memory (this
-#: VM's host backs guest memory lazily, and every page of fresh heap or page cache a decode touches pays it).
+#: How fast this machine is right now, beside the decode: the same code and trace decoded at 133-141 MB/s in
+#: session 15 and 296-350 MB/s in sessions 10-12, and dissect.etl moved by as much (2.4-3.4 against 7.8 MB/s
+#: reading headers). Three probes, each the median of three in a fresh process: the interpreter (5 M turns of
+#: a plain Python loop: dissect.etl and the Python around the kernels), memory (16 M random reads from
+#: 512 MiB), and the host (a first write of 1 GiB of fresh memory: this VM's host backs guest memory lazily,
+#: and every page of fresh heap or page cache a decode touches pays it).
 PROBE = """
-import hashlib, statistics, sys, time
+import statistics, time
 import numpy as np
-block = np.ones(1 << 28, np.uint8)
-hashes, touches = [], []
+table = np.arange(1 << 26, dtype=np.int64)
+where = np.random.default_rng(0).integers(0, len(table), 1 << 24)
+loops, reads, touches = [], [], []
 for _ in range(3):
-    t = time.perf_counter(); h = hashlib.sha256()
-    for _ in range(4):
-        h.update(block)
-    hashes.append(time.perf_counter() - t)
+    t = time.perf_counter(); s = 0
+    for i in range(5_000_000):
+        s += i & 7
+    loops.append(time.perf_counter() - t)
+    t = time.perf_counter(); table.take(where).sum(); reads.append(time.perf_counter() - t)
     t = time.perf_counter(); fresh = np.empty(1 << 30, np.uint8); fresh.fill(1); touches.append(time.perf_counter() - t)
     del fresh
     time.sleep(2)
-print(statistics.median(hashes), statistics.median(touches))
+print(statistics.median(loops), statistics.median(reads), statistics.median(touches))
 """
 
 
 def machine_probe() -> dict:
-    """The machine's speed at the time of the bench (``PROBE``): seconds to sha256 1 GiB in memory, and to
-    write 1 GiB of fresh memory."""
+    """The machine's speed at the time of the bench (``PROBE``), in seconds: a Python loop of 5 M turns,
+    16 M random reads from 512 MiB, a first write of 1 GiB."""
     out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True).stdout
-    sha, touch = (float(x) for x in out.split())
-    return {"sha256_s_per_GiB": round(sha, 3), "fresh_memory_s_per_GiB": round(touch, 3)}
+    loop, reads, touch = (round(float(x), 3) for x in out.split())
+    return {"python_loop_s": loop, "random_reads_s": reads, "fresh_GiB_s": touch}
 
 
 def synthesize(size: str, compress: bool = False, stack_caching: bool = False, stack_variety: int | None = None) -> Path:
@@ -367,9 +370,8 @@ def main() -> int:
           f"peak memory of the process tree (PSS) {peak_pss:,} MB (target < 1500: {verdict(peak_pss < 1500)}), "
           f"its RSS summed per process {peak:,} MB (counts pages the workers share with their fork server once "
           f"per process)")
-    print(f"machine probe before / after: sha256 of 1 GiB in memory {probe_before['sha256_s_per_GiB']} / "
-          f"{probe_after['sha256_s_per_GiB']} s; writing 1 GiB of fresh memory {probe_before['fresh_memory_s_per_GiB']} / "
-          f"{probe_after['fresh_memory_s_per_GiB']} s")
+    print("machine probe before / after (s): " + "; ".join(
+        f"{k} {probe_before[k]} / {probe_after[k]}" for k in probe_before))
     result = {"cores": cores, "machine_probe_before": probe_before, "machine_probe_after": probe_after, "sizes": ",".join(sizes), "seed": SEED, "simulated_cpus": SIM_CPUS,
               "per_core_MB_per_s": per_core, "per_core_best_run_MB_per_s": per_core_best, "all_cores_MB_per_s": all_cores, "cli_1_worker_MB_per_s": per_core_cli,
               "cli_in_process_MB_per_s": inproc_row["MB_per_s"],
