@@ -27,7 +27,7 @@ between hours, and a best-of-N headline would report its luckiest run. Targets a
 the decode stage's own time with one worker (bytes in, every parquet table out: the manifest's
 ``decode_s + join_s``); the whole CLI run adds the interpreter, the imports and the dask cluster start and close (1.2-1.5 s here).
 Also reported: user and system CPU seconds of the process tree, MB per CPU-second, and a probe of the
-machine's speed before and after (``PROBE``: this VM's speed moves by up to 2.3x between sessions). The ratio
+machine's speed before and after (``PROBE``: this VM's speed moves by 2-3x between sessions). The ratio
 compares the per-core MB/s with dissect's MB/s on the slice: headers only (the strict ratio, judged against
 the target) and with fields (the same work, reported beside it). Targets (reported, not asserted): >= 300 MB/s
 per core, >= 100x dissect.etl per core, peak memory < 1.5 GB (PSS: see ``measure``; RSS beside it).
@@ -96,8 +96,8 @@ print(n, time.perf_counter() - t)
 """
 
 
-#: How fast this machine is right now, beside the decode: the same code and trace decoded at 133-141 MB/s in
-#: session 15 and 296-350 MB/s in sessions 10-12, and dissect.etl moved by as much (2.4-3.4 against 7.8 MB/s
+#: How fast this machine is right now, beside the decode: the same code and trace decoded at 123-141 MB/s in
+#: session 15 and 296-350 MB/s in sessions 10-12, and dissect.etl moved by as much (2.4-3.4 against 7.9 MB/s
 #: reading headers). Three probes, each the median of three in a fresh process: the interpreter (5 M turns of
 #: a plain Python loop: dissect.etl and the Python around the kernels), memory (16 M random reads from
 #: 512 MiB), and the host (a first write of 1 GiB of fresh memory: this VM's host backs guest memory lazily,
@@ -372,7 +372,8 @@ def main() -> int:
           f"per process)")
     print("machine probe before / after (s): " + "; ".join(
         f"{k} {probe_before[k]} / {probe_after[k]}" for k in probe_before))
-    result = {"cores": cores, "machine_probe_before": probe_before, "machine_probe_after": probe_after, "sizes": ",".join(sizes), "seed": SEED, "simulated_cpus": SIM_CPUS,
+    result = {"cores": cores, "sizes": ",".join(sizes), "seed": SEED, "simulated_cpus": SIM_CPUS,
+              "machine_probe_before": probe_before, "machine_probe_after": probe_after,
               "per_core_MB_per_s": per_core, "per_core_best_run_MB_per_s": per_core_best, "all_cores_MB_per_s": all_cores, "cli_1_worker_MB_per_s": per_core_cli,
               "cli_in_process_MB_per_s": inproc_row["MB_per_s"],
               "MB_per_cpu_second": per_cpu_second, "marginal_1_worker_MB_per_s": marginal, "dissect_MB_per_s": dissect_rate, "ratio_vs_dissect": round(ratio, 1),

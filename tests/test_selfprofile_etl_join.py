@@ -75,16 +75,19 @@ def test_join_by_pid_command_line_and_time(tmp_path, dask_pool):
     assert joined["util"]["etl_match"] is None and joined["util"]["etl_pid"] is None
 
 
-def test_join_without_etl_leaves_columns_empty():
+def crate_token(command_line: str) -> str | None:
+    """The crate the aggregate stage reads from a command line (``CMD_CRATE_SQL``)."""
     import duckdb
 
-    from pipeline.aggregate.queries import join_etl
     from pipeline.aggregate.resolve import CMD_CRATE_SQL
 
-    def crate_token(command_line):
-        with duckdb.connect() as con:
-            return con.execute(f"select {CMD_CRATE_SQL} from (select ?::varchar as command_line)",
-                               [command_line]).fetchone()[0]
+    with duckdb.connect() as con:
+        return con.execute(f"select {CMD_CRATE_SQL} from (select ?::varchar as command_line)",
+                           [command_line]).fetchone()[0]
+
+
+def test_join_without_etl_leaves_columns_empty():
+    from pipeline.aggregate.queries import join_etl
 
     assert crate_token('"C:\\rustc.exe" --crate-name core --edition=2021') == "core"
     assert crate_token("cargo build") is None
@@ -96,9 +99,6 @@ def test_join_without_etl_leaves_columns_empty():
 def test_decoder_and_aggregate_read_the_same_crate_from_a_command_line():
     """The self-profile decoder's crate (``crate_of``) and the aggregate's (``CMD_CRATE_SQL``, which matches
     self-profiles to ETL processes) follow one rule: each form rustc accepts, plain or quoted."""
-    import duckdb
-
-    from pipeline.aggregate.resolve import CMD_CRATE_SQL
     from pipeline.decode.measureme import crate_of
 
     lines = {
@@ -108,10 +108,8 @@ def test_decoder_and_aggregate_read_the_same_crate_from_a_command_line():
         'rustc.exe --crate-name "delta" z.rs': "delta",
         "rustc   --crate-name   epsilon": "epsilon",
     }
-    with duckdb.connect() as con:
-        for line, crate in lines.items():
-            sql = con.execute(f"select {CMD_CRATE_SQL} from (select ?::varchar as command_line)", [line]).fetchone()[0]
-            assert (crate_of(line, Path("x-1.mm_profdata")), sql) == (crate, crate), line
+    for line, crate in lines.items():
+        assert (crate_of(line, Path("x-1.mm_profdata")), crate_token(line)) == (crate, crate), line
     # Without --crate-name, the decoder falls back on the file name (<crate>-<pid>.mm_profdata).
     assert crate_of("rustc -", Path("zeta-0001234.mm_profdata")) == "zeta"
     assert crate_of(None, Path("eta-17.mm_profdata")) == "eta"
