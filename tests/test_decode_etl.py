@@ -638,8 +638,9 @@ def _event_record(event_id: int, ts: int, pid: int, tid: int, payload: bytes, gu
     return rec + b"\0" * (-len(rec) % 8)
 
 
-def snapshot_blob() -> tuple[bytes, int]:
-    """A blob per §3: 3 segments, 2 stacks, two heap sections; returns (blob, stack-section length)."""
+def snapshot_blob(blocks=((0x100100, 0x5100, 64), (0x100200, 0x5200, 128), (0x100300, 0, 32))) -> tuple[bytes, int]:
+    """A blob per §3: 3 segments, 2 stacks, two heap sections (the first with ``blocks``: (address, stack
+    ref, size)); returns (blob, stack-section length)."""
     seg = lambda sid, frames: struct.pack("<IQ", len(frames) << 24 | 1, sid) + struct.pack(f"<{len(frames)}Q", *frames)  # noqa: E731
     stk = lambda sid, n, refs: struct.pack("<IQ", n << 24 | 2, sid) + struct.pack(f"<{len(refs)}Q", *refs)  # noqa: E731
     db = (struct.pack("<IIHH", 3, 2, 1, 8)
@@ -647,15 +648,15 @@ def snapshot_blob() -> tuple[bytes, int]:
           + stk(0x5100, 10, [0xA000, 0xB000]) + stk(0x5200, 3, [0xC000]))
     sentinel = struct.pack("<QQQ", 0x1234CDEF, 0, 0xFFFFFFFF)
     heaps = (struct.pack("<HHIQQQ", 2, 8, 0, 0x100000, 0x10000, 0x20000)
-             + struct.pack("<QQQ", 0x100100, 0x5100, 64) + struct.pack("<QQQ", 0x100200, 0x5200, 128)
-             + struct.pack("<QQQ", 0x100300, 0, 32) + sentinel
+             + b"".join(struct.pack("<QQQ", *block) for block in blocks) + sentinel
              + struct.pack("<HHIQQQ", 2, 8, 0, 0x200000, 0x1000, 0x2000)
              + struct.pack("<QQQ", 0x200040, 0x5100, 4096) + sentinel)
     return db + heaps, len(db)
 
 
-def snapshot_events(pid: int, instance: int, ts: int, *, drop: int | None = None, end: bool = True) -> list[bytes]:
-    blob, db_len = snapshot_blob()
+def snapshot_events(pid: int, instance: int, ts: int, *, drop: int | None = None, end: bool = True,
+                    blob: tuple[bytes, int] | None = None) -> list[bytes]:
+    blob, db_len = blob or snapshot_blob()
     pieces = [blob[i:i + 40] for i in range(0, len(blob), 40)]  # chunk boundaries fall inside records
     recs = [_event_record(100, ts + i, pid, 7, struct.pack("<III", instance, i, len(p)) + p, HEAP_SNAPSHOT_GUID)
             for i, p in enumerate(pieces) if i != drop]
@@ -665,7 +666,9 @@ def snapshot_events(pid: int, instance: int, ts: int, *, drop: int | None = None
     return recs
 
 
-def heap_snapshot_etl(path: Path) -> Path:
+def heap_snapshot_etl(path: Path, recs: list[bytes] | None = None) -> Path:
+    """The logfile header and one buffer of heap snapshot events: ``recs``, or three snapshots (one whole,
+    one with a chunk missing, one without end events)."""
     logfile = bytearray(0x118)
     struct.pack_into("<I4BII", logfile, 0x00, 0x2000, 10, 0, 1, 5, 19041, 1)
     struct.pack_into("<I", logfile, 0x24, 2)                           # BuffersWritten
@@ -673,8 +676,9 @@ def heap_snapshot_etl(path: Path) -> Path:
     struct.pack_into("<qq", logfile, 0x100, 10_000_000, 133_000_000_000_000_000)
     struct.pack_into("<I", logfile, 0x110, 1)
     header = _record("system", 0x0000, 1000, bytes(logfile) + "snap\0\0".encode("utf-16-le"))
-    recs = (snapshot_events(500, 1, 10_000) + snapshot_events(500, 2, 20_000, drop=3)
-            + snapshot_events(600, 1, 30_000, end=False))
+    if recs is None:
+        recs = (snapshot_events(500, 1, 10_000) + snapshot_events(500, 2, 20_000, drop=3)
+                + snapshot_events(600, 1, 30_000, end=False))
     data = _buffer([header], size=0x400, cpu=0, seq=0, buffer_type=4) + _buffer(recs, size=0x2000, cpu=0, seq=1)
     path.write_bytes(data)
     return path
@@ -720,6 +724,35 @@ def test_heap_snapshot_parser_refuses_bad_blobs():
     assert heapsnap.parse(np.frombuffer(bytes(bad), np.uint8))[0] == heapsnap.PARSE_BAD_VERSION
     status, _, parts = heapsnap.parse(np.frombuffer(blob, np.uint8))
     assert status == heapsnap.PARSE_OK and heapsnap.stack_frames(parts)[1].as_py() == [1, 2, 3]
+
+
+def test_heap_snapshots_with_impossible_blocks_are_markers(tmp_path):
+    """Busy blocks are user memory: a block past the end of the user address space (2^56 on 64-bit) stops the
+    parse at its offset, and blocks adding up to more than that space (they overlap) are refused too. Both
+    snapshots are kept as markers with an error naming the file; the whole snapshot beside them is decoded.
+    (A fuzzed size near 2^64 crashed the stage: the snapshot's block_bytes did not fit in an int64.)"""
+    from pipeline.decode.etl import heapsnap
+
+    beyond, db_len = snapshot_blob(((0x100100, 0x5100, 64), ((1 << 56) - 0x1000, 0x5200, 0x1001)))
+    status, pos, _ = heapsnap.parse(np.frombuffer(beyond, np.uint8))
+    assert (status, pos) == (heapsnap.PARSE_BAD_BLOCK, db_len + 32 + 24)
+    half = 1 << 55                                   # each inside the space; three of them overlap
+    overlapping = snapshot_blob(tuple((0x100000 + 16 * i, 0x5100, half) for i in range(3)))
+    edge = snapshot_blob(((0, 0, half), (half, 0, half - 4096)))  # with the other heap's 4096: the whole space
+    src = heap_snapshot_etl(tmp_path / "snap.etl", snapshot_events(500, 1, 10_000) + snapshot_events(
+        500, 2, 20_000, blob=(beyond, db_len)) + snapshot_events(500, 3, 30_000, blob=overlapping)
+        + snapshot_events(500, 4, 40_000, blob=edge))
+    run_dir = _run(src, tmp_path)
+    snaps = {r["instance"]: r for r in read_table(run_dir, "decoded", "heap_snapshots").to_pylist()}
+    assert snaps[1]["complete"] and snaps[1]["block_bytes"] == 64 + 128 + 32 + 4096
+    assert snaps[4]["complete"] and snaps[4]["block_bytes"] == 1 << 56
+    assert not snaps[2]["complete"] and snaps[2]["status"] == (
+        f"unparsed: busy block beyond the user address space at blob offset {db_len + 56}")
+    assert not snaps[3]["complete"] and "add up to" in snaps[3]["status"] and snaps[3]["block_bytes"] == 0
+    errors = read_table(run_dir, "decoded", "errors").to_pylist()
+    assert len(errors) == 2 and all(str(src) in e["message"] and "kept as a marker" in e["message"] for e in errors)
+    blocks = read_table(run_dir, "decoded", "heap_snapshot_blocks").to_pylist()
+    assert {b["instance"] for b in blocks} == {1, 4} and len(blocks) == 4 + 3
 
 
 def test_heap_snapshot_parser_32bit_layout():

@@ -43,11 +43,16 @@ HEAP_HEADER_SIZE = {8: 32, 4: 16}
 HEAP_VERSION = 2
 BLOCK_FIELDS = 3             # {Address; StackRef; Size}, W bytes each
 SENTINEL_ADDRESS, SENTINEL_SIZE = 0x1234CDEF, 0xFFFFFFFF
+# A busy block lies in the process's user address space: below 2^56 on 64-bit Windows (user space ends at
+# 2^47, or 2^56 with 5-level paging), below 2^32 for a 32-bit process. A block past it is corruption (and
+# sizes near 2^64 would overflow the snapshot's block_bytes).
+USER_SPACE_END = {8: 1 << 56, 4: 1 << 32}
 
 # Parse status codes.
-PARSE_OK, PARSE_TRUNCATED, PARSE_BAD_VERSION, PARSE_BAD_SEGMENT = 0, 1, 2, 3
+PARSE_OK, PARSE_TRUNCATED, PARSE_BAD_VERSION, PARSE_BAD_SEGMENT, PARSE_BAD_BLOCK = 0, 1, 2, 3, 4
 PARSE_TEXT = {PARSE_TRUNCATED: "blob ends inside a record", PARSE_BAD_VERSION: "unknown version or pointer size",
-              PARSE_BAD_SEGMENT: "stack refers to a segment that is not in the blob"}
+              PARSE_BAD_SEGMENT: "stack refers to a segment that is not in the blob",
+              PARSE_BAD_BLOCK: "busy block beyond the user address space"}
 
 
 # --- partition side ---------------------------------------------------------------------------------
@@ -136,6 +141,7 @@ def parse_blob(blob, seg_id, seg_off, seg_frames, stk_id, stk_ref, stk_off, stk_
     counts[3] = nr
     hsize = 32 if w == 8 else 16   # HEAP_HEADER_SIZE[w]
     first = 8 if w == 8 else 4     # offset of the Heap field
+    end = np.uint64(1 << 56) if w == 8 else np.uint64(1 << 32)   # USER_SPACE_END[w]
     nb_ = 0
     nh = 0
     while p < n:
@@ -155,6 +161,8 @@ def parse_blob(blob, seg_id, seg_off, seg_frames, stk_id, stk_ref, stk_off, stk_
             p += BLOCK_FIELDS * w
             if addr == SENTINEL_ADDRESS and ref == 0 and size == SENTINEL_SIZE:
                 break
+            if addr > end or size > end - addr:
+                return PARSE_BAD_BLOCK, p - BLOCK_FIELDS * w, counts
             blocks[nb_, 0] = addr
             blocks[nb_, 1] = ref
             blocks[nb_, 2] = size
@@ -409,8 +417,15 @@ def _snapshot(snapshot_id, pid, instance, chunks, ends, errors, path, stack_rows
         errors.append(_error(path, pid, instance, row["status"]))
         return row
     blk = parts["blocks"]
-    row.update(complete=True, heaps=len(parts["heaps"]), blocks=len(blk),
-               block_bytes=int(blk[:, 2].sum()) if len(blk) else 0, stacks=len(frames))
+    # Summed exactly (halves of each size: uint64 sums would wrap): each block lies in the user address space,
+    # so blocks that add up to more than it overlap.
+    block_bytes = (int((blk[:, 2] >> np.uint64(32)).sum()) << 32) + int((blk[:, 2] & np.uint64(0xFFFFFFFF)).sum())
+    space = USER_SPACE_END[int(blob[10]) | int(blob[11]) << 8]
+    if block_bytes > space:
+        row["status"] = f"unparsed: busy blocks add up to {block_bytes} bytes, more than the user address space ({space})"
+        errors.append(_error(path, pid, instance, row["status"]))
+        return row
+    row.update(complete=True, heaps=len(parts["heaps"]), blocks=len(blk), block_bytes=block_bytes, stacks=len(frames))
     # Stack ids as the event stacks get them: the same content hash of the frame list.
     n = len(frames)
     h1, h2, count = np.empty(n, np.uint64), np.empty(n, np.uint64), np.empty(n, np.int64)
