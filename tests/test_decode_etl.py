@@ -549,8 +549,9 @@ def _buffer(records: list[bytes], *, size: int, cpu: int, seq: int, buffer_type:
     return (head + body).ljust(size, b"\xff")
 
 
-def tiny_etl(path: Path) -> Path:
-    """Header buffer + one buffer per CPU with thread rundown, VirtualAlloc/Free, heap events and stacks."""
+def tiny_etl(path: Path, more0: tuple = (), more1: tuple = ()) -> Path:
+    """Header buffer + one buffer per CPU with thread rundown, VirtualAlloc/Free, heap events and stacks
+    (and the records ``more0`` and ``more1`` at the end of CPU 0's and CPU 1's buffer)."""
     size, start_ft = 0x1000, 133_000_000_000_000_000
     logfile = bytearray(0x118)
     struct.pack_into("<I4BII", logfile, 0x00, size, 10, 0, 1, 5, 19041, 2)
@@ -578,12 +579,14 @@ def tiny_etl(path: Path) -> Path:
                 tid=200, pid=100),                                                   # Free
         _record("system", 0x1023, 6500, ptr(0x500000), tid=200, pid=100),            # Destroy
         _record("perfinfo", 0x0263, 7000, ptr(0x10000) + ptr(0x2000) + struct.pack("<II", 100, 0x8000)),
+        *more0,
     ]
     cpu1 = [  # a 32-bit record layout (pointer size from the header type) and a user half on another CPU
         _record("perfinfo", 0x0262, 3500, ptr(0x20000, 4) + ptr(0x1000, 4) + struct.pack("<II", 300, 0x1000), P=4),
         _record("perfinfo", 0x1820, 3501, struct.pack("<qII", 3500, 300, 301) + ptr(0x401000, 4), P=4),
         _record("perfinfo", 0x1820, 4500, struct.pack("<qII", 4000, 100, 200) + ptr(0x7FF600002000)
                 + ptr(0x7FF600001000)),
+        *more1,
     ]
     data = (_buffer([header], size=0x400, cpu=0, seq=0, buffer_type=4)
             + _buffer(cpu0, size=size, cpu=0, seq=1) + _buffer(cpu1, size=size, cpu=1, seq=2))
@@ -623,6 +626,38 @@ def test_virtual_allocs_and_heap_events_from_documented_layouts(tmp_path):
     assert [(t["pid"], t["tid"], t["start_ns"]) for t in threads] == [(100, 200, None)]
     trace = read_table(run_dir, "decoded", "trace").to_pylist()[0]
     assert trace["logger_name"] == "tiny" and trace["cpu_count"] == 2 and trace["buffers"] == 3
+
+
+def test_regions_that_do_not_fit_in_the_address_space_are_errors(tmp_path):
+    """A VirtualAlloc or heap region larger than a user address space (2^56 bytes for 64-bit records, 4 GiB
+    for 32-bit ones) or running past the end of the address space is an error row naming the file and byte
+    offset; the record stays in ``events`` and every other row is decoded. (A fuzzed VirtualAlloc size of
+    2^63 + 2^19 was decoded as data and crashed the aggregate, which sums sizes as BIGINT.)"""
+    q = lambda *v: struct.pack(f"<{len(v)}Q", *v)  # noqa: E731
+    va = lambda ts, base, size, P=8: _record(  # noqa: E731
+        "perfinfo", 0x0262, ts, struct.pack("<QQ" if P == 8 else "<II", base, size) + struct.pack("<II", 100, 0x1000), P=P)
+    bad0 = (va(7100, 0x30000, (1 << 63) + (1 << 19)),                 # the fuzzed size
+            va(7200, 0xFFFFFFFFFFFFF000, 0x2000),                     # wraps past 2^64
+            _record("system", 0x1022, 7400, q(0x500000, 0x500200, 0x500100, 128, 1 << 60) + struct.pack("<I", 1),
+                    tid=200, pid=100))                                # ReAlloc from an impossible old block
+    bad1 = va(7500, 0xFFFFF000, 0x2000, P=4)                          # a 32-bit region past 4 GiB
+    src = tiny_etl(tmp_path / "tiny.etl", more0=(*bad0[:2], va(7300, 0, 1 << 56), bad0[2]), more1=(bad1,))
+    run_dir = _run(src, tmp_path)
+    errors = read_table(run_dir, "decoded", "errors").to_pylist()
+    assert sorted((e["kind"], e["buffer_index"]) for e in errors) == [("bad_value", 1)] * 3 + [("bad_value", 2)]
+    data = src.read_bytes()
+    assert sorted(e["file_offset"] for e in errors) == sorted(data.find(r) for r in (*bad0, bad1))  # each its record
+    for e in errors:
+        assert str(src) in e["message"] and "does not fit in the address space" in e["message"]
+        assert f"byte offset 0x{e['file_offset']:x}" in e["message"]
+    assert f"{1 << 60} bytes at 0x500100" in " ".join(e["message"] for e in errors)      # the old block
+    va_rows = read_table(run_dir, "decoded", "virtual_allocs").to_pylist()
+    assert [(v["timestamp"], v["size"]) for v in va_rows] == [(3000, 0x2000), (3500, 0x1000), (7000, 0x2000),
+                                                              (7300, 1 << 56)]
+    heap = read_table(run_dir, "decoded", "heap_events").to_pylist()
+    assert [h["kind"] for h in heap] == ["create", "alloc", "realloc", "free", "destroy"]
+    events = read_table(run_dir, "decoded", "events", columns=["timestamp"]).column("timestamp").to_pylist()
+    assert {7100, 7200, 7400, 7500} <= set(events)
 
 
 # --- WPR heap snapshots (docs/heap-snapshot.md), built byte by byte ------------------------------------

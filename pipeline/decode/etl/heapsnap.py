@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.decode.etl.batch import Batch, PairSet
+from pipeline.decode.etl.layout import USER_SPACE_END
 from pipeline.decode.etl.kernels import JIT, _u16, _u32, _u64, hash_frame_lists, stack_ids
 
 PROVIDER = "901d2afa-4ff6-46d7-8d0e-53645e1a47f5"
@@ -43,10 +44,6 @@ HEAP_HEADER_SIZE = {8: 32, 4: 16}
 HEAP_VERSION = 2
 BLOCK_FIELDS = 3             # {Address; StackRef; Size}, W bytes each
 SENTINEL_ADDRESS, SENTINEL_SIZE = 0x1234CDEF, 0xFFFFFFFF
-# A busy block lies in the process's user address space: below 2^56 on 64-bit Windows (user space ends at
-# 2^47, or 2^56 with 5-level paging), below 2^32 for a 32-bit process. A block past it is corruption (and
-# sizes near 2^64 would overflow the snapshot's block_bytes).
-USER_SPACE_END = {8: 1 << 56, 4: 1 << 32}
 
 # Parse status codes.
 PARSE_OK, PARSE_TRUNCATED, PARSE_BAD_VERSION, PARSE_BAD_SEGMENT, PARSE_BAD_BLOCK = 0, 1, 2, 3, 4
@@ -141,7 +138,7 @@ def parse_blob(blob, seg_id, seg_off, seg_frames, stk_id, stk_ref, stk_off, stk_
     counts[3] = nr
     hsize = 32 if w == 8 else 16   # HEAP_HEADER_SIZE[w]
     first = 8 if w == 8 else 4     # offset of the Heap field
-    end = np.uint64(1 << 56) if w == 8 else np.uint64(1 << 32)   # USER_SPACE_END[w]
+    end = np.uint64(1 << 56) if w == 8 else np.uint64(1 << 32)   # layout.USER_SPACE_END[w]: busy blocks are user memory
     nb_ = 0
     nh = 0
     while p < n:
@@ -420,7 +417,7 @@ def _snapshot(snapshot_id, pid, instance, chunks, ends, errors, path, stack_rows
     # Summed exactly (halves of each size: uint64 sums would wrap): each block lies in the user address space,
     # so blocks that add up to more than it overlap.
     block_bytes = (int((blk[:, 2] >> np.uint64(32)).sum()) << 32) + int((blk[:, 2] & np.uint64(0xFFFFFFFF)).sum())
-    space = USER_SPACE_END[int(blob[10]) | int(blob[11]) << 8]
+    space = USER_SPACE_END[int(blob[10]) | int(blob[11]) << 8]      # (parsed: PointerSize is 4 or 8)
     if block_bytes > space:
         row["status"] = f"unparsed: busy blocks add up to {block_bytes} bytes, more than the user address space ({space})"
         errors.append(_error(path, pid, instance, row["status"]))

@@ -271,15 +271,35 @@ def extended_stacks(b: Batch, idx: np.ndarray) -> None:
     b.emit("_event_stack_links", {**b.common(ridx), "tid": b.c["tid"][ridx]})
 
 
+def _fits(b: Batch, idx: np.ndarray, start: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """Whether each region [start, start + size) can be one: its size at most a user address space
+    (``L.USER_SPACE_END`` of the record's pointer size) and its end inside the address space."""
+    big = b.c["ptr"][idx] == 8
+    limit = np.where(big, np.uint64(L.USER_SPACE_END[8]), np.uint64(L.USER_SPACE_END[4]))
+    top = np.where(big, np.uint64(2**64 - 1), np.uint64(1 << 32))
+    return (size <= limit) & (start <= top - np.minimum(size, limit))
+
+
+def _drop_impossible(b: Batch, idx: np.ndarray, ok: np.ndarray, what: str, start: np.ndarray, size: np.ndarray) -> None:
+    """Records whose region cannot be (not ``ok``: see ``_fits``) become errors; the caller leaves them to ``events``."""
+    for j in np.flatnonzero(~ok)[:100].tolist():
+        b.error(int(idx[j]), "bad_value", f"{what}: a region of {int(size[j])} bytes at 0x{int(start[j]):x} does "
+                                          "not fit in the address space")
+
+
 # --- PageFault VirtualAlloc / VirtualFree (§3.7) ---------------------------------------------------
 def virtual_alloc(b: Batch, idx: np.ndarray) -> None:
     P = b.c["ptr"][idx].astype(np.int64)
     idx = b.require(idx, 16 + 2 * (P - 4), "VirtualAlloc")
     V = L.VIRTUAL_ALLOC
+    base, size = b.pointer(idx, *V["base"]), b.pointer(idx, *V["size"])
+    ok = _fits(b, idx, base, size)
+    if not ok.all():
+        _drop_impossible(b, idx, ok, "VirtualAlloc", base, size)
+        idx, base, size = idx[ok], base[ok], size[ok]
     b.emit("_virtual_allocs", {
-        **b.common(idx), "pid": _u32(b, idx, V["pid"]), "base": b.pointer(idx, *V["base"]),
-        "size": b.pointer(idx, *V["size"]), "flags": _u32(b, idx, V["flags"]),
-        "is_free": b.c["opcode"][idx] == 99,
+        **b.common(idx), "pid": _u32(b, idx, V["pid"]), "base": base, "size": size,
+        "flags": _u32(b, idx, V["flags"]), "is_free": b.c["opcode"][idx] == 99,
     }, idx)
 
 
@@ -315,6 +335,13 @@ def heap(b: Batch, idx: np.ndarray) -> None:
     m = op == 32
     if m.any():
         flags[m] = _u32(b, idx[m], L.HEAP_CREATE["flags"])
+    ok = _fits(b, idx, cols["address"], cols["size"]) & _fits(b, idx, cols["old_address"], cols["old_size"])
+    if not ok.all():
+        new_fits = _fits(b, idx, cols["address"], cols["size"])     # (else the old region of a realloc)
+        _drop_impossible(b, idx, ok, "Heap", np.where(new_fits, cols["old_address"], cols["address"]),
+                         np.where(new_fits, cols["old_size"], cols["size"]))
+        idx, op, flags, source = idx[ok], op[ok], flags[ok], source[ok]
+        cols = {k: v[ok] for k, v in cols.items()}
     b.emit("_heap_events", {
         **b.common(idx), "pid": b.c["pid"][idx], "tid": b.c["tid"][idx],
         "kind": pa.DictionaryArray.from_arrays(pa.array(op.astype(np.int8) - 32), _HEAP_KIND_NAMES),

@@ -67,6 +67,10 @@ LOGFILE = {
 #: The FILETIME fields of the logfile header, and the last FILETIME a date can hold (9999-12-31, 100 ns units).
 LOGFILE_TIMES = ("start_time_filetime", "end_time_filetime", "boot_time_filetime")
 MAX_FILETIME = 2_650_467_743_999_999_999
+#: Where a process's user address space ends, by pointer size: 2^56 on 64-bit Windows (2^47, or 2^56 with
+#: 5-level paging), 4 GiB for a 32-bit process. No allocation (VirtualAlloc region, heap block) is larger; a
+#: value beyond it is corruption, and would overflow the sums of sizes downstream.
+USER_SPACE_END = {8: 1 << 56, 4: 1 << 32}
 LOGFILE_HEADER_SIZE = {8: 0x118, 4: 0x110}  # fixed part; LoggerName and LogFileName (UTF-16) follow
 LOG_FILE_MODE_COMPRESSED = 0x04000000
 
