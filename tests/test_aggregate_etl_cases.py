@@ -181,3 +181,25 @@ def test_process_tree_parents_by_time(run):
     assert cargo["parent_key"] is None and cargo["depth"] == 0 and tree[(100, 10)]["depth"] == 1
     assert cargo["tree_samples"] == 14 and cargo["samples"] == 1
     assert tree[(100, 2000)]["duration_ns"] == 2000 and tree[(200, 6500)]["end_ns"] is None
+
+
+def test_a_process_first_seen_long_before_the_trace(tmp_path):
+    """A process without a start whose first event is far before the trace (a damaged timestamp: a fuzzed
+    trace gave -2.18e18 ns) still owns its samples; its ordering key overflowed BIGINT and failed the stage."""
+    from pipeline import aggregate
+
+    procs = processes().slice(0, 1)
+    early = pa.table({"pid": pa.array([300], U32), "parent_pid": pa.array([7], U32), "image_name": ["early.exe"],
+                      "command_line": ["early"], "start_ns": pa.nulls(1, I64), "end_ns": pa.array([900], I64),
+                      "exit_status": pa.array([0], pa.int32()), "first_seen_ns": pa.array([-2179742219611619964], I64),
+                      "last_seen_ns": pa.array([900], I64)})
+    stacks = pa.table({"stack_id": pa.array([0], I64), "frames": pa.array([STACKS[0]], pa.list_(U64))})
+    mine = samples().slice(0, 3)
+    mine = mine.set_column(mine.schema.get_field_index("pid"), "pid", pa.array([300] * 3, U32))
+    write(tmp_path / "run", "decoded", {"processes": pa.concat_tables([procs, early]), "images": images(),
+                                        "stacks": stacks, "samples": mine})
+    config = Config()
+    config.cluster.mode = "synchronous"
+    aggregate.run(tmp_path / "run", config, None)
+    procs = by(tmp_path / "run", "cpu_by_process", "pid", "start_ns")
+    assert procs[(300, None)]["samples"] == 3 and procs[(300, None)]["image_name"] == "early.exe"

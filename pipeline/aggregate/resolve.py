@@ -75,7 +75,7 @@ def connect(ctx, *tables: str):
             SELECT (row_number() OVER (ORDER BY pid, start_ns NULLS FIRST, first_seen_ns) - 1)::BIGINT AS process_key,
                    pid::BIGINT AS pid, parent_pid::BIGINT AS parent_pid, image_name, command_line,
                    {CMD_CRATE_SQL} AS crate, start_ns, end_ns, exit_status,
-                   coalesce(start_ns, {MIN_NS} + coalesce(first_seen_ns, 0)) AS start_key
+                   coalesce(start_ns, {MIN_NS} + greatest(coalesce(first_seen_ns, 0), 0)) AS start_key
             FROM processes""")
     return con
 
