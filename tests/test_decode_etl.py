@@ -629,7 +629,7 @@ def test_virtual_allocs_and_heap_events_from_documented_layouts(tmp_path):
 
 
 def test_regions_that_do_not_fit_in_the_address_space_are_errors(tmp_path):
-    """A VirtualAlloc or heap region larger than a user address space (2^56 bytes for 64-bit records, 4 GiB
+    """A VirtualAlloc, heap or image region larger than a user address space (2^56 bytes for 64-bit records, 4 GiB
     for 32-bit ones) or running past the end of the address space is an error row naming the file and byte
     offset; the record stays in ``events`` and every other row is decoded. (A fuzzed VirtualAlloc size of
     2^63 + 2^19 was decoded as data and crashed the aggregate, which sums sizes as BIGINT.)"""
@@ -640,11 +640,18 @@ def test_regions_that_do_not_fit_in_the_address_space_are_errors(tmp_path):
             va(7200, 0xFFFFFFFFFFFFF000, 0x2000),                     # wraps past 2^64
             _record("system", 0x1022, 7400, q(0x500000, 0x500200, 0x500100, 128, 1 << 60) + struct.pack("<I", 1),
                     tid=200, pid=100))                                # ReAlloc from an impossible old block
-    bad1 = va(7500, 0xFFFFF000, 0x2000, P=4)                          # a 32-bit region past 4 GiB
-    src = tiny_etl(tmp_path / "tiny.etl", more0=(*bad0[:2], va(7300, 0, 1 << 56), bad0[2]), more1=(bad1,))
+    image = lambda ts, base, size, name: _record(  # noqa: E731  (Image Load v3, 64-bit: the name at 0x38)
+        "system", 0x140A, ts, q(base, size) + struct.pack("<IIIIQ", 100, 0, 0, 0, 0).ljust(0x28, b"\0")
+        + f"{name}\0".encode("utf-16-le"), tid=200, pid=100, version=3)
+    bad0 = (*bad0, image(7600, 0x7FF700000000, (1 << 64) - 1, "bad.dll"))  # (a fuzzed size; the aggregate's
+    bad1 = va(7500, 0xFFFFF000, 0x2000, P=4)                               # base + size overflowed UBIGINT)
+    src = tiny_etl(tmp_path / "tiny.etl", more0=(*bad0[:2], va(7300, 0, 1 << 56), *bad0[2:],
+                                                 image(7700, 0x7FF600000000, 0x10000, "good.dll")), more1=(bad1,))
     run_dir = _run(src, tmp_path)
     errors = read_table(run_dir, "decoded", "errors").to_pylist()
-    assert sorted((e["kind"], e["buffer_index"]) for e in errors) == [("bad_value", 1)] * 3 + [("bad_value", 2)]
+    assert sorted((e["kind"], e["buffer_index"]) for e in errors) == [("bad_value", 1)] * 4 + [("bad_value", 2)]
+    images = read_table(run_dir, "decoded", "images").to_pylist()
+    assert [(i["file_name"], i["base"], i["size"]) for i in images] == [("good.dll", 0x7FF600000000, 0x10000)]
     data = src.read_bytes()
     assert sorted(e["file_offset"] for e in errors) == sorted(data.find(r) for r in (*bad0, bad1))  # each its record
     for e in errors:
@@ -657,7 +664,7 @@ def test_regions_that_do_not_fit_in_the_address_space_are_errors(tmp_path):
     heap = read_table(run_dir, "decoded", "heap_events").to_pylist()
     assert [h["kind"] for h in heap] == ["create", "alloc", "realloc", "free", "destroy"]
     events = read_table(run_dir, "decoded", "events", columns=["timestamp"]).column("timestamp").to_pylist()
-    assert {7100, 7200, 7400, 7500} <= set(events)
+    assert {7100, 7200, 7400, 7500, 7600} <= set(events)
 
 
 # --- WPR heap snapshots (docs/heap-snapshot.md), built byte by byte ------------------------------------

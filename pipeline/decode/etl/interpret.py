@@ -26,6 +26,22 @@ def _u32(b, idx, spec):
     return b.field(idx, spec[0], spec[1], 4)
 
 
+def _fits(b: Batch, idx: np.ndarray, start: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """Whether each region [start, start + size) can be one: its size at most a user address space
+    (``L.USER_SPACE_END`` of the record's pointer size) and its end inside the address space."""
+    big = b.c["ptr"][idx] == 8
+    limit = np.where(big, np.uint64(L.USER_SPACE_END[8]), np.uint64(L.USER_SPACE_END[4]))
+    top = np.where(big, np.uint64(2**64 - 1), np.uint64(1 << 32))
+    return (size <= limit) & (start <= top - np.minimum(size, limit))
+
+
+def _drop_impossible(b: Batch, idx: np.ndarray, ok: np.ndarray, what: str, start: np.ndarray, size: np.ndarray) -> None:
+    """Records whose region cannot be (not ``ok``: see ``_fits``) become errors; the caller leaves them to ``events``."""
+    for j in np.flatnonzero(~ok)[:100].tolist():
+        b.error(int(idx[j]), "bad_value", f"{what}: a region of {int(size[j])} bytes at 0x{int(start[j]):x} does "
+                                          "not fit in the address space")
+
+
 # --- Process (§3.1) --------------------------------------------------------------------------------
 PROCESS_KIND = {1: "start", 2: "end", 3: "dcstart", 4: "dcend", 39: "defunct"}
 
@@ -102,12 +118,17 @@ def image(b: Batch, idx: np.ndarray) -> None:
     v = b.c["version"][idx]
     new = v >= 2
     name_rel = np.where(new, b.offset_of(idx, *I["file_name"]), b.offset_of(idx, 0x0C, 2))
+    base, size = b.pointer(idx, *I["base"]), b.pointer(idx, *I["size"])
+    ok = _fits(b, idx, base, size)
+    if not ok.all():
+        _drop_impossible(b, idx, ok, "Image", base, size)
+        idx, base, size, new, name_rel = idx[ok], base[ok], size[ok], new[ok], name_rel[ok]
     names, _ = b.strings(idx, name_rel, wide=True)
     pid = _u32(b, idx, I["pid"])
     zero = np.zeros(len(idx), np.uint32)
     b.emit("_image_events", {
         **b.common(idx), "kind": [IMAGE_KIND.get(int(o), str(int(o))) for o in b.c["opcode"][idx]],
-        "pid": pid, "base": b.pointer(idx, *I["base"]), "size": b.pointer(idx, *I["size"]),
+        "pid": pid, "base": base, "size": size,
         "checksum": np.where(new, _u32(b, idx, I["checksum"]), zero),
         "time_date_stamp": np.where(new, _u32(b, idx, I["time_date_stamp"]), zero),
         "file_name": names,
@@ -269,22 +290,6 @@ def extended_stacks(b: Batch, idx: np.ndarray) -> None:
                            "h1": np.where(full, pieces["h1"], 0), "h2": np.where(full, pieces["h2"], 0),
                            "n": np.where(full, pieces["n"], 0).astype(np.int32)})
     b.emit("_event_stack_links", {**b.common(ridx), "tid": b.c["tid"][ridx]})
-
-
-def _fits(b: Batch, idx: np.ndarray, start: np.ndarray, size: np.ndarray) -> np.ndarray:
-    """Whether each region [start, start + size) can be one: its size at most a user address space
-    (``L.USER_SPACE_END`` of the record's pointer size) and its end inside the address space."""
-    big = b.c["ptr"][idx] == 8
-    limit = np.where(big, np.uint64(L.USER_SPACE_END[8]), np.uint64(L.USER_SPACE_END[4]))
-    top = np.where(big, np.uint64(2**64 - 1), np.uint64(1 << 32))
-    return (size <= limit) & (start <= top - np.minimum(size, limit))
-
-
-def _drop_impossible(b: Batch, idx: np.ndarray, ok: np.ndarray, what: str, start: np.ndarray, size: np.ndarray) -> None:
-    """Records whose region cannot be (not ``ok``: see ``_fits``) become errors; the caller leaves them to ``events``."""
-    for j in np.flatnonzero(~ok)[:100].tolist():
-        b.error(int(idx[j]), "bad_value", f"{what}: a region of {int(size[j])} bytes at 0x{int(start[j]):x} does "
-                                          "not fit in the address space")
 
 
 # --- PageFault VirtualAlloc / VirtualFree (§3.7) ---------------------------------------------------
