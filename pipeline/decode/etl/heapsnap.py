@@ -44,6 +44,8 @@ HEAP_HEADER_SIZE = {8: 32, 4: 16}
 HEAP_VERSION = 2
 BLOCK_FIELDS = 3             # {Address; StackRef; Size}, W bytes each
 SENTINEL_ADDRESS, SENTINEL_SIZE = 0x1234CDEF, 0xFFFFFFFF
+# Busy blocks are user memory: each lies below the end of the user address space (constants of the kernel).
+USER_END_8, USER_END_4 = np.uint64(USER_SPACE_END[8]), np.uint64(USER_SPACE_END[4])
 
 # Parse status codes.
 PARSE_OK, PARSE_TRUNCATED, PARSE_BAD_VERSION, PARSE_BAD_SEGMENT, PARSE_BAD_BLOCK = 0, 1, 2, 3, 4
@@ -138,7 +140,7 @@ def parse_blob(blob, seg_id, seg_off, seg_frames, stk_id, stk_ref, stk_off, stk_
     counts[3] = nr
     hsize = 32 if w == 8 else 16   # HEAP_HEADER_SIZE[w]
     first = 8 if w == 8 else 4     # offset of the Heap field
-    end = np.uint64(1 << 56) if w == 8 else np.uint64(1 << 32)   # layout.USER_SPACE_END[w]: busy blocks are user memory
+    end = USER_END_8 if w == 8 else USER_END_4
     nb_ = 0
     nh = 0
     while p < n:

@@ -26,20 +26,20 @@ def _u32(b, idx, spec):
     return b.field(idx, spec[0], spec[1], 4)
 
 
-def _fits(b: Batch, idx: np.ndarray, start: np.ndarray, size: np.ndarray) -> np.ndarray:
-    """Whether each region [start, start + size) can be one: its size at most a user address space
-    (``L.USER_SPACE_END`` of the record's pointer size) and its end inside the address space."""
+def _possible(b: Batch, idx: np.ndarray, what: str, *regions: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Which records' regions ((start, size) arrays) can all be: each size at most a user address space
+    (``L.USER_SPACE_END`` of the record's pointer size) and each end inside the address space. The others
+    become errors (kind ``bad_value``, their first impossible region named); the caller leaves them to ``events``."""
     big = b.c["ptr"][idx] == 8
     limit = np.where(big, np.uint64(L.USER_SPACE_END[8]), np.uint64(L.USER_SPACE_END[4]))
     top = np.where(big, np.uint64(2**64 - 1), np.uint64(1 << 32))
-    return (size <= limit) & (start <= top - np.minimum(size, limit))
-
-
-def _drop_impossible(b: Batch, idx: np.ndarray, ok: np.ndarray, what: str, start: np.ndarray, size: np.ndarray) -> None:
-    """Records whose region cannot be (not ``ok``: see ``_fits``) become errors; the caller leaves them to ``events``."""
+    fits = [(size <= limit) & (start <= top - np.minimum(size, limit)) for start, size in regions]
+    ok = np.logical_and.reduce(fits)
     for j in np.flatnonzero(~ok)[:100].tolist():
+        start, size = next(r for r, f in zip(regions, fits) if not f[j])
         b.error(int(idx[j]), "bad_value", f"{what}: a region of {int(size[j])} bytes at 0x{int(start[j]):x} does "
                                           "not fit in the address space")
+    return ok
 
 
 # --- Process (§3.1) --------------------------------------------------------------------------------
@@ -119,9 +119,8 @@ def image(b: Batch, idx: np.ndarray) -> None:
     new = v >= 2
     name_rel = np.where(new, b.offset_of(idx, *I["file_name"]), b.offset_of(idx, 0x0C, 2))
     base, size = b.pointer(idx, *I["base"]), b.pointer(idx, *I["size"])
-    ok = _fits(b, idx, base, size)
+    ok = _possible(b, idx, "Image", (base, size))
     if not ok.all():
-        _drop_impossible(b, idx, ok, "Image", base, size)
         idx, base, size, new, name_rel = idx[ok], base[ok], size[ok], new[ok], name_rel[ok]
     names, _ = b.strings(idx, name_rel, wide=True)
     pid = _u32(b, idx, I["pid"])
@@ -298,9 +297,8 @@ def virtual_alloc(b: Batch, idx: np.ndarray) -> None:
     idx = b.require(idx, 16 + 2 * (P - 4), "VirtualAlloc")
     V = L.VIRTUAL_ALLOC
     base, size = b.pointer(idx, *V["base"]), b.pointer(idx, *V["size"])
-    ok = _fits(b, idx, base, size)
+    ok = _possible(b, idx, "VirtualAlloc", (base, size))
     if not ok.all():
-        _drop_impossible(b, idx, ok, "VirtualAlloc", base, size)
         idx, base, size = idx[ok], base[ok], size[ok]
     b.emit("_virtual_allocs", {
         **b.common(idx), "pid": _u32(b, idx, V["pid"]), "base": base, "size": size,
@@ -340,11 +338,8 @@ def heap(b: Batch, idx: np.ndarray) -> None:
     m = op == 32
     if m.any():
         flags[m] = _u32(b, idx[m], L.HEAP_CREATE["flags"])
-    ok = _fits(b, idx, cols["address"], cols["size"]) & _fits(b, idx, cols["old_address"], cols["old_size"])
+    ok = _possible(b, idx, "Heap", (cols["address"], cols["size"]), (cols["old_address"], cols["old_size"]))
     if not ok.all():
-        new_fits = _fits(b, idx, cols["address"], cols["size"])     # (else the old region of a realloc)
-        _drop_impossible(b, idx, ok, "Heap", np.where(new_fits, cols["old_address"], cols["address"]),
-                         np.where(new_fits, cols["old_size"], cols["size"]))
         idx, op, flags, source = idx[ok], op[ok], flags[ok], source[ok]
         cols = {k: v[ok] for k, v in cols.items()}
     b.emit("_heap_events", {
