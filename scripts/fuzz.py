@@ -46,19 +46,8 @@ SYNTH = {"plain": {}, "xpress": {"compress": True}, "keys": {"stack_caching": Tr
          "keys32-xpress": {"pointer_size": 4, "stack_caching": True, "compress": True}}
 
 
-def buffer_offsets(b: bytes) -> list[int]:
-    """Where the ETL buffers start (the chain of BufferSize fields), up to the first that cannot be one."""
-    offsets, at = [], 0
-    while at + 0x48 <= len(b) and len(offsets) < 1 << 20:
-        size = int.from_bytes(b[at:at + 4], "little")
-        if size < 0x48:
-            break
-        offsets.append(at)
-        at += size
-    return offsets
-
-
-def mutate(data: bytes, rng: random.Random, header: bool) -> tuple[str, bytes]:
+def mutate(data: bytes, rng: random.Random, header: bool, buffers: list[int]) -> tuple[str, bytes]:
+    """One damaged copy of ``data``; ``buffers``: where its ETL data buffers start (none for a self-profile)."""
     b = bytearray(data)
     if header:
         for _ in range(rng.randint(1, 4)):
@@ -68,7 +57,7 @@ def mutate(data: bytes, rng: random.Random, header: bool) -> tuple[str, bytes]:
             else:
                 b[i] ^= 1 << rng.randrange(8)
         return "header", bytes(b)
-    kind = rng.choice(["flip", "field", "field64", "trunc", "zero", "copy"] + (["buffer"] if b[:4] != b"MMPD" else []))
+    kind = rng.choice(["flip", "field", "field64", "trunc", "zero", "copy"] + (["buffer"] if buffers else []))
     lo = 0 if rng.random() < 0.15 else min(len(b) - 1, 0x200)
     if kind == "flip":
         for _ in range(rng.randint(1, 30)):
@@ -83,9 +72,8 @@ def mutate(data: bytes, rng: random.Random, header: bool) -> tuple[str, bytes]:
             i = rng.randrange(lo, max(lo + 1, len(b) - 8)) & ~7
             b[i:i + 8] = rng.choice(WIDE_VALUES + (rng.getrandbits(64),)).to_bytes(8, "little")
     elif kind == "buffer":
-        offsets = buffer_offsets(bytes(b))[1:] or [0]
         for _ in range(rng.randint(1, 3)):
-            i = rng.choice(offsets) + (rng.randrange(0, 0x48) & ~3)
+            i = rng.choice(buffers) + (rng.randrange(0, 0x48) & ~3)
             b[i:i + 4] = rng.choice(FIELD_VALUES + (rng.getrandbits(32),)).to_bytes(4, "little")
     elif kind == "trunc":
         b = b[:rng.randrange(1, len(b))]
@@ -115,6 +103,7 @@ def main() -> int:
     from pipeline import aggregate, decode, report, symbolize
     from pipeline.cluster import Pool
     from pipeline.config import Config
+    from pipeline.decode.etl.buffers import walk
     from pipeline.errors import InputError
 
     later = {"symbolize": symbolize, "aggregate": aggregate, "report": report}
@@ -141,9 +130,10 @@ def main() -> int:
     try:
         for src in files:
             data = src.read_bytes()
+            buffers = walk(src)[1]["file_offset"][1:].tolist() if src.suffix == ".etl" else []
             damaged = work / f"damaged{src.suffix}"
             for seed in range(args.seed, args.seed + args.mutations):
-                kind, blob = mutate(data, random.Random(seed), args.header)
+                kind, blob = mutate(data, random.Random(seed), args.header, buffers)
                 damaged.write_bytes(blob)
                 if args.verbose:
                     print(f"run {src} seed {seed} ({kind})", flush=True)

@@ -113,15 +113,15 @@ def image(b: Batch, idx: np.ndarray) -> None:
     v = b.c["version"][idx]
     P = b.c["ptr"][idx].astype(np.int64)
     idx = b.require(idx, np.where(v >= 2, 0x2C + 3 * (P - 4), 0x0C + 2 * (P - 4)), "Image")
+    base, size = b.pointer(idx, *I["base"]), b.pointer(idx, *I["size"])
+    ok = _possible(b, idx, "Image", (base, size))
+    if not ok.all():
+        idx, base, size = idx[ok], base[ok], size[ok]
     if len(idx) == 0:
         return
     v = b.c["version"][idx]
     new = v >= 2
     name_rel = np.where(new, b.offset_of(idx, *I["file_name"]), b.offset_of(idx, 0x0C, 2))
-    base, size = b.pointer(idx, *I["base"]), b.pointer(idx, *I["size"])
-    ok = _possible(b, idx, "Image", (base, size))
-    if not ok.all():
-        idx, base, size, new, name_rel = idx[ok], base[ok], size[ok], new[ok], name_rel[ok]
     names, _ = b.strings(idx, name_rel, wide=True)
     pid = _u32(b, idx, I["pid"])
     zero = np.zeros(len(idx), np.uint32)
