@@ -152,6 +152,29 @@ def test_pool_runs_tasks_on_real_worker_processes(dask_pool):
     assert dask_pool.n_workers == 2
 
 
+def test_a_lazy_pool_starts_its_cluster_when_a_task_needs_it():
+    """``connect(lazy=True)``: no cluster until the first task (or the worker count) needs one; then a real
+    one, closed with the context. A bad scheduler address fails at that first need, and again at the next:
+    tasks never fall back to running in this process."""
+    from pipeline.cluster import connect
+    from pipeline.config import ClusterConfig
+
+    with connect(ClusterConfig(mode="local", n_workers=1, memory_limit="1GiB"), lazy=True) as pool:
+        pool.set_aside()
+        assert pool.map(_square, []) == [] and not pool.started
+        results = pool.map(_square, [2, 3])
+        assert pool.started and [r[0] for r in results] == [4, 9] and os.getpid() not in {r[1] for r in results}
+        assert pool.n_workers == 1
+        client = pool.client
+    assert client.status == "closed"
+    bad = "tcp://127.0.0.1:notaport"
+    with connect(ClusterConfig(mode="address", address=bad), lazy=True) as pool:
+        for _ in range(2):
+            with pytest.raises(ConfigError, match="cannot connect to a dask scheduler"):
+                pool.map(_square, [1])
+        assert not pool.started
+
+
 def _slow_square(x):
     import time
 

@@ -13,7 +13,7 @@ def main(args, config) -> int:
     from pipeline import report
     from pipeline.cluster import connect
 
-    with connect(config.cluster) as pool:
+    with connect(config.cluster, lazy=True) as pool:      # (ETL sections need no cluster)
         summary = report.run(args.run_dir, config, pool)
     print(f"report: {args.run_dir / 'report' / 'index.html'}")
     for section, counts in summary.items():
