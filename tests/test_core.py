@@ -257,6 +257,44 @@ def test_cli_decode_with_a_local_cluster_ends_cleanly(tmp_path):
     assert out.stderr == ""
 
 
+def test_cli_decode_shows_a_status_line_on_a_terminal_and_erases_it(tmp_path):
+    """With standard error on a terminal, the decode rewrites one status line in place (bytes of the trace,
+    percent, rate; then the joins) and erases it at the end; standard output is the summary alone. (Without
+    a terminal standard error stays empty: the test above.)"""
+    import pty
+    import re
+
+    from tests.conftest import fixture_path
+
+    cfg = tmp_path / "small-parts.yaml"
+    cfg.write_text("cluster: {mode: synchronous}\ndecode: {partition_bytes: 2097152}\n")
+    trace = fixture_path("etl/perfview-net45-x86/PerfViewData.etl")
+    terminal, other_side = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "--config", str(cfg), "decode", str(trace), "--run",
+                             str(tmp_path / "run")], stdout=subprocess.PIPE, stderr=other_side, cwd=ROOT)
+    os.close(other_side)
+    shown = b""
+    while True:
+        try:
+            data = os.read(terminal, 4096)
+        except OSError:             # (EIO: the command has ended and closed its side)
+            break
+        if not data:
+            break
+        shown += data
+    os.close(terminal)
+    summary = json.loads(proc.stdout.read())
+    assert proc.wait() == 0
+    lines = shown.decode().split("\r")
+    size = trace.stat().st_size / 1e9
+    progress = [re.match(r"decode: (\d+\.\d\d) of (\d+\.\d\d) GB \((\d+) %\), \d+ MB/s", line) for line in lines]
+    assert [float(m.group(2)) for m in progress if m] and all(abs(float(m.group(2)) - size) < 0.01 for m in progress if m)
+    assert [m.group(3) for m in progress if m][-1] == "100"
+    assert any(line.startswith("decode: ") and "joining" in line for line in lines)
+    assert lines[-1] == "" and lines[-2].strip() == ""          # (erased: blanks over the longest line, back to its start)
+    assert summary["etl"]["records"] > 0
+
+
 def _log_as_distributed_worker(_item):
     """A task: log what distributed logs when a heartbeat meets a closing scheduler, and another error."""
     import logging

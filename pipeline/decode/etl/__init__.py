@@ -21,6 +21,7 @@ import pyarrow as pa
 from pipeline.decode.etl import layout as L
 from pipeline.decode.etl.buffers import walk
 from pipeline.errors import out_of_memory
+from pipeline.progress import Status
 
 
 def plan_partitions(bufs: np.ndarray, partition_bytes: int) -> list[np.ndarray]:
@@ -58,7 +59,13 @@ def filetime_to_utc(ft: int) -> _dt.datetime | None:
 
 
 def decode_etl(path: Path, out, cfg, pool) -> dict[str, Any]:
-    """Decode one ETL trace into ``out`` (a StageOutput); returns the summary stored in the manifest."""
+    """Decode one ETL trace into ``out`` (a StageOutput); returns the summary stored in the manifest. On a
+    terminal, a status line shows the bytes decoded, the rate and the time to go, then the joins."""
+    with Status("decode", 0) as status:
+        return _decode_etl(path, out, cfg, pool, status)
+
+
+def _decode_etl(path: Path, out, cfg, pool, status: Status) -> dict[str, Any]:
     import duckdb  # (imported here, so that set_aside keeps its objects out of the collector)
 
     from pipeline.decode.etl import heapsnap, joins
@@ -82,6 +89,7 @@ def decode_etl(path: Path, out, cfg, pool) -> dict[str, Any]:
         for i, part in enumerate(plan_partitions(desc, cfg.partition_bytes))
     ]
     small = InlineScratch(scratch)
+    status.total = int(desc["buffer_size"].sum())
     preloading: list[threading.Thread] = []
     # (opened while the partitions run: the joins need it as soon as they end)
     connecting = concurrent.futures.ThreadPoolExecutor(max_workers=1)
@@ -93,10 +101,12 @@ def decode_etl(path: Path, out, cfg, pool) -> dict[str, Any]:
             preloading.append(threading.Thread(target=heapsnap.preload, name="bootprof-preload", daemon=True))
             preloading[0].start()
         small.take(result)
+        status.advance(result["bytes"])
 
     results = pool.map(decode_partition, tasks, on_result=take)
     small.close()
     t_parts = time.time()
+    status.say(f"{status.done / 1e9:.2f} GB in {t_parts - t0:.1f} s; joining stacks, processes and heap snapshots")
 
     errors = list(header.walk_errors) + header.field_errors
     for r in results:
