@@ -21,6 +21,7 @@ from typing import NoReturn
 from pipeline import __version__
 from pipeline.config import Config, load_config, load_job
 from pipeline.errors import BootprofError
+from pipeline.progress import Status
 
 #: subcommand -> (module, one-line help). Order is the order of the pipeline.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -81,7 +82,9 @@ def run_job(job_path: Path, trace: Path | None, run_dir: Path | None, config_pat
         synth = importlib.import_module("pipeline.synth")
         trace = run_dir / "input" / "demo.etl"
         t0 = time.perf_counter()
-        synth.run(trace, config.synth)
+        with Status("synth", 0) as status:
+            status.say(f"writing the demo trace ({config.synth.size})")
+            synth.run(trace, config.synth)
         print(f"  synth      {time.perf_counter() - t0:7.2f} s  {trace}")
         symbols = trace.parent / "symbols"
         if symbols.exists() and not config.symbolize.symbol_path:
@@ -93,7 +96,10 @@ def run_job(job_path: Path, trace: Path | None, run_dir: Path | None, config_pat
     with connect(config.cluster, warm_up=[m for mod in modules.values() for m in getattr(mod, "WARM_UP", ())]) as pool:
         for stage, mod in modules.items():
             t0 = time.perf_counter()
-            summary = mod.run(run_dir, config, pool, inputs=[trace])
+            # (on a terminal: which stage runs, until its line is printed; a stage may show its own progress)
+            with Status(stage, 0) as status:
+                status.say("running")
+                summary = mod.run(run_dir, config, pool, inputs=[trace])
             print(f"  {stage:<10} {time.perf_counter() - t0:7.2f} s  {summary or ''}")
     index = run_dir / "report" / "index.html"
     if "report" in stages and index.exists():

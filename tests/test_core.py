@@ -257,21 +257,14 @@ def test_cli_decode_with_a_local_cluster_ends_cleanly(tmp_path):
     assert out.stderr == ""
 
 
-def test_cli_decode_shows_a_status_line_on_a_terminal_and_erases_it(tmp_path):
-    """With standard error on a terminal, the decode rewrites one status line in place (bytes of the trace,
-    percent, rate; then the joins) and erases it at the end; standard output is the summary alone. (Without
-    a terminal standard error stays empty: the test above.)"""
+def _on_a_terminal(args: list[str]) -> tuple[list[str], bytes]:
+    """Run ``python -m pipeline ARGS`` with standard error on a pseudo-terminal; returns what the terminal
+    showed, split at carriage returns, and standard output. The command must succeed."""
     import pty
-    import re
 
-    from tests.conftest import fixture_path
-
-    cfg = tmp_path / "small-parts.yaml"
-    cfg.write_text("cluster: {mode: synchronous}\ndecode: {partition_bytes: 2097152}\n")
-    trace = fixture_path("etl/perfview-net45-x86/PerfViewData.etl")
     terminal, other_side = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "--config", str(cfg), "decode", str(trace), "--run",
-                             str(tmp_path / "run")], stdout=subprocess.PIPE, stderr=other_side, cwd=ROOT)
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", *args], stdout=subprocess.PIPE, stderr=other_side,
+                            cwd=ROOT)
     os.close(other_side)
     shown = b""
     while True:
@@ -283,16 +276,47 @@ def test_cli_decode_shows_a_status_line_on_a_terminal_and_erases_it(tmp_path):
             break
         shown += data
     os.close(terminal)
-    summary = json.loads(proc.stdout.read())
-    assert proc.wait() == 0
-    lines = shown.decode().split("\r")
+    out = proc.stdout.read()
+    assert proc.wait() == 0, shown.decode()
+    return shown.decode().split("\r"), out
+
+
+def test_cli_decode_shows_a_status_line_on_a_terminal_and_erases_it(tmp_path):
+    """With standard error on a terminal, the decode rewrites one status line in place (bytes of the trace,
+    percent, rate; then the joins) and erases it at the end; standard output is the summary alone. (Without
+    a terminal standard error stays empty: the test above.)"""
+    import re
+
+    from tests.conftest import fixture_path
+
+    cfg = tmp_path / "small-parts.yaml"
+    cfg.write_text("cluster: {mode: synchronous}\ndecode: {partition_bytes: 2097152}\n")
+    trace = fixture_path("etl/perfview-net45-x86/PerfViewData.etl")
+    lines, out = _on_a_terminal(["--config", str(cfg), "decode", str(trace), "--run", str(tmp_path / "run")])
     size = trace.stat().st_size / 1e9
     progress = [re.match(r"decode: (\d+\.\d\d) of (\d+\.\d\d) GB \((\d+) %\), \d+ MB/s", line) for line in lines]
     assert [float(m.group(2)) for m in progress if m] and all(abs(float(m.group(2)) - size) < 0.01 for m in progress if m)
     assert [m.group(3) for m in progress if m][-1] == "100"
     assert any(line.startswith("decode: ") and "joining" in line for line in lines)
     assert lines[-1] == "" and lines[-2].strip() == ""          # (erased: blanks over the longest line, back to its start)
-    assert summary["etl"]["records"] > 0
+    assert json.loads(out)["etl"]["records"] > 0
+
+
+def test_a_job_on_a_terminal_shows_the_stage_that_runs(tmp_path):
+    """``bootprof run`` on a terminal: each stage's name while it runs, erased before its summary line."""
+    from tests.conftest import fixture_path
+
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(json.dumps({"cluster": {"mode": "synchronous"}, "symbolize": {"cache_dir": str(tmp_path / "c")},
+                               "warehouse": {"path": str(tmp_path / "wh.duckdb")}}))
+    lines, out = _on_a_terminal(["--config", str(cfg), "run", str(ROOT / "jobs" / "demo.yaml"), "--trace",
+                                 str(fixture_path("selfprofile/hello-default")), "--run", str(tmp_path / "run")])
+    shown = [line.strip() for line in lines if line.strip()]
+    assert [line for line in shown if line.endswith(": running")] == [
+        f"{stage}: running" for stage in ("decode", "symbolize", "aggregate", "report", "warehouse")]
+    assert lines[-1] == "" and lines[-2].strip() == ""
+    assert [line.split()[0] for line in out.decode().splitlines()[1:-1]] == [
+        "decode", "symbolize", "aggregate", "report", "warehouse"]
 
 
 def _log_as_distributed_worker(_item):
