@@ -15,11 +15,11 @@ INTERVAL_S = 0.25
 
 
 class Status:
-    """``Status(label, total_bytes)``; ``advance(n)`` as bytes are done, ``say(text)`` for a step without a
-    measure, ``close()`` (or the end of a ``with``) erases the line."""
+    """``Status(label, total)``; ``advance(n)`` as bytes (or, with ``unit``, things of that name) are done,
+    ``say(text)`` for a step without a measure, ``close()`` (or the end of a ``with``) erases the line."""
 
-    def __init__(self, label: str, total: int, stream: TextIO | None = None):
-        self.label, self.total = label, max(int(total), 0)
+    def __init__(self, label: str, total: int, stream: TextIO | None = None, unit: str | None = None):
+        self.label, self.total, self.unit = label, max(int(total), 0), unit
         self.stream = stream if stream is not None else sys.stderr
         try:
             self.on = self.stream.isatty()
@@ -45,7 +45,10 @@ class Status:
             return
         elapsed = max(now - self.start, 1e-9)
         pct = 100 * self.done / self.total if self.total else 100.0
-        text = f"{self.done / 1e9:.2f} of {self.total / 1e9:.2f} GB ({pct:.0f} %), {self.done / 1e6 / elapsed:.0f} MB/s"
+        if self.unit is None:
+            text = f"{self.done / 1e9:.2f} of {self.total / 1e9:.2f} GB ({pct:.0f} %), {self.done / 1e6 / elapsed:.0f} MB/s"
+        else:
+            text = f"{self.done} of {self.total} {self.unit} ({pct:.0f} %)"
         if 0 < self.done < self.total:
             text += f", {(self.total - self.done) * elapsed / self.done:.0f} s to go"
         self._write(text, now)

@@ -303,20 +303,25 @@ def test_cli_decode_shows_a_status_line_on_a_terminal_and_erases_it(tmp_path):
 
 
 def test_a_job_on_a_terminal_shows_the_stage_that_runs(tmp_path):
-    """``bootprof run`` on a terminal: each stage's name while it runs, erased before its summary line."""
-    from tests.conftest import fixture_path
+    """``bootprof run`` on a terminal: the demo trace being written, then each stage's name while it runs
+    (and the decode's bytes and symbolize's symbol files as they are done), all erased before each summary
+    line."""
+    import re
 
     cfg = tmp_path / "job.yaml"
     cfg.write_text(json.dumps({"cluster": {"mode": "synchronous"}, "symbolize": {"cache_dir": str(tmp_path / "c")},
                                "warehouse": {"path": str(tmp_path / "wh.duckdb")}}))
-    lines, out = _on_a_terminal(["--config", str(cfg), "run", str(ROOT / "jobs" / "demo.yaml"), "--trace",
-                                 str(fixture_path("selfprofile/hello-default")), "--run", str(tmp_path / "run")])
+    lines, out = _on_a_terminal(["--config", str(cfg), "run", str(ROOT / "jobs" / "demo.yaml"), "--run",
+                                 str(tmp_path / "run")])
     shown = [line.strip() for line in lines if line.strip()]
-    assert [line for line in shown if line.endswith(": running")] == [
-        f"{stage}: running" for stage in ("decode", "symbolize", "aggregate", "report", "warehouse")]
+    stages = ["decode", "symbolize", "aggregate", "report", "warehouse"]
+    assert [line for line in shown if line.endswith(": running")] == [f"{stage}: running" for stage in stages]
+    assert any(line.startswith("synth: writing the demo trace") for line in shown)
+    assert any(re.fullmatch(r"decode: \d+\.\d\d of \d+\.\d\d GB \(100 %\), \d+ MB/s", line) for line in shown)
+    files = [re.fullmatch(r"symbolize: (\d+) of (\d+) symbol files \((\d+) %\)", line) for line in shown]
+    assert [m.groups() for m in files if m][-1][2] == "100" and int([m for m in files if m][-1].group(2)) > 10
     assert lines[-1] == "" and lines[-2].strip() == ""
-    assert [line.split()[0] for line in out.decode().splitlines()[1:-1]] == [
-        "decode", "symbolize", "aggregate", "report", "warehouse"]
+    assert [line.split()[0] for line in out.decode().splitlines()[1:-1]] == ["synth"] + stages
 
 
 def _log_as_distributed_worker(_item):

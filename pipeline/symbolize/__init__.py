@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import ManifestError
+from pipeline.progress import Status
 from pipeline.runs import has_table, read_manifest, read_table, stage_output
 
 STAGE = "symbolized"
@@ -306,8 +307,10 @@ def run(run_dir: Path, config, pool, inputs: list[Path] | None = None) -> dict[s
         if ids[row] is not None:
             wanted.setdefault(ids[row]["key"], ids[row])
     descs = [wanted[k] for k in sorted(wanted)]
-    results = pool.map(resolve_debug_id, descs, entries=entries, cache_dir=str(cache_dir),
-                       timeout=cfg.download_timeout_s)
+    # (on a terminal: how many symbol files are resolved, read or downloaded, out of how many)
+    with Status("symbolize", len(descs), unit="symbol files") as shown:
+        results = pool.map(resolve_debug_id, descs, on_result=lambda _: shown.advance(1), entries=entries,
+                           cache_dir=str(cache_dir), timeout=cfg.download_timeout_s)
     status = {r["key"]: r for r in results}
     t_symbols = time.perf_counter()
 
