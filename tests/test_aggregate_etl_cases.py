@@ -183,6 +183,26 @@ def test_process_tree_parents_by_time(run):
     assert tree[(100, 2000)]["duration_ns"] == 2000 and tree[(200, 6500)]["end_ns"] is None
 
 
+def test_process_samples_by_hash_join_and_by_asof_join_agree(run, tmp_path, monkeypatch):
+    """The processes section finds each sample's instance with a hash join on its pid and the instances' time
+    ranges, or, past ``RANGE_JOIN_MAX_INSTANCES`` instances of one pid, with an ASOF join: the same tree
+    (pids 7 and 100 run twice here, and some samples come before their pid's first start)."""
+    import shutil
+
+    from pipeline import aggregate
+    from pipeline.aggregate import processes as P
+
+    for stage in ("decoded", "symbolized"):
+        shutil.copytree(run / stage, tmp_path / "run" / stage)
+    monkeypatch.setattr(P, "RANGE_JOIN_MAX_INSTANCES", 1)
+    config = Config()
+    config.cluster.mode = "synchronous"
+    aggregate.run(tmp_path / "run", config, None)
+    asof = read_table(tmp_path / "run", "aggregated", "process_tree")
+    assert asof.equals(read_table(run, "aggregated", "process_tree"))
+    assert sum(asof.column("samples").to_pylist()) < read_table(run, "decoded", "samples").num_rows
+
+
 def test_a_process_first_seen_long_before_the_trace(tmp_path):
     """A process without a start whose first event is far before the trace (a damaged timestamp: a fuzzed
     trace gave -2.18e18 ns) still owns its samples; its ordering key overflowed BIGINT and failed the stage."""

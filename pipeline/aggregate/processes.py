@@ -15,6 +15,13 @@ from pipeline.aggregate import resolve
 
 TREE = "process_tree"
 
+#: Up to this many instances of one pid, each sample finds its instance by a hash join on the pid and the
+#: instance's time range: ~0.14 s for the 6 M samples of the 1 GB synth trace, where an ASOF join, which sorts
+#: them all, took 0.8-1.2 s. The join's work grows with the instances of a pid, so beyond this (a damaged or
+#: hostile trace) the ASOF join is used instead (the same instance for every sample, unless two instances of a
+#: pid start at the same time).
+RANGE_JOIN_MAX_INSTANCES = 16
+
 
 def aggregate(ctx) -> dict[str, Any] | None:
     if not ctx.has("processes"):
@@ -25,12 +32,21 @@ def aggregate(ctx) -> dict[str, Any] | None:
         con.execute("CREATE VIEW samples AS SELECT NULL::BIGINT AS pid, NULL::BIGINT AS timestamp_ns WHERE false")
     if "threads" not in tables:
         con.execute("CREATE VIEW threads AS SELECT NULL::BIGINT AS pid, NULL::BIGINT AS first_seen_ns WHERE false")
-    con.execute("""
+    # A sample's process instance: the instance of its pid with the latest start at or before it.
+    instances = con.execute("SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM procs GROUP BY pid)").fetchone()[0]
+    if instances <= RANGE_JOIN_MAX_INSTANCES:
+        own_join = """JOIN (SELECT process_key, pid, start_key,
+                             lead(start_key) OVER (PARTITION BY pid ORDER BY start_key, process_key) AS next_key
+                      FROM procs) p
+            ON s.pid = p.pid AND s.timestamp_ns >= p.start_key AND (p.next_key IS NULL OR s.timestamp_ns < p.next_key)"""
+    else:
+        own_join = "ASOF JOIN procs p ON s.pid = p.pid AND s.timestamp_ns >= p.start_key"
+    con.execute(f"""
         CREATE TABLE tree AS
         WITH own AS (
             SELECT p.process_key, count(*)::BIGINT AS samples
             FROM (SELECT coalesce(pid::BIGINT, -1) AS pid, timestamp_ns FROM samples) s
-            ASOF JOIN procs p ON s.pid = p.pid AND s.timestamp_ns >= p.start_key GROUP BY 1),
+            {own_join} GROUP BY 1),
         thr AS (
             SELECT p.process_key, count(*)::BIGINT AS threads
             FROM (SELECT pid::BIGINT AS pid, first_seen_ns FROM threads) t
