@@ -203,6 +203,46 @@ def test_process_samples_by_hash_join_and_by_asof_join_agree(run, tmp_path, monk
     assert sum(asof.column("samples").to_pylist()) < read_table(run, "decoded", "samples").num_rows
 
 
+@pytest.mark.parametrize("limit", [0, 2])
+def test_epochs_by_hash_join_and_by_asof_join_agree(tmp_path, monkeypatch, limit):
+    """Each sample and commit finds its image epoch with a hash join on its pid and the epochs' time ranges,
+    or, when its rows meet more than ``RANGE_JOIN_MAX_BOUNDS`` bounds of their pid on average, with an ASOF
+    join: every aggregated table is the same. pid 100 runs twice and its range holds two images in turn;
+    samples come before its first start, after an unload, and exactly at every bound (a load, an unload, a
+    start). With a limit of 2 the average is worked out from the rows (pid 100 has 4 bounds) and still
+    exceeds it."""
+    from pipeline import aggregate
+    from pipeline.aggregate import resolve
+
+    at_bounds = [(t, 100, BASE + 0x10, s) for t in (10, 1000, 2000, 4000) for s in (0, 1)] + [(6000, 7, 0x1234, None)]
+    more = pa.table({"timestamp_ns": pa.array([r[0] for r in at_bounds], I64),
+                     "cpu": pa.array([0] * len(at_bounds), pa.uint16()), "tid": pa.array([1] * len(at_bounds), U32),
+                     "pid": pa.array([r[1] for r in at_bounds], U32), "ip": pa.array([r[2] for r in at_bounds], U64),
+                     "stack_id": pa.array([r[3] for r in at_bounds], I64)})
+    stacks = pa.table({"stack_id": pa.array(list(STACKS), I64), "frames": pa.array(list(STACKS.values()), pa.list_(U64))})
+    config = Config()
+    config.cluster.mode = "synchronous"
+    probes = []
+    monkeypatch.setattr(resolve, "epoch_probes", lambda con, rows, f=resolve.epoch_probes: probes.append(f(con, rows))
+                        or probes[-1])
+    for name in ("hash", "asof"):
+        if name == "asof":
+            monkeypatch.setattr(resolve, "RANGE_JOIN_MAX_BOUNDS", limit)
+        write(tmp_path / name, "decoded", {"processes": processes(), "images": images(), "stacks": stacks,
+                                           "samples": pa.concat_tables([samples(), more]),
+                                           "virtual_allocs": virtual_allocs()})
+        write(tmp_path / name, "symbolized", {"frames": frames()})
+        aggregate.run(tmp_path / name, config, None)
+    # (samples, then commits: 4 bounds at most in one pid, the hash join; then the ASOF join both times)
+    assert probes[:2] == [4, 4] and len(probes) == 4 and all(p > limit for p in probes[2:])
+    tables = sorted(read_manifest(tmp_path / "hash", "aggregated")["tables"])
+    assert "cpu_folded" in tables and "commit_by_stack" in tables
+    for table in tables:
+        assert read_table(tmp_path / "asof", "aggregated", table).equals(read_table(tmp_path / "hash", "aggregated", table)), table
+    cpu = read_table(tmp_path / "hash", "aggregated", "cpu_by_process").to_pylist()
+    assert sum(r["samples"] for r in cpu) == samples().num_rows + more.num_rows
+
+
 def test_a_process_first_seen_long_before_the_trace(tmp_path):
     """A process without a start whose first event is far before the trace (a damaged timestamp: a fuzzed
     trace gave -2.18e18 ns) still owns its samples; its ordering key overflowed BIGINT and failed the stage."""
