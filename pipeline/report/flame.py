@@ -25,31 +25,37 @@ MIN_FRACTION = 1e-4
 
 def build_tree(stacks: Iterable[tuple[str, int]]) -> dict[str, list]:
     """Folded stacks (``a;b;c``, value) -> flat node arrays in depth-first order (see module doc)."""
-    root: dict[str, Any] = {"v": 0, "c": {}}
+    # A node is [value, {frame: child}]. (A child is made only when the frame is new: a dict made for every
+    # frame visit, as ``setdefault`` did, was most of the report stage on the 1 GB synth trace's 674,000
+    # frames of 38,919 stacks: 1.0-1.2 s.)
+    root: list = [0, {}]
     for stack, value in stacks:
         if value <= 0:
             continue
-        root["v"] += value
+        root[0] += value
         node = root
         for frame in stack.split(";"):
-            node = node["c"].setdefault(frame, {"v": 0, "c": {}})
-            node["v"] += value
+            kids = node[1]
+            node = kids.get(frame)
+            if node is None:
+                node = kids[frame] = [0, {}]
+            node[0] += value
     names: dict[str, int] = {"all": 0}
     out: dict[str, list] = {"n": [], "x": [], "w": [], "s": [], "d": []}
-    limit = root["v"] * MIN_FRACTION
+    limit = root[0] * MIN_FRACTION
     todo = [("all", root, 0, 0)]
     while todo:
         name, node, x, depth = todo.pop()
-        kids = sorted((k, c) for k, c in node["c"].items() if c["v"] >= limit)
+        kids = sorted((k, c) for k, c in node[1].items() if c[0] >= limit)
         out["n"].append(names.setdefault(name, len(names)))
         out["x"].append(x)
-        out["w"].append(node["v"])
-        out["s"].append(node["v"] - sum(c["v"] for _, c in kids))
+        out["w"].append(node[0])
+        out["s"].append(node[0] - sum(c[0] for _, c in kids))
         out["d"].append(depth)
         starts, at = [], x
         for k, c in kids:
             starts.append((k, c, at, depth + 1))
-            at += c["v"]
+            at += c[0]
         todo.extend(reversed(starts))
     out["names"] = list(names)
     return out
