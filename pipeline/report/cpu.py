@@ -58,5 +58,6 @@ def section(ctx):
 <h3>Modules</h3>
 {table(modules[:top_n], [("module", "module", None), ("self_samples", "self", count), ("pct", "self %", pct),
                          ("inclusive_samples", "inclusive", count)], 'cpu-modules')}"""
+    w.close()
     return Section("cpu", "CPU samples (ETL)", body, w.files,
                    {"samples": total, "processes": len(procs), "functions": len(functions)})

@@ -71,4 +71,5 @@ the end of the trace. <a href="flamegraph_commit.html"><b>Commit flame graph</b>
                        ("instance", "snapshot", None), ("timestamp_ns", "time", fmt_ms), ("bytes", "busy", fmt_bytes),
                        ("blocks", "blocks", count), ("untracked_bytes", "without stack", fmt_bytes)], 'heap-snapshots')}""")
     body = w.links() + "\n".join(parts)
+    w.close()
     return Section("memory", "Memory (ETL)", body, w.files, summary)

@@ -90,4 +90,5 @@ def section(ctx):
 {table(top, [("pid", "pid", None), ("image_name", "image", None), ("crate", "crate", None),
              ("duration_ns", "duration", fmt_ms), ("samples", "samples", count), ("tree_samples", "with children", count),
              ("command_line", "command line", None)], 'proc-top')}"""
+    w.close()
     return Section("processes", "Processes (ETL)", body, w.files, {"processes": len(rows)})
