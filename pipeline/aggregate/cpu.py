@@ -36,18 +36,19 @@ def aggregate(ctx) -> dict[str, Any] | None:
     if not ctx.has(SAMPLES):
         return None
     con = resolve.connect(ctx, "samples", "stacks", "processes", "images")
-    resolve.assign_units(con, ctx, "(SELECT pid, stack_id, ip, timestamp_ns FROM samples)", UNITS)
-    weights = f"SELECT unit_id, count(*)::BIGINT AS samples FROM {UNITS} GROUP BY unit_id"
-    total = con.execute(f"SELECT count(*) FROM {UNITS}").fetchone()[0]
+    # (one row per unit with its samples, n: no query here needs the samples one by one)
+    resolve.assign_units(con, ctx, "(SELECT pid, stack_id, ip, timestamp_ns FROM samples)", UNITS, per_row=False)
+    weights = f"SELECT unit_id, n AS samples FROM {UNITS}"
+    total = con.execute(f"SELECT coalesce(sum(n), 0) FROM {UNITS}").fetchone()[0]
 
     write = _writer(ctx, con, total)
     write(BY_PROCESS, f"""
         SELECT s.process_key, s.pid, p.parent_pid, p.image_name, p.crate, p.command_line, p.start_ns, p.end_ns,
-               count(*)::BIGINT AS samples
+               sum(s.n)::BIGINT AS samples
         FROM {UNITS} s LEFT JOIN procs p USING (process_key)
         GROUP BY ALL""", "samples DESC, process_key")
     write(BY_CRATE, f"""
-        SELECT p.crate, count(DISTINCT s.process_key)::BIGINT AS processes, count(*)::BIGINT AS samples
+        SELECT p.crate, count(DISTINCT s.process_key)::BIGINT AS processes, sum(s.n)::BIGINT AS samples
         FROM {UNITS} s JOIN procs p USING (process_key) WHERE p.crate IS NOT NULL GROUP BY ALL""",
           "samples DESC, crate")
     write(BY_MODULE, resolve.by_frames(UNITS, weights, ["module"], ["samples"]), "self_samples DESC, module")
@@ -55,13 +56,13 @@ def aggregate(ctx) -> dict[str, Any] | None:
           "self_samples DESC, inclusive_samples DESC, module, function, raw_name")
     write(BY_CODE_CRATE, resolve.by_frames(UNITS, weights, ["crate"], ["samples"]), "self_samples DESC, crate")
     write(FOLDED, f"""
-        WITH per AS (SELECT unit_id, process_key, count(*)::BIGINT AS n FROM {UNITS} GROUP BY ALL)
+        WITH per AS (SELECT unit_id, process_key, n FROM {UNITS})
         SELECT {PROCESS_FRAME_SQL} || coalesce(';' || st.folded, '') AS stack, sum(n)::BIGINT AS samples
         FROM per s LEFT JOIN procs p USING (process_key) LEFT JOIN {UNITS}_stacks st USING (unit_id)
         GROUP BY 1""", "stack")
     with_stack, resolved = con.execute(f"""
-        SELECT count(*) FILTER (stack_id IS NOT NULL),
-               count(*) FILTER (unit_id IN (SELECT unit_id FROM {UNITS}_funcs WHERE module IS NOT NULL AND pos = 0))
+        SELECT coalesce(sum(n) FILTER (stack_id IS NOT NULL), 0),
+               coalesce(sum(n) FILTER (unit_id IN (SELECT unit_id FROM {UNITS}_funcs WHERE module IS NOT NULL AND pos = 0)), 0)
         FROM {UNITS}""").fetchone()
     return {"samples": int(total), "samples_with_stack": int(with_stack), "samples_leaf_in_image": int(resolved),
             "processes": int(con.execute(f"SELECT count(DISTINCT process_key) FROM {UNITS}").fetchone()[0]),
