@@ -267,6 +267,30 @@ def test_image_kernel_in_plain_python_matches_the_jit():
     assert (jit_hit >= 0).sum() > 100 and (jit_hit < 0).sum() > 100
 
 
+def test_image_candidates_weighed_at_a_time_agree_with_find():
+    """The frames of reused ranges list their candidate images once (``ImageIndex.candidates``) and weigh
+    them per occurrence (``choose``): the same image as ``find`` for every query, kernel images included,
+    on random overlapping images (several pids, loads and unloads in any order, a kernel group)."""
+    from pipeline.symbolize import images as im
+
+    rng = np.random.default_rng(11)
+    n_img = 60
+    pid = rng.integers(0, 4, n_img)          # pid 0: the kernel's images, looked up when a pid's do not hold
+    base = (rng.integers(1, 32, n_img) * 0x10000).astype(np.uint64)
+    load = rng.integers(0, 1000, n_img)
+    index = im.ImageIndex(pid, base, rng.integers(0x1000, 0x60000, n_img).astype(np.uint64), load,
+                          load + rng.integers(1, 2000, n_img))
+    n = 5000
+    q_pid, q_addr, q_t = rng.integers(0, 5, n), rng.integers(0, 40 * 0x10000, n).astype(np.uint64), rng.integers(-500, 4000, n)
+    rows, count = index.find(q_pid, q_addr, q_t)
+    cands = index.candidates(q_pid, q_addr, int(count.max()))
+    assert ((cands >= 0).sum(axis=1) == count).all()
+    slot = index.choose(cands, np.arange(n), q_t)
+    chosen = np.where(slot >= 0, index.rows(cands[np.arange(n), np.maximum(slot, 0)]), -1)
+    assert np.array_equal(chosen, rows)
+    assert (count >= 2).sum() > 500 and (rows < 0).sum() > 100 and (count == 1).sum() > 500
+
+
 def test_symbol_path_from_the_environment(scenario, dask_pool, monkeypatch, tmp_path):
     cfg = scenario["cfg"].model_copy(deep=True)
     cfg.symbolize.symbol_path = None

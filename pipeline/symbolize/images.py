@@ -75,6 +75,56 @@ class ImageIndex:
         rows = np.where(hit >= 0, self.order[np.maximum(hit, 0)], -1)
         return rows.astype(np.int64), count
 
+    def candidates(self, pids: np.ndarray, addresses: np.ndarray, most: int) -> np.ndarray:
+        """(n, ``most``) array: per query the images ``find`` chooses among, in the order it weighs them
+        (indices of this index, not rows: see ``rows``), -1 padded. ``most``: the largest count ``find``
+        gave for these queries."""
+        out = np.full((len(addresses), max(int(most), 1)), -1, np.int64)
+        _candidates_kernel(self.group_of(pids), np.ascontiguousarray(addresses, dtype=np.uint64), self.group_start,
+                           self.group_stop, self.group_max_size, self.base, self.end, self.kernel_group, out)
+        return out
+
+    def choose(self, cands: np.ndarray, which: np.ndarray, times: np.ndarray) -> np.ndarray:
+        """For occurrences (row ``which`` of ``cands``, at ``times``): the slot of the image ``find`` picks
+        at that time. One pass over the few candidates of each instead of a search of the pid's images."""
+        slot = np.empty(len(which), np.int64)
+        _choose_kernel(cands, np.ascontiguousarray(which, dtype=np.int64), np.ascontiguousarray(times, dtype=np.int64),
+                       self.load, self.unload, slot)
+        return slot
+
+    def rows(self, indices: np.ndarray) -> np.ndarray:
+        """Rows (in the caller's original images order) of indices of this index; -1 stays -1."""
+        return np.where(indices >= 0, self.order[np.maximum(indices, 0)], -1).astype(np.int64)
+
+
+@numba.njit(cache=True, nogil=True)
+def _last_at_or_below(lo, hi, base, addr):
+    """The last index in [lo, hi) whose base is at most ``addr`` (lo - 1 when none)."""
+    a, b = lo, hi
+    while a < b:
+        m = (a + b) // 2
+        if base[m] <= addr:
+            a = m + 1
+        else:
+            b = m
+    return a - 1
+
+
+@numba.njit(cache=True, nogil=True)
+def _gap(i, t, load, unload):
+    """How far time ``t`` lies outside the lifetime of image ``i`` (0 inside it)."""
+    if load[i] <= t and t < unload[i]:
+        return np.int64(0)
+    if t < load[i]:
+        return load[i] - t
+    return t - unload[i]
+
+
+@numba.njit(cache=True, nogil=True)
+def _better(i, gap, best, best_gap, load):
+    """Whether candidate ``i`` at ``gap`` beats the best so far (candidates come in ``_search_group``'s order)."""
+    return best < 0 or gap < best_gap or (gap == best_gap and gap == 0 and load[i] > load[best])
+
 
 @numba.njit(cache=True, nogil=True)
 def _search_group(g, addr, t, group_start, group_stop, group_max, base, end, load, unload):
@@ -83,15 +133,7 @@ def _search_group(g, addr, t, group_start, group_stop, group_max, base, end, loa
     hi = group_stop[g]
     if lo >= hi or lo < 0 or hi > base.shape[0]:
         return -1, 0
-    # last index in [lo, hi) with base <= addr
-    a, b = lo, hi
-    while a < b:
-        m = (a + b) // 2
-        if base[m] <= addr:
-            a = m + 1
-        else:
-            b = m
-    i = a - 1
+    i = _last_at_or_below(lo, hi, base, addr)
     limit = np.uint64(0)
     if addr > group_max[g]:
         limit = addr - group_max[g]
@@ -101,19 +143,71 @@ def _search_group(g, addr, t, group_start, group_stop, group_max, base, end, loa
     while i >= lo and base[i] >= limit:
         if addr < end[i]:
             count += 1
-            if load[i] <= t and t < unload[i]:
-                gap = np.int64(0)
-            elif t < load[i]:
-                gap = load[i] - t
-            else:
-                gap = t - unload[i]
-            if best < 0 or gap < best_gap or (gap == best_gap and gap == 0 and load[i] > load[best]):
+            gap = _gap(i, t, load, unload)
+            if _better(i, gap, best, best_gap, load):
                 best = i
                 best_gap = gap
         if base[i] == 0:
             break
         i -= 1
     return best, count
+
+
+@numba.njit(cache=True, nogil=True)
+def _list_group(g, addr, group_start, group_stop, group_max, base, end, out, row):
+    """The images of group g covering addr, in ``_search_group``'s order, into ``out[row]`` (as many as fit);
+    returns how many there are."""
+    lo = group_start[g]
+    hi = group_stop[g]
+    if lo >= hi or lo < 0 or hi > base.shape[0]:
+        return 0
+    i = _last_at_or_below(lo, hi, base, addr)
+    limit = np.uint64(0)
+    if addr > group_max[g]:
+        limit = addr - group_max[g]
+    count = 0
+    while i >= lo and base[i] >= limit:
+        if addr < end[i]:
+            if count < out.shape[1]:
+                out[row, count] = i
+            count += 1
+        if base[i] == 0:
+            break
+        i -= 1
+    return count
+
+
+@numba.njit(cache=True, nogil=True)
+def _candidates_kernel(groups, addresses, group_start, group_stop, group_max, base, end, kernel_group, out):
+    """Per query, the images ``_find_kernel`` chooses among (its pid's group, else the kernel's), -1 padded."""
+    for k in range(addresses.shape[0]):
+        g = groups[k]
+        n = 0
+        if g >= 0 and g < group_start.shape[0]:
+            n = _list_group(g, addresses[k], group_start, group_stop, group_max, base, end, out, k)
+        if n == 0 and kernel_group >= 0 and kernel_group != g:
+            _list_group(kernel_group, addresses[k], group_start, group_stop, group_max, base, end, out, k)
+
+
+@numba.njit(cache=True, nogil=True)
+def _choose_kernel(cands, which, times, load, unload, slot):
+    """For each occurrence j (candidates ``cands[which[j]]`` at time ``times[j]``): the slot of the image
+    ``_search_group`` picks (-1 when there is none)."""
+    for j in range(which.shape[0]):
+        row = which[j]
+        best = -1
+        best_slot = -1
+        best_gap = np.int64(0)
+        for s in range(cands.shape[1]):
+            i = cands[row, s]
+            if i < 0:
+                break
+            gap = _gap(i, times[j], load, unload)
+            if _better(i, gap, best, best_gap, load):
+                best = i
+                best_slot = s
+                best_gap = gap
+        slot[j] = best_slot
 
 
 @numba.njit(cache=True, nogil=True)
