@@ -207,14 +207,18 @@ def test_process_samples_by_hash_join_and_by_asof_join_agree(run, tmp_path, monk
 def test_epochs_by_hash_join_and_by_asof_join_agree(tmp_path, monkeypatch, limit):
     """Each sample and commit finds its image epoch with a hash join on its pid and the epochs' time ranges,
     or, when its rows meet more than ``RANGE_JOIN_MAX_BOUNDS`` bounds of their pid on average, with an ASOF
-    join: every aggregated table is the same. pid 100 runs twice and its range holds two images in turn;
-    samples come before its first start, after an unload, and exactly at every bound (a load, an unload, a
-    start). With a limit of 2 the average is worked out from the rows (pid 100 has 4 bounds) and still
-    exceeds it."""
+    join: every aggregated table is the same. pid 100 runs twice and its range holds two images in turn; in
+    its second run a third image overlaps the second, so their loads and unloads are bounds too (those of
+    images that overlap only an image of another run are not: the run's start parts them); samples come
+    before its first start, after an unload, and exactly at every bound (a load, an unload, a start). With a
+    limit of 2 the average is worked out from the rows (pid 100 has 4 bounds) and still exceeds it."""
     from pipeline import aggregate
     from pipeline.aggregate import resolve
 
-    at_bounds = [(t, 100, BASE + 0x10, s) for t in (10, 1000, 2000, 4000) for s in (0, 1)] + [(6000, 7, 0x1234, None)]
+    at_bounds = [(t, 100, BASE + 0x10, s) for t in (10, 1000, 2000, 3000, 4000) for s in (0, 1)] + [(6000, 7, 0x1234, None)]
+    overlapping = pa.table({"pid": pa.array([100], U32), "base": pa.array([BASE + 0x8000], U64),
+                            "size": pa.array([0x10000], U64), "file_name": [r"C:\x\late.dll"],
+                            "load_ns": pa.array([3000], I64), "unload_ns": pa.nulls(1, I64)})
     more = pa.table({"timestamp_ns": pa.array([r[0] for r in at_bounds], I64),
                      "cpu": pa.array([0] * len(at_bounds), pa.uint16()), "tid": pa.array([1] * len(at_bounds), U32),
                      "pid": pa.array([r[1] for r in at_bounds], U32), "ip": pa.array([r[2] for r in at_bounds], U64),
@@ -228,7 +232,8 @@ def test_epochs_by_hash_join_and_by_asof_join_agree(tmp_path, monkeypatch, limit
     for name in ("hash", "asof"):
         if name == "asof":
             monkeypatch.setattr(resolve, "RANGE_JOIN_MAX_BOUNDS", limit)
-        write(tmp_path / name, "decoded", {"processes": processes(), "images": images(), "stacks": stacks,
+        write(tmp_path / name, "decoded", {"processes": processes(), "stacks": stacks,
+                                           "images": pa.concat_tables([images(), overlapping]),
                                            "samples": pa.concat_tables([samples(), more]),
                                            "virtual_allocs": virtual_allocs()})
         write(tmp_path / name, "symbolized", {"frames": frames()})

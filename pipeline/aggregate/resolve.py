@@ -86,12 +86,26 @@ def has_frames(ctx) -> bool:
     return has_table(ctx.run_dir, SYMBOLIZED, FRAMES) and (stage_dir(ctx.run_dir, SYMBOLIZED) / "_manifest.json").exists()
 
 
-#: The epochs of each pid: its process starts and image loads and unloads, each time once, numbered in time
-#: order, with the process instance then current.
+#: The epochs of each pid, numbered in time order, with the process instance then current: they start at its
+#: process starts and at the loads and unloads of images whose address range overlaps another image of the
+#: same process instance (an image belongs to the instance current at its load; a rundown image, loaded
+#: before the trace, to the pid's first). Only there can an address change image within an instance; an
+#: image that overlaps only images of other instances (a reused pid: the same DLLs at the same bases) is
+#: parted from them by the instance's start. Fewer bounds mean fewer units to resolve and a cheaper epoch
+#: join: 16.8 -> 2.9 bounds a sample on PerfViewData.etl, 8.8 -> 1.1 on the 1 GB synth trace (same tables).
 BOUNDS_SQL = """CREATE TABLE IF NOT EXISTS bounds AS
-    WITH b AS (SELECT pid::BIGINT AS pid, load_ns AS t FROM images WHERE load_ns IS NOT NULL
-               UNION SELECT pid::BIGINT, unload_ns FROM images WHERE unload_ns IS NOT NULL
-               UNION SELECT pid, start_key FROM procs)
+    WITH img AS (SELECT row_number() OVER () AS img, i.pid::BIGINT AS pid, i.base, i.size, i.load_ns, i.unload_ns,
+                        coalesce(i.load_ns, f.first_key) AS at
+                 FROM images i LEFT JOIN (SELECT pid, min(start_key) AS first_key FROM procs GROUP BY pid) f
+                   ON f.pid = i.pid),
+    inst AS (SELECT img.*, coalesce(p.process_key, -1) AS instance
+             FROM img ASOF LEFT JOIN procs p ON img.pid = p.pid AND img.at >= p.start_key),
+    shared AS (SELECT DISTINCT a.pid, a.load_ns, a.unload_ns FROM inst a JOIN inst b
+                 ON a.pid = b.pid AND a.instance = b.instance AND a.img <> b.img
+                AND a.base < b.base + b.size AND b.base < a.base + a.size),
+    b AS (SELECT pid, load_ns AS t FROM shared WHERE load_ns IS NOT NULL
+          UNION SELECT pid, unload_ns FROM shared WHERE unload_ns IS NOT NULL
+          UNION SELECT pid, start_key FROM procs)
     SELECT b.pid, b.t, row_number() OVER (PARTITION BY b.pid ORDER BY b.t)::BIGINT AS epoch, p.process_key
     FROM b ASOF LEFT JOIN procs p ON b.pid = p.pid AND b.t >= p.start_key"""
 
