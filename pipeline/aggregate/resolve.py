@@ -109,10 +109,10 @@ BOUNDS_SQL = """CREATE TABLE IF NOT EXISTS bounds AS
     SELECT b.pid, b.t, row_number() OVER (PARTITION BY b.pid ORDER BY b.t)::BIGINT AS epoch, p.process_key
     FROM b ASOF LEFT JOIN procs p ON b.pid = p.pid AND b.t >= p.start_key"""
 
-#: A row's epoch (the bounds of its pid: process starts, image loads and unloads) is found by a hash join on
-#: the pid and each epoch's time range while a row meets at most this many bounds of its pid on average
-#: (``epoch_probes``); beyond, by an ASOF join, which sorts every row. On the 6 M samples of the 1 GB synth
-#: trace (8.8 bounds a sample, 34 at most in one pid): 0.37-0.58 s against 2.0-2.2 s. The hash join's work
+#: A row's epoch (``bounds``) is found by a hash join on the pid and each epoch's time range while a row
+#: meets at most this many bounds of its pid on average (``epoch_probes``); beyond, by an ASOF join, which
+#: sorts every row. On the 6 M samples of the 1 GB synth trace, with every image load and unload a bound
+#: then (8.8 bounds a sample, 34 at most in one pid): 0.37-0.58 s against 2.0-2.2 s. The hash join's work
 #: grows with the bounds (~0.03 s per bound of every pid there): it matched the ASOF join at ~70.
 RANGE_JOIN_MAX_BOUNDS = 48
 
@@ -133,11 +133,12 @@ def assign_units(con, ctx, source: str, name: str, per_row: bool = True) -> None
     ``{name}_units``: one row per unit (unit_id, pid, stack_id, ip, t).
 
     Without ``per_row`` (a section that only counts its rows, as the cpu section counts samples), ``{name}``
-    has one row per unit instead (unit_id, pid, stack_id, ip, process_key, t) with ``n``, its number of rows:
+    has one row per unit instead (unit_id, pid, stack_id, ip, epoch, process_key, t) with ``n``, its number of rows:
     the rows are counted as they are joined to their epochs, never stored one by one (6 M samples of the 1 GB
     synth trace: 41,151 units)."""
     # One join gives both the process instance and the image epoch: the boundaries of a pid are its process
-    # starts and image loads/unloads; at each, the instance then current is looked up once (``bounds``).
+    # starts and the loads and unloads of images that overlap another of the same instance; at each, the
+    # instance then current is looked up once (``BOUNDS_SQL``).
     con.execute(BOUNDS_SQL)
     rows = f"(SELECT * EXCLUDE (pid), coalesce(pid::BIGINT, -1) AS pid FROM {source})"
     if epoch_probes(con, rows) <= RANGE_JOIN_MAX_BOUNDS:

@@ -131,9 +131,9 @@ def collect_frames(run_dir: Path) -> dict[str, np.ndarray]:
         "pid": u_pid.astype(np.int64), "address": u_addr.astype(np.uint64), "leaf": u_leaf.astype(bool),
         "t": u_t.astype(np.int64),
         "samples": (s_pid, s_t, s_ip, s_stack),
-        # the distinct (pid, stack) pairs of the samples and their frames (pair, address, is_leaf), for the
-        # frames of reused address ranges (``map_images``)
-        "pairs": (p_pid, p_stack), "pair_frames": (f_pair, f_addr, f_leaf),
+        # the distinct (pid, stack) pairs of the samples and their frames (pair, pid, address, is_leaf), for
+        # the frames of reused address ranges (``map_images``)
+        "pairs": (p_pid, p_stack), "pair_frames": (f_pair, f_pid, f_addr, f_leaf),
     }
 
 
@@ -190,10 +190,10 @@ def _occurrences(frames: dict, a_pid: np.ndarray, a_addr: np.ndarray) -> tuple[n
 
     s_pid, s_t, s_ip, s_stack = frames["samples"]
     p_pid, p_stack = frames["pairs"]
-    f_pair, f_addr, f_leaf = frames["pair_frames"]
+    f_pair, f_pid, f_addr, f_leaf = frames["pair_frames"]
     amb = pa.table({"pid": a_pid, "address": a_addr, "a": np.arange(len(a_pid), dtype=np.int64)})
     # (pair, frame, is_leaf) of the pairs' frames that are ambiguous, grouped by pair
-    hits = pa.table({"pid": p_pid[f_pair], "address": f_addr, "pair": f_pair, "leaf": f_leaf}).join(
+    hits = pa.table({"pid": f_pid, "address": f_addr, "pair": f_pair, "leaf": f_leaf}).join(
         amb, keys=["pid", "address"], join_type="inner")
     h_pair, h_a = hits.column("pair").to_numpy(), hits.column("a").to_numpy()
     h_leaf = hits.column("leaf").to_numpy(zero_copy_only=False)
@@ -201,7 +201,8 @@ def _occurrences(frames: dict, a_pid: np.ndarray, a_addr: np.ndarray) -> tuple[n
     h_pair, h_a, h_leaf = h_pair[order], h_a[order], h_leaf[order]
     flagged, first, n = np.unique(h_pair, return_index=True, return_counts=True)
     # the samples of those pairs, each given its pair's ambiguous frames
-    mine = np.flatnonzero(np.isin(s_pid, np.unique(a_pid)) & (s_stack >= 0))
+    affected = np.isin(s_pid, np.unique(a_pid))
+    mine = np.flatnonzero(affected & (s_stack >= 0))
     matched = pa.table({"pid": s_pid[mine], "stack_id": s_stack[mine], "t": s_t[mine]}).join(
         pa.table({"pid": p_pid[flagged], "stack_id": p_stack[flagged], "fp": np.arange(len(flagged), dtype=np.int64)}),
         keys=["pid", "stack_id"], join_type="inner")
@@ -211,7 +212,7 @@ def _occurrences(frames: dict, a_pid: np.ndarray, a_addr: np.ndarray) -> tuple[n
     at = np.repeat(first[m_fp] - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()), dtype=np.int64)
     which, times, leaf = [h_a[at]], [m_t[rep]], [h_leaf[at]]
     # instruction pointers (leaf frames) that are ambiguous
-    ips = np.flatnonzero(np.isin(s_pid, np.unique(a_pid)) & (s_ip != 0))
+    ips = np.flatnonzero(affected & (s_ip != 0))
     if len(ips):
         ip_hits = pa.table({"pid": s_pid[ips], "address": s_ip[ips], "t": s_t[ips]}).join(
             amb, keys=["pid", "address"], join_type="inner")

@@ -72,8 +72,7 @@ class ImageIndex:
             groups, addresses, times, self.group_start, self.group_stop, self.group_max_size,
             self.base, self.end, self.load, self.unload, self.kernel_group,
         )
-        rows = np.where(hit >= 0, self.order[np.maximum(hit, 0)], -1)
-        return rows.astype(np.int64), count
+        return self.rows(hit), count
 
     def candidates(self, pids: np.ndarray, addresses: np.ndarray, most: int) -> np.ndarray:
         """(n, ``most``) array: per query the images ``find`` chooses among, in the order it weighs them
@@ -111,6 +110,21 @@ def _last_at_or_below(lo, hi, base, addr):
 
 
 @numba.njit(cache=True, nogil=True)
+def _walk_from(g, addr, group_start, group_stop, group_max, base):
+    """Where the walk over group g's images for ``addr`` starts: (its lowest index, its first index, the lowest
+    base an image covering ``addr`` can have); the first index is below the lowest when there is nothing to
+    walk. The walk goes down from the last image whose base is at most ``addr``."""
+    lo = group_start[g]
+    hi = group_stop[g]
+    if lo >= hi or lo < 0 or hi > base.shape[0]:
+        return np.int64(0), np.int64(-1), np.uint64(0)
+    limit = np.uint64(0)
+    if addr > group_max[g]:
+        limit = addr - group_max[g]
+    return lo, _last_at_or_below(lo, hi, base, addr), limit
+
+
+@numba.njit(cache=True, nogil=True)
 def _gap(i, t, load, unload):
     """How far time ``t`` lies outside the lifetime of image ``i`` (0 inside it)."""
     if load[i] <= t and t < unload[i]:
@@ -129,14 +143,7 @@ def _better(i, gap, best, best_gap, load):
 @numba.njit(cache=True, nogil=True)
 def _search_group(g, addr, t, group_start, group_stop, group_max, base, end, load, unload):
     """Best image of group g covering addr at time t: (index or -1, number of candidates)."""
-    lo = group_start[g]
-    hi = group_stop[g]
-    if lo >= hi or lo < 0 or hi > base.shape[0]:
-        return -1, 0
-    i = _last_at_or_below(lo, hi, base, addr)
-    limit = np.uint64(0)
-    if addr > group_max[g]:
-        limit = addr - group_max[g]
+    lo, i, limit = _walk_from(g, addr, group_start, group_stop, group_max, base)
     best = -1
     best_gap = np.int64(0)
     count = 0
@@ -157,14 +164,7 @@ def _search_group(g, addr, t, group_start, group_stop, group_max, base, end, loa
 def _list_group(g, addr, group_start, group_stop, group_max, base, end, out, row):
     """The images of group g covering addr, in ``_search_group``'s order, into ``out[row]`` (as many as fit);
     returns how many there are."""
-    lo = group_start[g]
-    hi = group_stop[g]
-    if lo >= hi or lo < 0 or hi > base.shape[0]:
-        return 0
-    i = _last_at_or_below(lo, hi, base, addr)
-    limit = np.uint64(0)
-    if addr > group_max[g]:
-        limit = addr - group_max[g]
+    lo, i, limit = _walk_from(g, addr, group_start, group_stop, group_max, base)
     count = 0
     while i >= lo and base[i] >= limit:
         if addr < end[i]:
