@@ -34,13 +34,7 @@ def aggregate(ctx) -> dict[str, Any] | None:
         con.execute("CREATE VIEW threads AS SELECT NULL::BIGINT AS pid, NULL::BIGINT AS first_seen_ns WHERE false")
     # A sample's process instance: the instance of its pid with the latest start at or before it.
     instances = con.execute("SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM procs GROUP BY pid)").fetchone()[0]
-    if instances <= RANGE_JOIN_MAX_INSTANCES:
-        own_join = """JOIN (SELECT process_key, pid, start_key,
-                             lead(start_key) OVER (PARTITION BY pid ORDER BY start_key, process_key) AS next_key
-                      FROM procs) p
-            ON s.pid = p.pid AND s.timestamp_ns >= p.start_key AND (p.next_key IS NULL OR s.timestamp_ns < p.next_key)"""
-    else:
-        own_join = "ASOF JOIN procs p ON s.pid = p.pid AND s.timestamp_ns >= p.start_key"
+    own_join = resolve.current_at("procs", "start_key", "p", instances <= RANGE_JOIN_MAX_INSTANCES, tie="process_key")
     con.execute(f"""
         CREATE TABLE tree AS
         WITH own AS (

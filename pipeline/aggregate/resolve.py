@@ -128,6 +128,20 @@ def epoch_probes(con, rows: str) -> float:
         SELECT coalesce(sum(n.n) / count(*), 0) FROM {rows} s LEFT JOIN n ON n.pid = s.pid""").fetchone()[0])
 
 
+def current_at(table: str, start: str, alias: str, by_hash: bool, left: bool = False, tie: str = "") -> str:
+    """SQL that joins rows ``s`` (pid, timestamp_ns) to the row ``alias`` of ``table`` (pid, ``start``) current at
+    each: the latest start of the row's pid at or before it. ``by_hash``: a hash join on the pid and each
+    start's range up to the pid's next start (``tie`` orders equal starts), which sorts no row of ``s`` but
+    meets every start of the pid; else an ASOF join, which sorts them all."""
+    join = "LEFT JOIN" if left else "JOIN"
+    if not by_hash:
+        return f"ASOF {join} {table} {alias} ON s.pid = {alias}.pid AND s.timestamp_ns >= {alias}.{start}"
+    order = f"{start}, {tie}" if tie else start
+    return f"""{join} (SELECT *, lead({start}) OVER (PARTITION BY pid ORDER BY {order}) AS next_start FROM {table}) {alias}
+        ON s.pid = {alias}.pid AND s.timestamp_ns >= {alias}.{start}
+       AND ({alias}.next_start IS NULL OR s.timestamp_ns < {alias}.next_start)"""
+
+
 def assign_units(con, ctx, source: str, name: str, per_row: bool = True) -> None:
     """``{name}``: rows of ``source`` (pid, stack_id, ip, timestamp_ns, ...) plus process_key and unit_id;
     ``{name}_units``: one row per unit (unit_id, pid, stack_id, ip, t).
@@ -141,11 +155,7 @@ def assign_units(con, ctx, source: str, name: str, per_row: bool = True) -> None
     # instance then current is looked up once (``BOUNDS_SQL``).
     con.execute(BOUNDS_SQL)
     rows = f"(SELECT * EXCLUDE (pid), coalesce(pid::BIGINT, -1) AS pid FROM {source})"
-    if epoch_probes(con, rows) <= RANGE_JOIN_MAX_BOUNDS:
-        epoch_join = """LEFT JOIN (SELECT *, lead(t) OVER (PARTITION BY pid ORDER BY t) AS t_next FROM bounds) e
-            ON s.pid = e.pid AND s.timestamp_ns >= e.t AND (e.t_next IS NULL OR s.timestamp_ns < e.t_next)"""
-    else:
-        epoch_join = "ASOF LEFT JOIN bounds e ON s.pid = e.pid AND s.timestamp_ns >= e.t"
+    epoch_join = current_at("bounds", "t", "e", epoch_probes(con, rows) <= RANGE_JOIN_MAX_BOUNDS, left=True)
     unit_id = "(row_number() OVER (ORDER BY pid, stack_id NULLS FIRST, ip NULLS FIRST, epoch) - 1)::BIGINT AS unit_id"
     if not per_row:
         # (an epoch has one process instance, so the process_key splits no unit)
