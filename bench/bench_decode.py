@@ -27,14 +27,17 @@ between hours, and a best-of-N headline would report its luckiest run. Targets a
 the decode stage's own time with one worker (bytes in, every parquet table out: the manifest's
 ``decode_s + join_s``); the whole CLI run adds the interpreter, the imports and the dask cluster start and close (1.2-1.5 s here).
 Also reported: user and system CPU seconds of the process tree, MB per CPU-second, and a probe of the
-machine's speed before and after (``PROBE``: this VM's speed moves by 2-3x between sessions). The ratio
+machine's speed before and after (``PROBE``: this VM's speed moves by 2-3x between sessions; ``PAIR_PROBE``:
+how much one core slows the other). The ratio
 compares the per-core MB/s with dissect's MB/s on the slice: headers only (the strict ratio, judged against
 the target) and with fields (the same work, reported beside it). Targets (reported, not asserted): >= 300 MB/s
 per core, >= 100x dissect.etl per core, peak memory < 1.5 GB (PSS: see ``measure``; RSS beside it).
 
 Defaults (``make bench``): 1 GB trace, 64 MB slice. ``--big`` (or ``BENCH_DECODE_BIG=1``) adds the same
 measurements on a 4 GB trace to show that memory stays flat. ``--size`` / ``BENCH_DECODE_SIZE`` change the
-main size. Writes ``bench/out/decode.json``.
+main size. ``--instructions`` (or ``BENCH_DECODE_INSTRUCTIONS=1``) adds the one measure that does not move
+with this VM's speed: the instructions the decode retires per MB, counted by valgrind's callgrind (see
+``instructions``; ~5 minutes, ~15 the first time). Writes ``bench/out/decode.json``.
 """
 
 from __future__ import annotations
@@ -42,7 +45,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
+import shutil
 import statistics
 import struct
 import subprocess
@@ -121,12 +126,31 @@ print(statistics.median(loops), statistics.median(reads), statistics.median(touc
 """
 
 
+#: The same loop in two processes at once, one per core of this 2-core VM: how much one core slows the other
+#: (session 23: 10 M turns 1.0 s alone, 1.17 and 1.57 s side by side). Two workers, or one worker beside the client's
+#: sha256, run in that state.
+PAIR_PROBE = """
+import time
+t = time.perf_counter(); s = 0
+for i in range(5_000_000):
+    s += i & 7
+print(time.perf_counter() - t)
+"""
+
+
 def machine_probe() -> dict:
     """The machine's speed at the time of the bench (``PROBE``), in seconds: a Python loop of 5 M turns,
-    16 M random reads from 512 MiB, a first write of 1 GiB."""
+    16 M random reads from 512 MiB, a first write of 1 GiB; and the loop's time when one process per core
+    runs it at once (``PAIR_PROBE``: the slower of them, median of three)."""
     out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True).stdout
     loop, reads, touch = (round(float(x), 3) for x in out.split())
-    return {"python_loop_s": loop, "random_reads_s": reads, "fresh_GiB_s": touch}
+    pairs = []
+    for _ in range(3):
+        procs = [subprocess.Popen([sys.executable, "-c", PAIR_PROBE], stdout=subprocess.PIPE, text=True)
+                 for _ in range(os.cpu_count() or 1)]
+        pairs.append(max(float(p.communicate()[0]) for p in procs))
+    return {"python_loop_s": loop, "python_loop_all_cores_s": round(statistics.median(pairs), 3),
+            "random_reads_s": reads, "fresh_GiB_s": touch}
 
 
 def synthesize(size: str, compress: bool = False, stack_caching: bool = False, stack_variety: int | None = None) -> Path:
@@ -253,6 +277,72 @@ def decode(trace: Path, workers: int, tag: str, runs: int = 3, mode: str = "loca
     return median
 
 
+#: Slices of the main trace whose instructions ``instructions`` counts: the difference of the two is the cost
+#: of the MBs between them, without the process start, the imports and the stage's fixed steps.
+INSTRUCTION_SLICES = (32 << 20, 96 << 20)
+#: Shared objects by the part of the work they do, for the breakdown of the count (callgrind names JIT code,
+#: here numba's kernels, ``???``).
+OBJECT_FAMILIES = (("libcrypto", "sha256"), ("???", "numba kernels"), ("_multiarray_umath", "numpy"),
+                   ("libparquet", "parquet writer"), ("libarrow", "arrow (zstd, compute, ipc)"), ("libc.so", "libc"),
+                   ("libpython", "python"))
+
+
+def _instructions_by_family(out: Path) -> dict[str, int]:
+    """Instructions of a callgrind output file per ``OBJECT_FAMILIES`` entry (others: ``other``)."""
+    text = subprocess.run(["callgrind_annotate", "--inclusive=no", "--threshold=100", str(out)], capture_output=True,
+                          text=True, check=True).stdout
+    families: dict[str, int] = {}
+    for line in text.splitlines():
+        m = re.match(r"\s*([\d,]+) \(\s*[\d.]+%\)\s+(.*)$", line)
+        if not m or "PROGRAM TOTALS" in line:
+            continue
+        obj = m.group(2).rsplit("[", 1)[-1] if "[" in m.group(2) else "???"
+        family = next((name for key, name in OBJECT_FAMILIES if key in obj), "other")
+        families[family] = families.get(family, 0) + int(m.group(1).replace(",", ""))
+    return families
+
+
+def instructions(trace: Path) -> dict:
+    """Instructions retired per MB by ``bootprof decode`` in one process (``cluster.mode: synchronous``),
+    counted by callgrind: the same count for the same code and input on any x86-64 machine and in any phase of
+    this VM (two runs of the 32 MB slice: 6,189.4 and 6,189.7 M; the marginal count of two benches 24.2 and
+    24.6 M per MB: threads interleave, hash seeds and file names differ), where seconds moved by 2-3x between
+    sessions. The marginal count of the MBs between two slices (``INSTRUCTION_SLICES``) leaves out the
+    process start, the imports and the fixed steps. Divided into a rate it says what a core must retire for
+    that rate: 300 MB/s needs ``300 * M`` instructions a second; times the in-process stage rate of this
+    bench, what this VM's core retired while it ran.
+
+    The input's sha256 is counted apart and left out of the decode's count: valgrind's CPU has no SHA
+    instructions, so OpenSSL runs its software rounds there (~28 M instructions a MB), not what the stage
+    runs. ``--fair-sched=yes``: with valgrind's default lock, DuckDB's threads waiting for a task spun for
+    minutes (88 % of a run's instructions). numba keys its cache on the CPU it sees, and valgrind's is not
+    the host's: the first run (of the larger slice; discarded) compiles the kernels for it once (~15
+    minutes), and later benches find them in the cache."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        return {"error": "valgrind is not installed (Debian package valgrind)"}
+    cfg = OUT / "decode-synchronous-1w.yaml"
+    cfg.write_text("cluster:\n  mode: synchronous\n  n_workers: 1\n  memory_limit: 4GiB\n")
+    slices = [make_slice(trace, n) for n in INSTRUCTION_SLICES]
+    counted = []
+    for k, sl in enumerate([slices[-1], *slices]):
+        out = OUT / f"callgrind-{k}.out"
+        proc = subprocess.run([valgrind, "--tool=callgrind", "--fair-sched=yes", f"--callgrind-out-file={out}",
+                               sys.executable, "-m", "pipeline", "--config", str(cfg), "decode", str(sl),
+                               "--run", str(OUT / f"run-callgrind-{sl.stem}")], cwd=ROOT, capture_output=True, text=True)
+        if proc.returncode != 0:
+            return {"error": f"callgrind run on {sl.name} failed ({proc.returncode}): {proc.stderr[-300:]}"}
+        counted.append(_instructions_by_family(out))
+        out.unlink()
+    mb = [sl.stat().st_size / 1e6 for sl in slices]
+    small, big = counted[1], counted[2]
+    per_mb = {f: (big.get(f, 0) - small.get(f, 0)) / (mb[1] - mb[0]) / 1e6 for f in big}
+    sha = per_mb.pop("sha256", 0.0)
+    return {"slices_MB": [round(m, 1) for m in mb], "M_instructions_per_MB": round(sum(per_mb.values()), 2),
+            "M_instructions_per_MB_by_part": {f: round(v, 2) for f, v in sorted(per_mb.items(), key=lambda x: -x[1])},
+            "sha256_software_M_instructions_per_MB": round(sha, 2)}
+
+
 def dissect(trace: Path, script: str = DISSECT) -> dict:
     page_in(trace)
     secs, rss, pss, out = measure([sys.executable, "-c", script, str(trace)])
@@ -285,6 +375,8 @@ def main() -> int:
     ap.add_argument("--slice", default="64MB", help="slice decoded by dissect.etl (64MB)")
     ap.add_argument("--big", action="store_true", default=os.environ.get("BENCH_DECODE_BIG") == "1",
                     help="also measure a 4 GB trace (memory must stay flat)")
+    ap.add_argument("--instructions", action="store_true", default=os.environ.get("BENCH_DECODE_INSTRUCTIONS") == "1",
+                    help="also count the decode's instructions per MB with callgrind (phase-independent; ~5 min)")
     args = ap.parse_args()
     from pipeline.config import parse_size
 
@@ -328,6 +420,7 @@ def main() -> int:
         rows.append(row(f"bootprof decode, 4GB, {cores} workers", big, bn, bn["seconds"]))
         sizes.append("4GB")
     probe_after = machine_probe()
+    counted = instructions(trace) if args.instructions else {}
     one_row, all_row, inproc_row = rows[2], rows[3], rows[4]
     keyed_row = next(r for r in rows if "stack keys" in r["measure"])
     varied_row = next(r for r in rows if "varied stacks" in r["measure"])
@@ -372,6 +465,18 @@ def main() -> int:
           f"per process)")
     print("machine probe before / after (s): " + "; ".join(
         f"{k} {probe_before[k]} / {probe_after[k]}" for k in probe_before))
+    if "M_instructions_per_MB" in counted:
+        per_mb = counted["M_instructions_per_MB"]
+        counted["G_instructions_per_s_this_run"] = round(per_mb * inproc_row.get("stage_MB_per_s", 0.0) / 1e3, 2)
+        counted["G_instructions_per_s_for_300_MB_per_s"] = round(per_mb * 300 / 1e3, 2)
+        print(f"instructions (callgrind, in one process, {counted['slices_MB'][0]:,.0f} -> {counted['slices_MB'][1]:,.0f} MB "
+              f"slices, sha256 left out): {per_mb:,.2f} M per MB ("
+              + ", ".join(f"{k} {v:,.2f}" for k, v in counted["M_instructions_per_MB_by_part"].items())
+              + f"); 300 MB/s needs a core retiring "
+              f"{counted['G_instructions_per_s_for_300_MB_per_s']:,.2f} G instructions/s on this code; this VM's core "
+              f"retired {counted['G_instructions_per_s_this_run']:,.2f} G/s in the in-process run above")
+    elif counted:
+        print(f"instructions: not counted: {counted['error']}")
     result = {"cores": cores, "sizes": ",".join(sizes), "seed": SEED, "simulated_cpus": SIM_CPUS,
               "machine_probe_before": probe_before, "machine_probe_after": probe_after,
               "per_core_MB_per_s": per_core, "per_core_best_run_MB_per_s": per_core_best, "all_cores_MB_per_s": all_cores, "cli_1_worker_MB_per_s": per_core_cli,
@@ -381,7 +486,7 @@ def main() -> int:
               "stack_keys_1_worker_MB_per_s": keyed_row.get("stage_MB_per_s", 0.0),
               "varied_stacks_1_worker_MB_per_s": varied_row.get("stage_MB_per_s", 0.0), "varied_stack_variety": VARIETY,
               "peak_rss_MB": peak, "peak_pss_MB": peak_pss, "target_per_core_MB_per_s": 300, "target_ratio": 100, "target_peak_rss_MB": 1500,
-              "failed_runs": len(failed), "rows": rows}
+              "instructions": counted, "failed_runs": len(failed), "rows": rows}
     (OUT / "decode.json").write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
