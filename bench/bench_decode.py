@@ -324,6 +324,9 @@ def instructions(trace: Path) -> dict:
     cfg = OUT / "decode-synchronous-1w.yaml"
     cfg.write_text("cluster:\n  mode: synchronous\n  n_workers: 1\n  memory_limit: 4GiB\n")
     slices = [make_slice(trace, n) for n in INSTRUCTION_SLICES]
+    mb = [sl.stat().st_size / 1e6 for sl in slices]
+    if mb[1] - mb[0] < 16:
+        return {"error": f"{trace.name} is too small for two slices {INSTRUCTION_SLICES} bytes apart"}
     counted = []
     for k, sl in enumerate([slices[-1], *slices]):
         out = OUT / f"callgrind-{k}.out"
@@ -334,7 +337,6 @@ def instructions(trace: Path) -> dict:
             return {"error": f"callgrind run on {sl.name} failed ({proc.returncode}): {proc.stderr[-300:]}"}
         counted.append(_instructions_by_family(out))
         out.unlink()
-    mb = [sl.stat().st_size / 1e6 for sl in slices]
     small, big = counted[1], counted[2]
     per_mb = {f: (big.get(f, 0) - small.get(f, 0)) / (mb[1] - mb[0]) / 1e6 for f in big}
     sha = per_mb.pop("sha256", 0.0)
