@@ -127,7 +127,7 @@ print(statistics.median(loops), statistics.median(reads), statistics.median(touc
 
 
 #: The same loop in two processes at once, one per core of this 2-core VM: how much one core slows the other
-#: (session 23: 10 M turns 1.0 s alone, 1.17 and 1.57 s side by side). Two workers, or one worker beside the client's
+#: (session 19: 10 M turns 1.0 s alone, 1.17 and 1.57 s side by side). Two workers, or one worker beside the client's
 #: sha256, run in that state.
 PAIR_PROBE = """
 import time
