@@ -244,14 +244,20 @@ def measure(cmd: list[str], env=None) -> tuple[float, int, int, str]:
     return secs, peak, peak_pss, out
 
 
+def cluster_config(mode: str, workers: int) -> Path:
+    """A config file for ``bootprof decode`` with that cluster (the rest at its defaults)."""
+    cfg = OUT / f"decode-{mode}-{workers}w.yaml"
+    cfg.write_text(f"cluster:\n  mode: {mode}\n  n_workers: {workers}\n  memory_limit: 4GiB\n")
+    return cfg
+
+
 def decode(trace: Path, workers: int, tag: str, runs: int = 3, mode: str = "local") -> dict:
     """``bootprof decode`` ``runs`` times. Reported: the median run (by the decode stage's own time, the
     manifest's ``decode_s + join_s``) with the median wall time of the whole CLI run, and beside them the
     best stage time and the first run's wall time (this VM backs guest memory lazily, so a process's first
     touch of memory it got back from the host costs up to 2.7 s per GB: runs differ by that). Peak RSS and PSS are
     the highest of the runs. A failure is recorded (last error line) instead of ending the benchmark."""
-    cfg = OUT / f"decode-{mode}-{workers}w.yaml"
-    cfg.write_text(f"cluster:\n  mode: {mode}\n  n_workers: {workers}\n  memory_limit: 4GiB\n")
+    cfg = cluster_config(mode, workers)
     done = []
     for _ in range(runs):
         run = OUT / f"run-{tag}"
@@ -321,8 +327,7 @@ def instructions(trace: Path) -> dict:
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         return {"error": "valgrind is not installed (Debian package valgrind)"}
-    cfg = OUT / "decode-synchronous-1w.yaml"
-    cfg.write_text("cluster:\n  mode: synchronous\n  n_workers: 1\n  memory_limit: 4GiB\n")
+    cfg = cluster_config("synchronous", 1)
     slices = [make_slice(trace, n) for n in INSTRUCTION_SLICES]
     mb = [sl.stat().st_size / 1e6 for sl in slices]
     if mb[1] - mb[0] < 16:
