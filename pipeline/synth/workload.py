@@ -73,12 +73,17 @@ def mangle_legacy(path: list[str], h: int) -> str:
     return "_ZN" + "".join(_ident(c) for c in path) + f"17h{h & 0xFFFFFFFFFFFFFFFF:016x}E"
 
 
+def _v0_ident(s: str) -> str:
+    """A v0 identifier: its length, then ``_`` when it starts with a digit or ``_`` (so the length ends), then it."""
+    return f"{len(s)}_{s}" if s[:1].isdigit() or s[:1] == "_" else f"{len(s)}{s}"
+
+
 def mangle_v0(path: list[str], h: int) -> str:
     """Rust v0 mangling: ``_R`` + nested paths (``Nt`` modules/types, ``Nv`` the function) over ``Cs<dis>_<crate>``."""
-    p = f"Cs{_b62(h, 10)}_" + _ident(path[0])
+    p = f"Cs{_b62(h, 10)}_" + _v0_ident(path[0])
     for comp in path[1:-1]:
-        p = "Nt" + p + _ident(comp)
-    return "_RNv" + p + _ident(path[-1])
+        p = "Nt" + p + _v0_ident(comp)
+    return "_RNv" + p + _v0_ident(path[-1])
 
 
 def _seeded_hash(*parts) -> int:
@@ -175,11 +180,8 @@ class Catalog:
 
     def add_image(self, rng, name, path, base, entries, *, rust_style=None, kernel=False, pdb=None) -> int:
         idx = len(self.images)
-        h = _seeded_hash(path)
-        guid = uuid.UUID(bytes=h.to_bytes(8, "little") + _seeded_hash(path, "g").to_bytes(8, "little"))
-        img = Image(name=name, path=path, base=base, size=0, timedatestamp=0x60000000 + (h % 0x8000000),
-                    checksum=(h >> 8) & 0xFFFFFF, pdb_guid=guid, pdb_age=1 + h % 3,
-                    pdb_name=pdb or name.rsplit(".", 1)[0] + ".pdb", kernel=kernel)
+        img = Image(name=name, path=path, base=base, size=0, timedatestamp=0, checksum=0, pdb_guid=uuid.UUID(int=0),
+                    pdb_age=1, pdb_name=pdb or name.rsplit(".", 1)[0] + ".pdb", kernel=kernel)
         rva = 0x1000
         for k, plain in enumerate(entries):
             size = int(rng.integers(0x40, 0x600)) & ~0xF
@@ -202,6 +204,13 @@ class Catalog:
             img.func_ids.append(fid)
             rva += size + (int(rng.integers(1, 8)) << 4)
         img.size = (rva + 0xFFFF) & ~0xFFFF
+        # The binary's identity (PDB GUID and age, TimeDateStamp, checksum) follows its contents, as a real
+        # build's does: traces of other seeds or sizes lay the same image out differently, and a symbol cache
+        # keyed by debug id must never hand one of them the other's table.
+        h = _seeded_hash(path, *((self.funcs.name[f], self.funcs.start[f] - base, self.funcs.size[f])
+                                 for f in img.func_ids))
+        img.pdb_guid = uuid.UUID(bytes=h.to_bytes(8, "little") + _seeded_hash(path, h, "g").to_bytes(8, "little"))
+        img.pdb_age, img.timedatestamp, img.checksum = 1 + h % 3, 0x60000000 + (h % 0x8000000), (h >> 8) & 0xFFFFFF
         self.images.append(img)
         return idx
 
