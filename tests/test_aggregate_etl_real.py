@@ -89,3 +89,19 @@ def test_pdb_functions_of_the_x86_trace(real_run):
     named = [r for r in functions if r["module"] == "mscorlib.ni.dll" and r["raw_name"] is not None]
     assert named, "mscorlib.ni.dll frames resolve through the fixture's PDB"
     assert all(r["crate"] is None for r in named)   # C# names are not Rust paths
+
+
+def test_ngen_frames_resolve_in_every_view_of_the_x86_trace(real_run):
+    """Every frame inside the three NGEN images whose PDBs ship with the fixture is a function name in every
+    view that shows frames: functions, modules' functions, folded stacks (and so the flame graph)."""
+    run, _ = real_run
+    if "x86" not in run.parent.name:
+        return
+    ngen = ("mscorlib.ni.dll", "System.ni.dll", "System.Xml.ni.dll")
+    functions = [r for r in rows(run, "cpu_by_function") if r["module"] in ngen]
+    assert {r["module"] for r in functions} == set(ngen)
+    assert all(r["raw_name"] and "+0x" not in r["function"] for r in functions)
+    frames = [f for r in rows(run, "cpu_folded") for f in r["stack"].split(";")[1:] if f.startswith(ngen)]
+    assert frames and not [f for f in frames if "+0x" in f]
+    folded = (run / "report" / "cpu_folded.txt").read_text()
+    assert "mscorlib.ni.dll!" in folded and "ni.dll+0x" not in folded

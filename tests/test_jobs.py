@@ -41,6 +41,6 @@ def test_demo_job_on_a_self_profile_directory(tmp_path, capsys):
     profiles = fixture_path("selfprofile/workspace-incremental")
     assert cli_main(["--config", _config(tmp_path), "run", str(ROOT / "jobs" / "demo.yaml"),
                      "--trace", str(profiles), "--run", str(run)]) == 0
-    assert read_manifest(run, "symbolized")["skipped"].startswith("no ETL samples")
+    assert read_manifest(run, "symbolized")["skipped"].startswith("no ETL stacks")
     assert set(read_manifest(run, "aggregated")["sections"]) == {"queries"}
     assert (run / "report" / "profile_queries.counts.txt").exists()

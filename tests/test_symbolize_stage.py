@@ -122,6 +122,7 @@ def scenario(tmp_path_factory, dask_pool):
         (10, 100, EXE_BASE + inl, 1),
         (20, 101, EXE_BASE + rtc, -1),                         # rtc as a leaf (an ip, no stack)
         (25, 101, 0, 5),
+        (26, 100, 0, 5),                                       # inl as a return address where it also is a leaf
         (500, 100, DLL_BASE + reallo, 2),
         (2500, 100, DLL_BASE + reallo + 1, 3),
         (30, 200, EXE_BASE + stripped["_RTC_Initialize"], 4),
@@ -137,13 +138,14 @@ def scenario(tmp_path_factory, dask_pool):
             "run_dir": run_dir, "cfg": cfg, "kernel": kernel_addr}
 
 
-def rows_of(frames, pid, address):
-    return sorted((r for r in frames if r["pid"] == pid and r["address"] == address),
+def rows_of(frames, pid, address, leaf=None):
+    """Rows of one frame, innermost inline level first; ``leaf`` picks a role where the address has both."""
+    return sorted((r for r in frames if r["pid"] == pid and r["address"] == address and leaf in (None, r["leaf"])),
                   key=lambda r: -r["inline_depth"])
 
 
 def test_inline_chain_lines_and_files(scenario):
-    rows = rows_of(scenario["frames"], 100, EXE_BASE + scenario["rva"]["inl"])
+    rows = rows_of(scenario["frames"], 100, EXE_BASE + scenario["rva"]["inl"], leaf=True)
     assert [(r["function"], r["inline_depth"]) for r in rows] == [
         ("<u64>::wrapping_mul", 2), ("mycrate::hash::mix", 1), ("core::fmt::write", 0)]
     assert [r["raw_name"].split("(")[0] for r in rows] == [
@@ -158,11 +160,15 @@ def test_return_addresses_resolve_to_the_calling_function(scenario):
     (leaf,) = rows_of(scenario["frames"], 101, EXE_BASE + scenario["rva"]["rtc"])
     assert leaf["function"] == "_RTC_Initialize"          # a C name, never demangled as Rust
     inl = EXE_BASE + scenario["rva"]["inl"]
-    as_leaf = rows_of(scenario["frames"], 100, inl)
-    # the same address as a return address is looked up at address - 1, before the inlined call
+    as_leaf = rows_of(scenario["frames"], 100, inl, leaf=True)
+    # the same address as a return address is looked up at address - 1, before the inlined call; each role
+    # resolves the same in every process: pid 100 has it in both roles, pid 101 as a return address only
     as_return = rows_of(scenario["frames"], 101, inl)
-    assert len(as_leaf) == 3 and 1 <= len(as_return) < 3
+    assert len(as_leaf) == 3 and 1 <= len(as_return) < 3 and not any(r["leaf"] for r in as_return)
     assert as_return[-1]["function"] == as_leaf[-1]["function"] == "core::fmt::write"
+    strip = ("address", "pid", "image_load_ns", "image_unload_ns")
+    assert ([{k: v for k, v in r.items() if k not in strip} for r in rows_of(scenario["frames"], 100, inl, leaf=False)]
+            == [{k: v for k, v in r.items() if k not in strip} for r in as_return])
     (drop,) = rows_of(scenario["frames"], 100, EXE_BASE + scenario["rva"]["drop"] + 4)
     assert drop["function"] == "<alloc::vec::Vec<T,A> as core::ops::drop::Drop>::drop"
 
@@ -201,16 +207,16 @@ def test_stripped_pdb_demangles_publics(scenario):
 def test_manifest_rates_per_module(scenario):
     m = scenario["manifest"]
     mods = m["modules"]
-    assert mods["fakerustc.exe"] == {"frames": 7, "resolved": 7, "rate": 1.0}
+    assert mods["fakerustc.exe"] == {"frames": 9, "resolved": 9, "rate": 1.0}   # inl and drop in both roles in pid 100
     assert mods["rustlib.dll"] == {"frames": 1, "resolved": 1, "rate": 1.0}
     assert mods["other.dll"]["rate"] == 0.0 and mods["(no image)"]["frames"] == 1
     assert m["frames"] == sum(v["frames"] for v in mods.values())
     assert scenario["summary"]["images_without_symbols"] == 2
     assert m["tables"]["frames"] == len(scenario["frames"])
-    keys = [(r["pid"], r["address"], r["image_load_ns"] or 0, r["inline_depth"]) for r in scenario["frames"]]
+    keys = [(r["pid"], r["address"], r["leaf"], r["image_load_ns"] or 0, r["inline_depth"]) for r in scenario["frames"]]
     assert keys == sorted(keys)
     schema = pq.read_schema(scenario["run_dir"] / "symbolized" / "frames.parquet")
-    assert schema.names[:10] == ["address", "pid", "module", "rva", "function", "raw_name", "inline_depth",
+    assert schema.names[:11] == ["address", "pid", "leaf", "module", "rva", "function", "raw_name", "inline_depth",
                                  "file", "line", "resolved"]
 
 

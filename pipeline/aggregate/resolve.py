@@ -15,8 +15,9 @@ epoch the set of images of a process cannot change, so any time of the unit pick
 for each address (symbolize keeps one frames row per (pid, address, image instance)).
 
 **Frames of a unit.** The stack's frames (leaf first), or the ip alone when the event has no
-stack. Each frame picks the frames-table instance whose image was loaded at the unit's time
-(latest load wins); an inlined frame expands into its inline chain. Order, root first::
+stack. Each frame picks the frames-table row of its role (frame 0 the leaf row, the others the
+return-address row) whose image was loaded at the unit's time (latest load wins); an inlined frame
+expands into its inline chain. Order, root first::
 
     frame pos n-1 (root) ... frame pos 0 (leaf); inside one frame inline_depth 0 (the real
     function) ... deepest inlined call
@@ -194,9 +195,13 @@ def resolve_units(con, ctx, name: str) -> None:
 
         con.execute(f"CREATE OR REPLACE VIEW frames AS SELECT * FROM "
                     f"read_parquet('{parquet_glob(table_path(ctx.run_dir, SYMBOLIZED, FRAMES))}')")
+        if "leaf" not in {r[0] for r in con.execute("DESCRIBE frames").fetchall()}:
+            # (a frames table of an older bootprof: one row per (pid, address), whatever its role)
+            con.execute("CREATE OR REPLACE VIEW frames AS SELECT *, NULL::BOOLEAN AS leaf FROM "
+                        f"read_parquet('{parquet_glob(table_path(ctx.run_dir, SYMBOLIZED, FRAMES))}')")
     else:  # not symbolized: every frame stays an address
         con.execute("""CREATE OR REPLACE VIEW frames AS SELECT NULL::UBIGINT AS address, NULL::UINTEGER AS pid,
-            NULL::VARCHAR AS module, NULL::VARCHAR AS function, NULL::VARCHAR AS raw_name,
+            NULL::BOOLEAN AS leaf, NULL::VARCHAR AS module, NULL::VARCHAR AS function, NULL::VARCHAR AS raw_name,
             NULL::USMALLINT AS inline_depth, NULL::BIGINT AS image_load_ns, NULL::BIGINT AS image_unload_ns
             WHERE false""")
     con.execute(f"""
@@ -209,8 +214,9 @@ def resolve_units(con, ctx, name: str) -> None:
     con.execute(f"""
         CREATE TEMP TABLE {name}_pick AS
         SELECT p.unit_id, p.pos, p.pid, p.address, p.t, i.pid AS fpid, i.image_load_ns
-        FROM {name}_pos p LEFT JOIN (SELECT DISTINCT pid::BIGINT AS pid, address, image_load_ns, image_unload_ns
+        FROM {name}_pos p LEFT JOIN (SELECT DISTINCT pid::BIGINT AS pid, address, leaf, image_load_ns, image_unload_ns
                                      FROM frames) i ON i.pid = p.pid AND i.address = p.address
+                                    AND coalesce(i.leaf, p.pos = 0) = (p.pos = 0)
         QUALIFY row_number() OVER (PARTITION BY p.unit_id, p.pos ORDER BY
             (coalesce(i.image_load_ns, {MIN_NS}) <= p.t AND p.t <= coalesce(i.image_unload_ns, {MAX_NS})) DESC,
             i.image_load_ns DESC NULLS LAST) = 1""")
@@ -240,7 +246,8 @@ def resolve_units(con, ctx, name: str) -> None:
                      coalesce(f.function, CASE WHEN g.module IS NOT NULL THEN printf('%s+0x%x', g.module, g.rva)
                                                ELSE printf('0x%x', k.address) END) AS function, f.raw_name
               FROM {name}_pick k LEFT JOIN frames f
-                ON f.pid = k.fpid AND f.address = k.address AND f.image_load_ns IS NOT DISTINCT FROM k.image_load_ns
+                ON f.pid = k.fpid AND f.address = k.address AND coalesce(f.leaf, k.pos = 0) = (k.pos = 0)
+               AND f.image_load_ns IS NOT DISTINCT FROM k.image_load_ns
               LEFT JOIN {name}_img g ON k.fpid IS NULL AND g.pid = k.pid AND g.address = k.address AND g.t = k.t),
         names AS (SELECT module, function, raw_name, {CRATE_SQL} AS crate,
                          CASE WHEN module IS NULL OR function LIKE module || '+0x%' THEN function
@@ -262,25 +269,28 @@ def resolve_units(con, ctx, name: str) -> None:
     con.execute(f"DROP TABLE {name}_img")
 
 
-def by_frames(name: str, weights: str, keys: list[str], measures: list[str], carry: str | None = None) -> str:
+def by_frames(name: str, weights: str, keys: list[str], measures: list[str], carry: str | None = None,
+              by: tuple[str, ...] = ()) -> str:
     """SQL: per distinct ``keys`` of the frames (e.g. module, function, raw_name) the ``measures`` of the
     leaf frame ("self_<m>") and of every unit that holds the key at least once ("inclusive_<m>": a
-    recursive function counts once per stack). ``weights`` is SQL with unit_id and the measures;
+    recursive function counts once per stack). ``weights`` is SQL with unit_id, the measures and the
+    columns ``by`` (e.g. a heap snapshot), which split the rows further and come first in them;
     ``carry`` is one more frames column kept with its any_value (e.g. the function's crate)."""
     k = ", ".join(keys)
     self_cols = ", ".join(f"sum(w.{m})::BIGINT AS self_{m}" for m in measures)
     incl_cols = ", ".join(f"sum(w.{m})::BIGINT AS inclusive_{m}" for m in measures)
-    leaf_keys = ", ".join(f"s.leaf_{c} AS {c}" for c in keys)
+    leaf_keys = ", ".join([f"w.{c}" for c in by] + [f"s.leaf_{c} AS {c}" for c in keys])
     extra = f", any_value(f.{carry}) AS {carry}" if carry else ""
     not_null = " AND ".join(f"{c} IS NOT NULL" for c in keys if c != "raw_name" and c != "module")
-    on = " AND ".join(f"l.{c} IS NOT DISTINCT FROM i.{c}" for c in keys)
+    on = " AND ".join(f"l.{c} IS NOT DISTINCT FROM i.{c}" for c in (*by, *keys))
+    group = ", ".join([f"w.{c}" for c in by] + ["f." + c for c in keys])
     return f"""
         WITH w AS ({weights}),
         leaf AS (SELECT {leaf_keys}, {self_cols} FROM w JOIN {name}_stacks s USING (unit_id) GROUP BY ALL),
-        incl AS (SELECT {", ".join("f." + c for c in keys)}{extra}, {incl_cols}
+        incl AS (SELECT {group}{extra}, {incl_cols}
                  FROM w JOIN (SELECT DISTINCT unit_id, {k}{", " + carry if carry else ""} FROM {name}_funcs
                               WHERE {not_null or "true"}) f
-                 USING (unit_id) GROUP BY {", ".join("f." + c for c in keys)})
-        SELECT {", ".join("i." + c for c in keys)}{", i." + carry if carry else ""},
+                 USING (unit_id) GROUP BY {group})
+        SELECT {", ".join(["i." + c for c in by] + ["i." + c for c in keys])}{", i." + carry if carry else ""},
                {", ".join(f"coalesce(l.self_{m}, 0)::BIGINT AS self_{m}, i.inclusive_{m}" for m in measures)}
         FROM incl i LEFT JOIN leaf l ON {on}"""

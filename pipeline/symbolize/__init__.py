@@ -1,20 +1,22 @@
 """Symbolize stage: every unique stack frame of a run -> module, function, inline chain, file:line.
 
-Entry point: :func:`run`. Reads ``RUN_DIR/decoded/{samples,stacks,images,image_ids}`` and writes
-``RUN_DIR/symbolized/frames.parquet`` (see ``schema.md``). The steps:
+Entry point: :func:`run`. Reads ``RUN_DIR/decoded/{stacks,images,image_ids}`` and every table whose rows
+reference a stack (``STACK_SOURCES``: samples, VirtualAlloc, heap events, heap snapshot blocks, inline
+event stacks) and writes ``RUN_DIR/symbolized/frames.parquet`` (see ``schema.md``). The steps:
 
-1. **Frames.** Unique (pid, stack) pairs of the samples are expanded into their frames, plus each
-   sample's ``ip``; one row per unique (pid, address), remembering whether the address ever was a
-   leaf (frame 0 or the ip) and its first time.
+1. **Frames.** Unique (pid, stack) pairs of those rows (*events*) are expanded into their frames, plus
+   each sample's ``ip``; one row per unique (pid, address, role) with its first time. The role is
+   *leaf* (frame 0 of a stack, or an ip: the instruction that ran) or *return address* (every other
+   frame: the instruction after a call).
 2. **Images.** Each frame is mapped to the image loaded at that address in that process at that
    time (:mod:`.images`). Only frames that two images of one process could both cover (a reused
-   address range) are mapped again with the time of every sample that holds them.
+   address range) are mapped again with the time of every event that holds them.
 3. **Symbols.** The distinct debug ids of the images that occur go to the dask pool, one task
    each (:func:`.build.resolve_debug_id`): find the PDB or Breakpad file along the symbol path
    (downloading it into the cache once), build its sorted address table once per debug id.
-4. **Lookups.** Per debug id, one ``searchsorted`` over the frames' RVAs (return addresses minus
-   one: a non-leaf frame's address is the instruction after the call) and gathers up the inline
-   chains give one output row per frame and inline level.
+4. **Lookups.** Per debug id, one ``searchsorted`` over the frames' RVAs (a leaf at its rva, a return
+   address at rva - 1, inside its call) and gathers up the inline chains give one output row per frame
+   and inline level. So one (image, offset, role) resolves to the same names in every process and view.
 
 A missing or unusable symbol file is reported once per image, with its reason, in the manifest
 (``images_without_symbols``); its frames stay visible as ``module+0xoffset``.
@@ -25,6 +27,7 @@ from __future__ import annotations
 import logging
 import ntpath
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -81,26 +84,66 @@ def _explode(pids: np.ndarray, stack_ids: np.ndarray, times: np.ndarray, stack_k
 
 
 def _unique_frames(pid, address, leaf, t):
-    """One row per (pid, address): is_leaf = any, time = min."""
+    """One row per (pid, address, role): the role is leaf or return address; time = min."""
     import pyarrow as pa
 
     tbl = pa.table({"pid": pid, "address": address, "leaf": leaf, "t": t})
-    g = tbl.group_by(["pid", "address"], use_threads=True).aggregate([("leaf", "max"), ("t", "min")])
+    g = tbl.group_by(["pid", "address", "leaf"], use_threads=True).aggregate([("t", "min")])
     return (g.column("pid").to_numpy(), g.column("address").to_numpy(),
-            g.column("leaf_max").to_numpy(zero_copy_only=False), g.column("t_min").to_numpy())
+            g.column("leaf").to_numpy(zero_copy_only=False), g.column("t_min").to_numpy())
+
+
+#: Decoded tables whose rows reference stacks, with the SQL that gives their (pid, timestamp_ns, ip, stack_id):
+#: every frame of every one of them is symbolized, so a stack reads the same in the CPU, commit and heap views.
+#: Heap-snapshot blocks share their snapshot's time, so one row per (pid, time, stack) stands for them all;
+#: inline event stacks (``event_stacks``) take the pid of their event's header.
+STACK_SOURCES = {
+    "samples": "SELECT pid, timestamp_ns, ip, stack_id FROM {samples}",
+    "virtual_allocs": "SELECT pid, timestamp_ns, NULL::UBIGINT AS ip, stack_id FROM {virtual_allocs} WHERE stack_id IS NOT NULL",
+    "heap_events": "SELECT pid, timestamp_ns, NULL::UBIGINT AS ip, stack_id FROM {heap_events} WHERE stack_id IS NOT NULL",
+    "heap_snapshot_blocks": """SELECT DISTINCT pid, timestamp_ns, NULL::UBIGINT AS ip, stack_id FROM {heap_snapshot_blocks}
+                               WHERE stack_id IS NOT NULL""",
+    "event_stacks": """SELECT e.pid, s.timestamp_ns, NULL::UBIGINT AS ip, s.stack_id FROM {event_stacks} s
+                       JOIN {events} e USING (timestamp, cpu, stream_pos) WHERE s.stack_id IS NOT NULL AND e.pid >= 0""",
+}
+
+
+def stack_events(run_dir: Path) -> tuple[tuple[np.ndarray, ...], dict[str, int]]:
+    """(pid, time, ip, stack_id) of every row of the decoded tables that references a stack (``STACK_SOURCES``;
+    ip 0 = none, stack_id -1 = none), concatenated, and the number of rows taken from each table."""
+    import duckdb
+
+    from pipeline.runs import parquet_glob, table_path
+
+    con = duckdb.connect()
+    parts, taken = [], {}
+    for name, sql in STACK_SOURCES.items():
+        needs = re.findall(r"\{(\w+)\}", sql)
+        if not all(has_table(run_dir, DECODED, t) for t in needs):
+            continue
+        # (paths are bound as parameters, never pasted into the SQL)
+        views = {t: f"read_parquet(${i + 1})" for i, t in enumerate(needs)}
+        tbl = con.sql(sql.format(**views), params=[parquet_glob(table_path(run_dir, DECODED, t)) for t in needs]).to_arrow_table()
+        where = f"{run_dir}/{DECODED}/{name}.parquet"
+        parts.append((_column(tbl, "pid", where, 0).astype(np.int64), _column(tbl, "timestamp_ns", where, 0).astype(np.int64),
+                      _column(tbl, "ip", where, 0).astype(np.uint64), _column(tbl, "stack_id", where, -1).astype(np.int64)))
+        taken[name] = tbl.num_rows
+    if not parts:
+        z = np.zeros(0, np.int64)
+        return (z, z, z.astype(np.uint64), z), taken
+    return tuple(np.concatenate(cols) for cols in zip(*parts)), taken
 
 
 def collect_frames(run_dir: Path) -> dict[str, np.ndarray]:
-    """Unique (pid, address) frames of the run with is_leaf and first time; plus what refinement needs."""
+    """Unique (pid, address, role) frames of the run with their first time; plus what refinement needs. The role
+    (``leaf``) is leaf (frame 0 of a stack, or an ip) or return address (every other frame).
+
+    The frames are those of every stack a decoded table references (``STACK_SOURCES``) and every sample's
+    ``ip``; each row of those tables is an *event* here."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    where = f"{run_dir}/{DECODED}/samples.parquet"
-    samples = read_table(run_dir, DECODED, "samples", columns=["timestamp_ns", "pid", "ip", "stack_id"])
-    s_pid = _column(samples, "pid", where, 0).astype(np.int64)
-    s_t = _column(samples, "timestamp_ns", where, 0).astype(np.int64)
-    s_ip = _column(samples, "ip", where, 0).astype(np.uint64)
-    s_stack = _column(samples, "stack_id", where, -1).astype(np.int64)
+    (s_pid, s_t, s_ip, s_stack), sources = stack_events(run_dir)
 
     stacks = read_table(run_dir, DECODED, "stacks", columns=["stack_id", "frames"])
     keys = _column(stacks, "stack_id", f"{run_dir}/{DECODED}/stacks.parquet").astype(np.int64)
@@ -130,8 +173,8 @@ def collect_frames(run_dir: Path) -> dict[str, np.ndarray]:
     return {
         "pid": u_pid.astype(np.int64), "address": u_addr.astype(np.uint64), "leaf": u_leaf.astype(bool),
         "t": u_t.astype(np.int64),
-        "samples": (s_pid, s_t, s_ip, s_stack),
-        # the distinct (pid, stack) pairs of the samples and their frames (pair, pid, address, is_leaf), for
+        "events": (s_pid, s_t, s_ip, s_stack), "sources": sources,
+        # the distinct (pid, stack) pairs of the events and their frames (pair, pid, address, is_leaf), for
         # the frames of reused address ranges (``map_images``)
         "pairs": (p_pid, p_stack), "pair_frames": (f_pair, f_pid, f_addr, f_leaf),
     }
@@ -159,28 +202,26 @@ def map_images(frames: dict, images) -> dict[str, np.ndarray]:
     out["reused_range_frames"] = int(ambiguous.sum())
     if not ambiguous.any():
         return out
-    # Frames two images could hold: every occurrence of them in a sample is weighed with the sample's own time.
-    a_pid, a_addr = out["pid"][ambiguous], out["address"][ambiguous]
+    # Frames two images could hold: every occurrence of them in an event is weighed with the event's own time.
+    a_pid, a_addr, a_leaf = out["pid"][ambiguous], out["address"][ambiguous], out["leaf"][ambiguous]
     cands = index.candidates(a_pid, a_addr, int(count[ambiguous].max()))
-    which, times, leaf = _occurrences(frames, a_pid, a_addr)
+    which, times = _occurrences(frames, a_pid, a_addr, a_leaf)
     slot = index.choose(cands, which, times)
     used = np.zeros(cands.shape, bool)
-    leaf_at = np.zeros(cands.shape, bool)
     known = slot >= 0
     used[which[known], slot[known]] = True
-    leaf_at[which[known & leaf], slot[known & leaf]] = True
     a_row, a_slot = np.nonzero(used)
     keep = ~ambiguous
     out["pid"] = np.concatenate([out["pid"][keep], a_pid[a_row]])
     out["address"] = np.concatenate([out["address"][keep], a_addr[a_row]])
-    out["leaf"] = np.concatenate([out["leaf"][keep], leaf_at[a_row, a_slot]])
+    out["leaf"] = np.concatenate([out["leaf"][keep], a_leaf[a_row]])
     out["image"] = np.concatenate([out["image"][keep], index.rows(cands[a_row, a_slot])])
     return out
 
 
-def _occurrences(frames: dict, a_pid: np.ndarray, a_addr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every occurrence in a sample of the frames (``a_pid``, ``a_addr``): (which frame, the sample's time,
-    is_leaf), from the samples' stacks and their instruction pointers.
+def _occurrences(frames: dict, a_pid: np.ndarray, a_addr: np.ndarray, a_leaf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every occurrence in an event of the frames (``a_pid``, ``a_addr``, ``a_leaf``): (which frame, the event's
+    time), from the events' stacks and the samples' instruction pointers.
 
     The frames are found once per distinct (pid, stack) pair that holds one, then given to that pair's
     samples: on the 1 GB synth trace (69,826 such frames, 6.6 M occurrences) ~0.5 s, where expanding every
@@ -188,17 +229,16 @@ def _occurrences(frames: dict, a_pid: np.ndarray, a_addr: np.ndarray) -> tuple[n
     pid's images per occurrence ~0.7-0.9 s (``ImageIndex.choose`` weighs the few candidates instead)."""
     import pyarrow as pa
 
-    s_pid, s_t, s_ip, s_stack = frames["samples"]
+    s_pid, s_t, s_ip, s_stack = frames["events"]
     p_pid, p_stack = frames["pairs"]
     f_pair, f_pid, f_addr, f_leaf = frames["pair_frames"]
-    amb = pa.table({"pid": a_pid, "address": a_addr, "a": np.arange(len(a_pid), dtype=np.int64)})
-    # (pair, frame, is_leaf) of the pairs' frames that are ambiguous, grouped by pair
-    hits = pa.table({"pid": f_pid, "address": f_addr, "pair": f_pair, "leaf": f_leaf}).join(
-        amb, keys=["pid", "address"], join_type="inner")
+    amb = pa.table({"pid": a_pid, "address": a_addr, "leaf": a_leaf, "a": np.arange(len(a_pid), dtype=np.int64)})
+    # (pair, frame) of the pairs' frames that are ambiguous, grouped by pair
+    hits = pa.table({"pid": f_pid, "address": f_addr, "leaf": f_leaf, "pair": f_pair}).join(
+        amb, keys=["pid", "address", "leaf"], join_type="inner")
     h_pair, h_a = hits.column("pair").to_numpy(), hits.column("a").to_numpy()
-    h_leaf = hits.column("leaf").to_numpy(zero_copy_only=False)
     order = np.argsort(h_pair, kind="stable")
-    h_pair, h_a, h_leaf = h_pair[order], h_a[order], h_leaf[order]
+    h_pair, h_a = h_pair[order], h_a[order]
     flagged, first, n = np.unique(h_pair, return_index=True, return_counts=True)
     # the samples of those pairs, each given its pair's ambiguous frames
     affected = np.isin(s_pid, np.unique(a_pid))
@@ -210,24 +250,22 @@ def _occurrences(frames: dict, a_pid: np.ndarray, a_addr: np.ndarray) -> tuple[n
     counts = n[m_fp]
     rep = np.repeat(np.arange(len(m_fp)), counts)
     at = np.repeat(first[m_fp] - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()), dtype=np.int64)
-    which, times, leaf = [h_a[at]], [m_t[rep]], [h_leaf[at]]
+    which, times = [h_a[at]], [m_t[rep]]
     # instruction pointers (leaf frames) that are ambiguous
     ips = np.flatnonzero(affected & (s_ip != 0))
     if len(ips):
-        ip_hits = pa.table({"pid": s_pid[ips], "address": s_ip[ips], "t": s_t[ips]}).join(
-            amb, keys=["pid", "address"], join_type="inner")
+        ip_hits = pa.table({"pid": s_pid[ips], "address": s_ip[ips], "leaf": np.ones(len(ips), bool),
+                            "t": s_t[ips]}).join(amb, keys=["pid", "address", "leaf"], join_type="inner")
         which.append(ip_hits.column("a").to_numpy())
         times.append(ip_hits.column("t").to_numpy())
-        leaf.append(np.ones(ip_hits.num_rows, bool))
-    return (np.concatenate(which).astype(np.int64), np.concatenate(times).astype(np.int64),
-            np.concatenate(leaf).astype(bool))
+    return np.concatenate(which).astype(np.int64), np.concatenate(times).astype(np.int64)
 
 
 def _sorted(mapped: dict, images) -> dict:
-    """Frames in output order: pid, address, then the image's load time."""
+    """Frames in output order: pid, address, role (return address first), then the image's load time."""
     loads = _column(images, "load_ns", "decoded/images.parquet", INT64_MIN).astype(np.int64)
     load = np.where(mapped["image"] >= 0, loads[np.maximum(mapped["image"], 0)] if len(loads) else 0, INT64_MIN)
-    order = np.lexsort((load, mapped["address"], mapped["pid"]))
+    order = np.lexsort((load, mapped["leaf"], mapped["address"], mapped["pid"]))
     return {k: (v[order] if isinstance(v, np.ndarray) else v) for k, v in mapped.items()}
 
 
@@ -321,12 +359,12 @@ def run(run_dir: Path, config, pool, inputs: list[Path] | None = None) -> dict[s
     cfg = config.symbolize
     t0 = time.perf_counter()
     decoded = read_manifest(run_dir, DECODED)
-    if not (has_table(run_dir, DECODED, "samples") and has_table(run_dir, DECODED, "images")):
+    if not (has_table(run_dir, DECODED, "stacks") and has_table(run_dir, DECODED, "images")):
         # A run of self-profiles only has no stacks: the stage finishes with nothing to resolve, so a
         # job's later stages run as usual.
         with stage_output(run_dir, STAGE, inputs=decoded.get("inputs", []), config=config.resolved()) as out:
-            out.manifest["skipped"] = "no ETL samples or images in decoded/"
-        return {"frames": 0, "skipped": "no ETL samples or images in decoded/"}
+            out.manifest["skipped"] = "no ETL stacks or images in decoded/"
+        return {"frames": 0, "skipped": "no ETL stacks or images in decoded/"}
     cache_dir = Path(cfg.cache_dir).expanduser()
     symbol_path = cfg.symbol_path if cfg.symbol_path is not None else os.environ.get("_NT_SYMBOL_PATH", "")
     entries = parse_symbol_path(symbol_path, cache_dir)
@@ -365,6 +403,7 @@ def run(run_dir: Path, config, pool, inputs: list[Path] | None = None) -> dict[s
             ({k: v for k, v in r.items() if k != "tried"} for r in results), key=lambda r: r["key"])
         out.manifest["http_requests"] = int(sum(r.get("requests", 0) for r in results))
         out.manifest["reused_range_frames"] = mapped["reused_range_frames"]
+        out.manifest["stack_sources"] = frames["sources"]
         out.manifest["timings_s"] = {
             "frames_and_images": round(t_frames - t0, 3),
             "symbol_files": round(t_symbols - t_frames, 3),
@@ -400,7 +439,6 @@ def assemble(mapped: dict, images, ids: list, status: dict[str, dict]):
     has_image = image >= 0
     safe = np.maximum(image, 0)
     rva = np.where(has_image, mapped["address"] - bases[safe], 0).astype(np.uint64)
-    lookup_rva = rva - np.where(mapped["leaf"] | (rva == 0), 0, 1).astype(np.uint64)
     # identity keys as small integer codes: code 0 = none, k = keys[k]
     keys = [None] + sorted({i["key"] for i in ids if i})
     code_of = {name: k for k, name in enumerate(keys)}
@@ -409,6 +447,7 @@ def assemble(mapped: dict, images, ids: list, status: dict[str, dict]):
     shown = [None] + [(status.get(k, {}).get("debug_id") or status.get(k, {}).get("learned_debug_id"))
                       for k in keys[1:]]
     frame_code = image_code[np.where(has_image, image, len(ids))]
+    lookup_rva = rva - np.where(mapped["leaf"] | (rva == 0), 0, 1).astype(np.uint64)
     by_code = np.argsort(frame_code, kind="stable")
     bounds = np.searchsorted(frame_code[by_code], np.arange(len(keys) + 1))
 
@@ -491,6 +530,7 @@ def assemble(mapped: dict, images, ids: list, status: dict[str, dict]):
     table = pa.table({
         "address": pa.array(mapped["address"][frame], pa.uint64()),
         "pid": pa.array(mapped["pid"][frame], pa.uint32()),
+        "leaf": pa.array(mapped["leaf"][frame]),
         "module": dictionary(img, [pa.array(modules, pa.string())], img >= 0),
         "rva": pa.array(rva[frame], pa.uint64(), mask=img < 0),
         "function": dictionary(name_idx, names_dict),
