@@ -16,7 +16,8 @@ from pipeline.config import Config
 from pipeline.runs import read_manifest, read_table
 from tests.synth_traces import VARIANTS
 
-PIPELINE_VARIANTS = ["plain64", "xpress32_cached"]
+# full stacks; stack keys, 32-bit and XPRESS-compressed; stack keys with 64-bit heap snapshots
+PIPELINE_VARIANTS = ["plain64", "xpress32_cached", "plain64_cached"]
 
 
 def etl_config(trace, tmp) -> Config:
@@ -123,6 +124,144 @@ def test_commit_per_stack_and_process_equal_truth(aggregated_run):
     by_fn = rows(run, "commit_by_function")
     assert max(r["inclusive_commit_bytes"] for r in by_fn) <= truth["commit"]["total_bytes"]
     assert sum(r["self_commit_bytes"] for r in by_fn) == truth["commit"]["total_bytes"]
+
+
+def per_function(truth, per_stack: dict[str, dict]) -> dict[str, dict[str, int]]:
+    """Self (the leaf frame's) and inclusive (once per stack holding it) sums of the measures of ``per_stack``
+    (template id -> {measure: value}) per function ``module!symbol`` of the truth's stacks."""
+    out: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for template, values in per_stack.items():
+        functions = truth["stacks"][template]["functions"]
+        for m, v in values.items():
+            out[functions[0]][f"self_{m}"] += v
+            for f in set(functions):
+                out[f][f"inclusive_{m}"] += v
+    return {f: {k: v for k, v in ms.items() if v or k.startswith("inclusive")} for f, ms in out.items()}
+
+
+def function_key(r) -> str:
+    return f"{r['module']}!{r['raw_name'] or r['function']}"
+
+
+def measures_of(r, names) -> dict[str, int]:
+    return {f"{kind}_{m}": r[f"{kind}_{m}"] for m in names for kind in ("self", "inclusive")
+            if kind == "inclusive" or r[f"{kind}_{m}"]}
+
+
+def test_commit_per_function_equals_truth(aggregated_run):
+    run, truth = aggregated_run
+    got = {}
+    for r in rows(run, "commit_by_function"):
+        assert function_key(r) not in got
+        got[function_key(r)] = measures_of(r, ["commit_bytes", "allocs"])
+    assert got == per_function(truth, truth["commit"]["per_stack"])
+
+
+def test_heap_snapshot_per_function_and_growth_equal_truth(aggregated_run):
+    run, truth = aggregated_run
+    ok = {(r["pid"], r["instance"], r["timestamp_ns"]) for r in rows(run, "heap_snapshots_summary") if r["status"] == "ok"}
+    got = defaultdict(dict)
+    for r in rows(run, "heap_snapshot_by_function"):
+        snap = (r["pid"], r["instance"], r["timestamp_ns"])
+        assert function_key(r) not in got[snap]
+        got[snap][function_key(r)] = measures_of(r, ["bytes", "blocks"])
+    want = {}
+    for s in truth["heap"]["snapshots"]:
+        snap = (s["pid"], s["instance"], s["timestamp_ns"])
+        if snap in ok and s["per_stack"]:      # (a snapshot of untracked blocks only has no function)
+            want[snap] = per_function(truth, s["per_stack"])
+    assert dict(got) == want
+    if truth["trace"]["pointer_size"] == 8:
+        assert len(want) >= len(truth["heap"]["snapshots"]) // 2
+    # growth from each snapshot to the next of its process: inclusive bytes per function, after - before
+    growth = defaultdict(dict)
+    for r in rows(run, "heap_snapshot_growth"):
+        growth[(r["pid"], r["from_instance"], r["from_ns"], r["to_instance"], r["to_ns"])][function_key(r)] = (
+            r["bytes_before"], r["bytes_after"], r["growth_bytes"])
+    runs = defaultdict(list)
+    for s in truth["heap"]["snapshots"]:
+        if (s["pid"], s["instance"], s["timestamp_ns"]) in ok:
+            runs[(s["pid"], s["process_start_raw"])].append(s)
+    want_growth = {}
+    for snaps in runs.values():
+        snaps.sort(key=lambda s: (s["timestamp_ns"], s["instance"]))
+        for a, b in zip(snaps, snaps[1:]):
+            before, after = per_function(truth, a["per_stack"]), per_function(truth, b["per_stack"])
+            want_growth[(a["pid"], a["instance"], a["timestamp_ns"], b["instance"], b["timestamp_ns"])] = {
+                f: (before.get(f, {}).get("inclusive_bytes", 0), after.get(f, {}).get("inclusive_bytes", 0),
+                    after.get(f, {}).get("inclusive_bytes", 0) - before.get(f, {}).get("inclusive_bytes", 0))
+                for f in set(before) | set(after)}
+    assert dict(growth) == want_growth
+    assert read_manifest(run, "aggregated")["sections"].get("memory", {}).get("heap_snapshot_pairs", 0) == len(want_growth)
+
+
+def test_memory_views_are_fully_symbolized_and_demangled(aggregated_run):
+    """With every symbol file at hand no frame of a commit or heap view stays module+0x...; Rust's legacy
+    (stage0) and v0 (stage1) manglings both read demangled there, as in the CPU views."""
+    run, truth = aggregated_run
+    memory = read_manifest(run, "aggregated")["sections"]["memory"]
+    assert memory["commit_frames_unresolved"] == 0
+    assert memory.get("heap_frames_unresolved", 0) == 0
+    for table, column in [("commit_by_stack", "folded"), ("commit_folded", "stack"), ("heap_snapshot_by_stack", "folded"),
+                          ("heap_folded", "stack"), ("cpu_folded", "stack")]:
+        values = [r[column] for r in rows(run, table) if r[column]]
+        assert values and not [v for v in values if "+0x" in v], table
+    for table in ["cpu_by_function", "commit_by_function", "heap_snapshot_by_function"]:
+        functions = rows(run, table)
+        assert functions and all(r["raw_name"] for r in functions), table
+        legacy = [r for r in functions if r["raw_name"].startswith("_ZN")]
+        v0 = [r for r in functions if r["raw_name"].startswith("_R")]
+        assert legacy and v0, table
+        for r in legacy + v0:
+            assert "::" in r["function"] and not r["function"].startswith(("_ZN", "_R")), r
+        assert not [r for r in legacy if r["function"].rsplit("::", 1)[-1].startswith("h")
+                    and len(r["function"].rsplit("::", 1)[-1]) == 17], "legacy hash left in the name"
+
+
+def test_one_stack_is_one_folded_path_in_every_view(aggregated_run):
+    """A stack id resolves to exactly one folded path, the same in the commit and heap views, and it is the
+    truth's path of that stack (the truth's mangled symbols read through the run's own name pairs)."""
+    run, truth = aggregated_run
+    display = {}
+    for table in ["cpu_by_function", "commit_by_function", "heap_snapshot_by_function"]:
+        for r in rows(run, table):
+            display[function_key(r)] = f"{r['module']}!{r['function']}"
+    truth_path = {tuple(int(x, 16) for x in s["frames"]): ";".join(display[f] for f in reversed(s["functions"]))
+                  for s in truth["stacks"].values()}
+    frames = {r["stack_id"]: tuple(r["frames"]) for r in read_table(run, "decoded", "stacks").to_pylist()}
+    paths = defaultdict(set)
+    for table in ["commit_by_stack", "heap_snapshot_by_stack"]:
+        for r in rows(run, table):
+            if r["stack_id"] is not None:
+                paths[r["stack_id"]].add(r["folded"])
+    assert paths
+    assert {k: v for k, v in paths.items() if len(v) != 1} == {}
+    assert {k: v.pop() for k, v in paths.items()} == {k: truth_path[frames[k]] for k in paths}
+
+
+def test_commit_per_crate_and_peak(aggregated_run):
+    run, truth = aggregated_run
+    procs = rows(run, "commit_by_process")
+    per_crate = defaultdict(lambda: [0, 0, 0])
+    for r in procs:
+        if r["crate"] is not None:
+            c = per_crate[r["crate"]]
+            c[0] += r["commit_bytes"]
+            c[1] += r["outstanding_bytes"]
+            c[2] = max(c[2], r["peak_commit_bytes"])
+    assert {r["crate"]: [r["commit_bytes"], r["outstanding_bytes"], r["peak_commit_bytes"]]
+            for r in rows(run, "commit_by_crate")} == dict(per_crate)
+    # function crates: the crate of each of the truth's frames (as the functions tables name it, checked against
+    # the truth's samples per crate by test_samples_per_function_module_crate_equal_truth), once per stack
+    crate_of = {function_key(r): r["crate"] for t in ("cpu_by_function", "commit_by_function") for r in rows(run, t)}
+    want = defaultdict(int)
+    for template, v in truth["commit"]["per_stack"].items():
+        for c in {crate_of[f] for f in truth["stacks"][template]["functions"]} - {None}:
+            want[c] += v["commit_bytes"]
+    assert {r["crate"]: r["inclusive_commit_bytes"] for r in rows(run, "commit_by_code_crate")} == dict(want)
+    memory = read_manifest(run, "aggregated")["sections"]["memory"]
+    assert memory["outstanding_bytes"] == truth["commit"]["total_bytes"] - truth["commit"]["released_bytes"]
+    assert max(r["peak_commit_bytes"] for r in procs) <= memory["peak_commit_bytes"] <= truth["commit"]["total_bytes"]
 
 
 def test_process_tree_matches_truth(aggregated_run):

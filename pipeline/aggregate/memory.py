@@ -34,10 +34,18 @@ MEM_RELEASE = 0x8000
 COMMIT_BY_STACK = "commit_by_stack"
 COMMIT_BY_FUNCTION = "commit_by_function"
 COMMIT_BY_PROCESS = "commit_by_process"
+COMMIT_BY_CRATE = "commit_by_crate"
+COMMIT_BY_CODE_CRATE = "commit_by_code_crate"
 COMMIT_FOLDED = "commit_folded"
 HEAP_BY_STACK = "heap_snapshot_by_stack"
+HEAP_BY_FUNCTION = "heap_snapshot_by_function"
+HEAP_GROWTH = "heap_snapshot_growth"
 HEAP_SNAPSHOTS = "heap_snapshots_summary"
 HEAP_FOLDED = "heap_folded"
+
+FUNCTION_KEY = ["module", "function", "raw_name"]
+#: A heap snapshot: (pid, instance, timestamp_ns), with the process instance it was taken in.
+SNAPSHOT_KEY = ("pid", "process_key", "instance", "timestamp_ns")
 
 MEASURES = ["allocs", "commit_bytes", "outstanding_bytes"]
 
@@ -93,9 +101,10 @@ def _commit(ctx) -> dict[str, Any]:
         SELECT c.stack_id, st.folded, count(*)::BIGINT AS allocs, sum(c.size)::BIGINT AS commit_bytes,
                sum(c.returned_bytes)::BIGINT AS returned_bytes, sum(c.size - c.returned_bytes)::BIGINT AS outstanding_bytes
         FROM cm c LEFT JOIN cm_stacks st USING (unit_id) GROUP BY ALL""", "commit_bytes DESC, stack_id, folded")
-    _copy(ctx, con, COMMIT_BY_FUNCTION, resolve.by_frames("cm", weights, ["module", "function", "raw_name"], MEASURES,
-                                                          "crate"),
+    _copy(ctx, con, COMMIT_BY_FUNCTION, resolve.by_frames("cm", weights, FUNCTION_KEY, MEASURES, "crate"),
           "inclusive_commit_bytes DESC, module, function, raw_name")
+    _copy(ctx, con, COMMIT_BY_CODE_CRATE, resolve.by_frames("cm", weights, ["crate"], MEASURES),
+          "inclusive_commit_bytes DESC, crate")
     _copy(ctx, con, COMMIT_FOLDED, f"""
         SELECT {PROCESS_FRAME_SQL} || coalesce(';' || st.folded, '') AS stack, count(*)::BIGINT AS allocs,
                sum(c.size)::BIGINT AS commit_bytes, sum(c.size - c.returned_bytes)::BIGINT AS outstanding_bytes
@@ -103,14 +112,17 @@ def _commit(ctx) -> dict[str, Any]:
     con.execute("""
         CREATE TABLE va_proc AS
         SELECT v.*, p.process_key FROM va v ASOF LEFT JOIN procs p ON v.pid = p.pid AND v.timestamp_ns >= p.start_key""")
-    _copy(ctx, con, COMMIT_BY_PROCESS, """
-        WITH deltas AS (
-            SELECT v.process_key, v.event, v.timestamp_ns, v.size AS delta FROM va_proc v
-            WHERE v.event IN (SELECT event FROM commits)
-            UNION ALL
-            SELECT v.process_key, r.event, r.timestamp_ns, -r.bytes FROM returned r JOIN va_proc v USING (event)),
-        running AS (SELECT process_key, timestamp_ns, sum(delta) OVER (PARTITION BY process_key ORDER BY event) AS level
-                    FROM deltas),
+    # Commit over time: +size at each commit, -bytes at each free that returns some, in event order.
+    con.execute("""
+        CREATE TABLE deltas AS
+        SELECT v.process_key, v.event, v.timestamp_ns, v.size AS delta FROM va_proc v
+        WHERE v.event IN (SELECT event FROM commits)
+        UNION ALL
+        SELECT v.process_key, r.event, r.timestamp_ns, -r.bytes FROM returned r JOIN va_proc v USING (event)""")
+    con.execute("""
+        CREATE TABLE by_process AS
+        WITH running AS (SELECT process_key, timestamp_ns, sum(delta) OVER (PARTITION BY process_key ORDER BY event) AS level
+                         FROM deltas),
         peaks AS (SELECT process_key, max(level)::BIGINT AS peak_commit_bytes, arg_max(timestamp_ns, level) AS peak_ns
                   FROM running GROUP BY 1),
         per AS (SELECT process_key, count(*) FILTER (event IN (SELECT event FROM commits))::BIGINT AS allocs,
@@ -124,13 +136,31 @@ def _commit(ctx) -> dict[str, Any]:
                (per.commit_bytes - coalesce(ret.returned_bytes, 0))::BIGINT AS outstanding_bytes,
                coalesce(peaks.peak_commit_bytes, 0)::BIGINT AS peak_commit_bytes, peaks.peak_ns
         FROM per LEFT JOIN procs p USING (process_key) LEFT JOIN ret USING (process_key)
-             LEFT JOIN peaks USING (process_key)""", "peak_commit_bytes DESC, process_key")
+             LEFT JOIN peaks USING (process_key)""")
+    _copy(ctx, con, COMMIT_BY_PROCESS, "SELECT * FROM by_process", "peak_commit_bytes DESC, process_key")
+    # Per compiled crate (rustc's --crate-name): its processes' commit added up, and the largest peak of one of them.
+    _copy(ctx, con, COMMIT_BY_CRATE, """
+        SELECT crate, count(*)::BIGINT AS processes, sum(allocs)::BIGINT AS allocs, sum(commit_bytes)::BIGINT AS commit_bytes,
+               sum(returned_bytes)::BIGINT AS returned_bytes, sum(outstanding_bytes)::BIGINT AS outstanding_bytes,
+               max(peak_commit_bytes)::BIGINT AS peak_commit_bytes
+        FROM by_process WHERE crate IS NOT NULL GROUP BY crate""", "peak_commit_bytes DESC, crate")
+    # The whole trace's commit level (every process together) and its peak.
+    peak, peak_ns = con.execute("""
+        SELECT coalesce(max(level), 0), arg_max(timestamp_ns, level)
+        FROM (SELECT timestamp_ns, sum(delta) OVER (ORDER BY event) AS level FROM deltas)""").fetchone()
     commits, frees, unmatched, total, returned = con.execute("""
         SELECT (SELECT count(*) FROM commits), (SELECT count(*) FROM frees),
                (SELECT count(*) FROM frees WHERE commit_event IS NULL),
                (SELECT coalesce(sum(size), 0) FROM commits), (SELECT coalesce(sum(bytes), 0) FROM returned)""").fetchone()
     return {"commits": int(commits), "frees": int(frees), "frees_unmatched": int(unmatched),
-            "commit_bytes": int(total), "returned_bytes": int(returned)}
+            "commit_bytes": int(total), "returned_bytes": int(returned), "outstanding_bytes": int(total - returned),
+            "peak_commit_bytes": int(peak), "peak_ns": None if peak_ns is None else int(peak_ns),
+            "commit_frames_unresolved": _unresolved(con, "cm")}
+
+
+def _unresolved(con, name: str) -> int:
+    """Frame rows of the units ``name`` that no symbol file resolved (no raw name): 0 when every symbol was found."""
+    return int(con.execute(f"SELECT count(*) FROM {name}_funcs WHERE raw_name IS NULL").fetchone()[0])
 
 
 def _snapshots(ctx) -> dict[str, Any]:
@@ -169,5 +199,52 @@ def _snapshots(ctx) -> dict[str, Any]:
                count(*)::BIGINT AS blocks, sum(b.size)::BIGINT AS bytes
         FROM hb b JOIN top USING (pid, instance, timestamp_ns) LEFT JOIN procs p ON p.process_key = b.process_key
              LEFT JOIN hb_stacks st USING (unit_id) GROUP BY 1""", "stack")
+    # Per function at each snapshot: bytes and blocks of the stacks whose leaf it is (self) or that hold it (inclusive).
+    snapshot = ", ".join(SNAPSHOT_KEY)
+    con.execute(f"""CREATE TABLE hbf AS {resolve.by_frames(
+        "hb", f"SELECT unit_id, {snapshot}, count(*)::BIGINT AS blocks, sum(size)::BIGINT AS bytes FROM hb GROUP BY ALL",
+        FUNCTION_KEY, ["bytes", "blocks"], "crate", by=SNAPSHOT_KEY)}""")
+    _copy(ctx, con, HEAP_BY_FUNCTION, "SELECT * FROM hbf",
+          "pid, timestamp_ns, instance, inclusive_bytes DESC, module, function, raw_name")
+    _copy(ctx, con, HEAP_GROWTH, GROWTH_SQL,
+          "pid, from_ns, from_instance, growth_bytes DESC, module, function, raw_name")
     n, bad = con.execute("SELECT count(*), count(*) FILTER (status <> 'ok') FROM snaps").fetchone()
-    return {"heap_snapshots": int(n), "heap_snapshots_not_ok": int(bad)}
+    pairs = con.execute(f"SELECT count(*) FROM ({PAIRS_SQL})").fetchone()[0]
+    return {"heap_snapshots": int(n), "heap_snapshots_not_ok": int(bad), "heap_snapshot_pairs": int(pairs),
+            "heap_frames_unresolved": _unresolved(con, "hb")}
+
+
+#: Each snapshot with blocks and the next one of the same process instance (by time, then instance number).
+PAIRS_SQL = """
+    SELECT pid, process_key, instance AS from_instance, timestamp_ns AS from_ns, to_instance, to_ns
+    FROM (SELECT *, lead(instance) OVER w AS to_instance, lead(timestamp_ns) OVER w AS to_ns
+          FROM (SELECT DISTINCT pid, process_key, instance, timestamp_ns FROM hb)
+          WINDOW w AS (PARTITION BY pid, process_key ORDER BY timestamp_ns, instance))
+    WHERE to_instance IS NOT NULL"""
+
+#: Growth per function from each snapshot to the next of its process (``PAIRS_SQL``), from ``hbf``: a function
+#: in one of the two only counts 0 in the other.
+GROWTH_SQL = f"""
+    WITH pairs AS ({PAIRS_SQL}),
+    sides AS (
+        SELECT p.*, 0 AS side, f.module, f.function, f.raw_name, f.crate, f.inclusive_bytes, f.inclusive_blocks, f.self_bytes
+        FROM pairs p JOIN hbf f ON f.pid = p.pid AND f.process_key IS NOT DISTINCT FROM p.process_key
+         AND f.instance = p.from_instance AND f.timestamp_ns = p.from_ns
+        UNION ALL
+        SELECT p.*, 1, f.module, f.function, f.raw_name, f.crate, f.inclusive_bytes, f.inclusive_blocks, f.self_bytes
+        FROM pairs p JOIN hbf f ON f.pid = p.pid AND f.process_key IS NOT DISTINCT FROM p.process_key
+         AND f.instance = p.to_instance AND f.timestamp_ns = p.to_ns),
+    g AS (
+        SELECT pid, process_key, from_instance, from_ns, to_instance, to_ns, module, function, raw_name,
+               any_value(crate) AS crate,
+               coalesce(sum(inclusive_bytes) FILTER (side = 0), 0)::BIGINT AS bytes_before,
+               coalesce(sum(inclusive_bytes) FILTER (side = 1), 0)::BIGINT AS bytes_after,
+               coalesce(sum(inclusive_blocks) FILTER (side = 0), 0)::BIGINT AS blocks_before,
+               coalesce(sum(inclusive_blocks) FILTER (side = 1), 0)::BIGINT AS blocks_after,
+               (coalesce(sum(self_bytes) FILTER (side = 1), 0) - coalesce(sum(self_bytes) FILTER (side = 0), 0))::BIGINT
+                   AS self_growth_bytes
+        FROM sides GROUP BY pid, process_key, from_instance, from_ns, to_instance, to_ns, module, function, raw_name)
+    SELECT pid, process_key, from_instance, from_ns, to_instance, to_ns, module, function, raw_name, crate,
+           bytes_before, bytes_after, (bytes_after - bytes_before)::BIGINT AS growth_bytes,
+           blocks_before, blocks_after, (blocks_after - blocks_before)::BIGINT AS growth_blocks, self_growth_bytes
+    FROM g"""
