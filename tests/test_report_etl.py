@@ -206,3 +206,25 @@ def test_a_damaged_trace_goes_through_every_stage(tmp_path):
     assert all(r["stack"] for r in folded)
     assert sum(r["samples"] for r in folded if r["stack"].startswith("[unknown process]")) == no_pid
     assert "[unknown process]" in (run / "report" / "cpu_folded.txt").read_text()
+
+
+def test_memory_section_answers_by_function(report_run):
+    """The memory section names functions, never module+0x..., in its commit and heap tables: the functions
+    holding the most heap at the largest snapshot come from heap_snapshot_by_function, the growth table from
+    heap_snapshot_growth; the whole trace's commit peak is stated."""
+    import html as htmlmod
+
+    index = (report_run / "report" / "index.html").read_text()
+    i = index.index('<section id="memory"')
+    memory = index[i:index.index("</section>", i)]
+    assert "Commit per compiled crate" in memory and "The commit of all processes together peaked at" in memory
+    assert "Functions holding the most heap at the largest snapshot" in memory
+    assert "Largest heap growth from one snapshot of a process to the next" in memory
+    cells = [htmlmod.unescape(c) for c in re.findall(r'<td class="txt">([^<]*)</td>', memory)]
+    assert "rustc_codegen_llvm::back::write::codegen" in cells
+    assert not [c for c in cells if "+0x" in c]
+    heap = read_table(report_run, "aggregated", "heap_snapshot_by_function").to_pylist()
+    assert {r["function"] for r in heap} & set(cells)
+    for name in ("commit_by_crate.csv", "commit_by_code_crate.csv", "heap_snapshot_by_function.csv",
+                 "heap_snapshot_growth.csv"):
+        assert (report_run / "report" / name).stat().st_size > 0 and f'href="{name}"' in memory

@@ -6,11 +6,14 @@ Applies when ``aggregated/`` has ``commit_folded`` or ``heap_snapshots_summary``
 
 from __future__ import annotations
 
+import html
+
+from pipeline.runs import read_manifest
 from pipeline.report.flame import Writer, count, flame_page, fmt_bytes, fmt_ms, table
 
 AGG = "aggregated"
-COMMIT_TABLES = ["commit_by_process", "commit_by_function", "commit_by_stack"]
-HEAP_TABLES = ["heap_snapshots_summary", "heap_snapshot_by_stack"]
+COMMIT_TABLES = ["commit_by_process", "commit_by_crate", "commit_by_function", "commit_by_code_crate", "commit_by_stack"]
+HEAP_TABLES = ["heap_snapshots_summary", "heap_snapshot_by_stack", "heap_snapshot_by_function", "heap_snapshot_growth"]
 
 
 def section(ctx):
@@ -29,7 +32,8 @@ def section(ctx):
                                                     "Width: bytes committed by each stack over the whole trace."))
         w.text("commit_folded.txt", "".join(f"{s} {v}\n" for s, v in folded))
         for t in COMMIT_TABLES:
-            w.csv(AGG, t)
+            if ctx.has(AGG, t):
+                w.csv(AGG, t)
         procs = ctx.read(AGG, "commit_by_process").to_pylist()
         functions = ctx.read(AGG, "commit_by_function").to_pylist()
         by_outstanding = sorted(functions, key=lambda r: (-r["inclusive_outstanding_bytes"], r["module"] or "",
@@ -38,13 +42,17 @@ def section(ctx):
         total = sum(r["commit_bytes"] for r in procs)
         outstanding = sum(r["outstanding_bytes"] for r in procs)
         summary.update(commit_bytes=total, outstanding_bytes=outstanding)
+        memory = read_manifest(ctx.run_dir, AGG).get("sections", {}).get("memory", {})
+        peak = (f" The commit of all processes together peaked at {fmt_bytes(memory['peak_commit_bytes'])}, at "
+                f"{fmt_ms(memory.get('peak_ns'))}." if memory.get("peak_commit_bytes") else "")
         parts.append(f"""<p>{fmt_bytes(total)} committed by VirtualAlloc, {fmt_bytes(outstanding)} still committed at
-the end of the trace. <a href="flamegraph_commit.html"><b>Commit flame graph</b></a></p>
+the end of the trace.{peak} <a href="flamegraph_commit.html"><b>Commit flame graph</b></a></p>
 <h3>Peak commit per process</h3>
 {table(procs[:top_n], [("pid", "pid", None), ("image_name", "image", None), ("crate", "crate", None),
                        ("peak_commit_bytes", "peak commit", fmt_bytes), ("peak_ns", "peak at", fmt_ms),
                        ("commit_bytes", "committed", fmt_bytes), ("outstanding_bytes", "outstanding at end", fmt_bytes),
                        ("allocs", "commits", count), ("frees", "frees", count)], 'commit-processes')}
+{_crates(ctx, w, top_n)}
 <h3>Functions holding the most outstanding commit (inclusive)</h3>
 {table(by_outstanding[:top_n], [("module", "module", None), ("function", "function", None),
                                  ("inclusive_outstanding_bytes", "outstanding", fmt_bytes),
@@ -56,7 +64,8 @@ the end of the trace. <a href="flamegraph_commit.html"><b>Commit flame graph</b>
                         ("folded", "frames (root first)", None)], 'commit-stacks')}""")
     if has_heap:
         for t in HEAP_TABLES:
-            w.csv(AGG, t)
+            if ctx.has(AGG, t):
+                w.csv(AGG, t)
         snaps = ctx.read(AGG, "heap_snapshots_summary").to_pylist()
         summary["heap_snapshots"] = len(snaps)
         flame = ""
@@ -69,7 +78,48 @@ the end of the trace. <a href="flamegraph_commit.html"><b>Commit flame graph</b>
         parts.append(f"""<h3>Heap snapshots</h3>{flame}
 {table(snaps[:top_n], [("pid", "pid", None), ("image_name", "image", None), ("crate", "crate", None),
                        ("instance", "snapshot", None), ("timestamp_ns", "time", fmt_ms), ("bytes", "busy", fmt_bytes),
-                       ("blocks", "blocks", count), ("untracked_bytes", "without stack", fmt_bytes)], 'heap-snapshots')}""")
+                       ("blocks", "blocks", count), ("untracked_bytes", "without stack", fmt_bytes)], 'heap-snapshots')}
+{_heap_functions(ctx, w, snaps, top_n)}""")
     body = w.links() + "\n".join(parts)
     w.close()
     return Section("memory", "Memory (ETL)", body, w.files, summary)
+
+
+def _crates(ctx, w, top_n: int) -> str:
+    if not ctx.has(AGG, "commit_by_crate"):
+        return ""
+    crates = w.top(AGG, "commit_by_crate", "peak_commit_bytes DESC, crate", top_n)
+    return f"""<h3>Commit per compiled crate</h3>
+{table(crates, [("crate", "crate", None), ("processes", "rustc processes", count),
+                ("peak_commit_bytes", "largest peak", fmt_bytes), ("commit_bytes", "committed", fmt_bytes),
+                ("outstanding_bytes", "outstanding at end", fmt_bytes)], 'commit-crates')}"""
+
+
+def fmt_growth(n: int | None) -> str:
+    return "" if n is None else ("+" if n > 0 else "") + fmt_bytes(n)
+
+
+def _heap_functions(ctx, w, snaps: list[dict], top_n: int) -> str:
+    """Functions at the largest snapshot, and the largest growth from one snapshot of a process to the next."""
+    parts = []
+    ok = [s for s in snaps if s["status"] == "ok" and s["blocks"]]
+    if ok and ctx.has(AGG, "heap_snapshot_by_function"):
+        big = max(ok, key=lambda s: (s["bytes"], -s["timestamp_ns"]))
+        rows = w.top(AGG, "heap_snapshot_by_function", "inclusive_bytes DESC, module, function",
+                     top_n, f"pid = {int(big['pid'])} AND instance = {int(big['instance'])} "
+                        f"AND timestamp_ns = {int(big['timestamp_ns'])}")
+        who = " ".join(str(x) for x in (big["image_name"], big["crate"]) if x)
+        parts.append(f"""<h3>Functions holding the most heap at the largest snapshot ({html.escape(who)}, pid {big['pid']},
+snapshot {big['instance']}, {fmt_bytes(big['bytes'])})</h3>
+{table(rows, [("module", "module", None), ("function", "function", None), ("inclusive_bytes", "bytes (inclusive)", fmt_bytes),
+              ("inclusive_blocks", "blocks", count), ("self_bytes", "bytes (self)", fmt_bytes)], 'heap-functions')}""")
+    if ctx.has(AGG, "heap_snapshot_growth"):
+        rows = w.top(AGG, "heap_snapshot_growth", "growth_bytes DESC, pid, from_ns, module, function", top_n,
+                     "growth_bytes > 0")
+        if rows:
+            parts.append(f"""<h3>Largest heap growth from one snapshot of a process to the next (inclusive)</h3>
+{table(rows, [("pid", "pid", None), ("from_instance", "from", None), ("to_instance", "to", None),
+              ("module", "module", None), ("function", "function", None), ("bytes_before", "before", fmt_bytes),
+              ("bytes_after", "after", fmt_bytes), ("growth_bytes", "growth", fmt_growth),
+              ("growth_blocks", "blocks", count)], 'heap-growth')}""")
+    return "\n".join(parts)

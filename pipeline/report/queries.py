@@ -2,9 +2,9 @@
 
 Applies when ``aggregated/`` holds ``query_summary``. Writes into ``RUN_DIR/report/``:
 
-* ``profile_queries.counts.txt``: ``label,count,duration_seconds`` of every query label of the
-  build (count = executions, duration = inclusive time), sorted by duration: the old
-  ``-Z profile-queries`` counts file;
+* ``profile_queries.counts.txt``: ``label,count,duration_seconds`` of every query and every timed
+  pass (generic activity) of the build (count = executions, duration = inclusive time), sorted by
+  duration: the old ``-Z profile-queries`` counts file, which listed "each provider (or timed pass)";
 * ``query_summary.txt`` / ``query_summary.html``: measureme ``summarize``-style tables for the whole
   build and for each crate, then the artifact sizes;
 * ``profile_queries.html`` (+ ``profile_queries/trace-<file_id>.js``): the nested trace view, one
@@ -344,7 +344,7 @@ def section(ctx):
         atomic_write_text(ctx.out.path / name, text)
         written.append(name)
 
-    counts = sorted((r for r in build if r["category"] == "query"), key=lambda r: (-r["time_ns"], r["label"]))
+    counts = sorted((r for r in build if r["category"] in ("query", "activity")), key=lambda r: (-r["time_ns"], r["label"]))
     write("profile_queries.counts.txt", "label,count,duration_seconds\n" + "".join(
         f"{r['label']},{r['invocations']},{r['time_ns'] / 1e9:.9f}\n" for r in counts))
 
