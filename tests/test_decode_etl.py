@@ -187,7 +187,7 @@ def test_truncated_file_decodes_what_is_there(tmp_path):
     src.write_bytes(data[:cut])
     run_dir = _run(src, tmp_path)
     errors = read_table(run_dir, "decoded", "errors").to_pylist()
-    assert [e["kind"] for e in errors] == ["truncated"]
+    assert [e["kind"] for e in errors] == ["truncated", "missing_buffers"]
     assert errors[0]["buffer_index"] == 10 and errors[0]["file_offset"] == 10 * 0x10000
     assert "buffer 10 at byte offset 0xa0000" in errors[0]["message"] and str(src) in errors[0]["message"]
     trace = read_table(run_dir, "decoded", "trace").to_pylist()[0]

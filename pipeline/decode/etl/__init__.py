@@ -159,6 +159,7 @@ def _decode_etl(path: Path, out, cfg, pool, status: Status) -> dict[str, Any]:
         "start_filetime": f["start_time_filetime"], "end_filetime": f["end_time_filetime"],
         "buffers": len(bufs), "buffers_written": f["buffers_written"],
         "compressed_buffers": int(bufs["compressed"].sum()), "buffers_skipped": skipped,
+        "buffers_missing": header.missing_buffers, "bytes_resynced": header.resync_bytes,
         "events_lost": events_lost, "buffers_lost": buffers_lost,
         "buffers_flagged_events_lost": flagged_events_lost,
         "records": sum(r["records"] for r in results),
@@ -168,8 +169,8 @@ def _decode_etl(path: Path, out, cfg, pool, status: Status) -> dict[str, Any]:
     elapsed = time.time() - t0
     summary = {
         "file": str(path), "buffers_total": len(bufs), "buffers_compressed": trace["compressed_buffers"],
-        "buffers_skipped": skipped, "events_lost": events_lost, "buffers_lost": buffers_lost,
-        "records": trace["records"], "errors": len(errors), "partitions": len(tasks),
+        "buffers_skipped": skipped, "buffers_missing": header.missing_buffers, "bytes_resynced": header.resync_bytes,
+        "events_lost": events_lost, "buffers_lost": buffers_lost, "records": trace["records"], "errors": len(errors), "partitions": len(tasks),
         "decode_s": round(t_parts - t0, 3), "join_s": round(elapsed - (t_parts - t0), 3),
         "mb_per_s": round(header.file_size / 1e6 / max(elapsed, 1e-9), 1), **joined,
     }
