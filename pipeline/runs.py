@@ -200,8 +200,18 @@ def table_path(run_dir: Path, stage: str, table: str) -> Path:
 
 
 def parquet_glob(path: Path) -> str:
-    """What DuckDB's ``read_parquet`` takes for a table: the file, or every part of a dataset directory."""
-    return f"{path}/**/*.parquet" if Path(path).is_dir() else str(path)
+    """What DuckDB's ``read_parquet`` takes for a table: the file, or every part of a dataset directory (the
+    directory's own name with its glob characters escaped: a run directory named ``dec[1]`` is no pattern)."""
+    import glob
+
+    return f"{glob.escape(str(path))}/**/*.parquet" if Path(path).is_dir() else glob.escape(str(path))
+
+
+def sql_path(path) -> str:
+    """A path as a DuckDB string literal, for the few places SQL takes no parameter (a view's ``read_parquet``, a
+    ``COPY ... TO``): quoted, with its quotes doubled, so that no path (``dec'q``) can end the literal. Every
+    other path goes into SQL as a bound parameter."""
+    return "'" + str(path).replace("'", "''") + "'"
 
 
 def has_table(run_dir: Path, stage: str, table: str) -> bool:

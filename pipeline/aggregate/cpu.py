@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.aggregate import resolve
+from pipeline.runs import sql_path
 
 SAMPLES = "samples"
 UNITS = "cs"   # name of the resolved sample units in the connection
@@ -76,5 +77,5 @@ def _writer(ctx, con, total: int):
         columns = [d[0] for d in con.execute(f"SELECT * FROM ({sql}) LIMIT 0").description]
         measure = "self_samples" if "self_samples" in columns else "samples"
         con.execute(f"""COPY (SELECT *, round(100.0 * {measure} / {max(total, 1)}, 3) AS pct FROM ({sql})
-                        ORDER BY {order}) TO '{ctx.out.table_path(table)}' (FORMAT parquet, COMPRESSION zstd)""")
+                        ORDER BY {order}) TO {sql_path(ctx.out.table_path(table))} (FORMAT parquet, COMPRESSION zstd)""")
     return write

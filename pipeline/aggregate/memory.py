@@ -22,6 +22,7 @@ from typing import Any
 
 from pipeline.aggregate import resolve
 from pipeline.aggregate.cpu import PROCESS_FRAME_SQL
+from pipeline.runs import sql_path
 
 VIRTUAL = "virtual_allocs"
 SNAPSHOT_BLOCKS = "heap_snapshot_blocks"
@@ -65,7 +66,7 @@ def _rows(ctx, table: str) -> int:
 
 
 def _copy(ctx, con, table: str, sql: str, order: str) -> None:
-    con.execute(f"COPY (SELECT * FROM ({sql}) ORDER BY {order}) TO '{ctx.out.table_path(table)}' "
+    con.execute(f"COPY (SELECT * FROM ({sql}) ORDER BY {order}) TO {sql_path(ctx.out.table_path(table))} "
                 f"(FORMAT parquet, COMPRESSION zstd)")
 
 

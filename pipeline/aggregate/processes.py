@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.aggregate import resolve
+from pipeline.runs import sql_path
 
 TREE = "process_tree"
 
@@ -83,6 +84,6 @@ def aggregate(ctx) -> dict[str, Any] | None:
                 WHERE anc.ancestor = t.process_key)::BIGINT AS tree_samples
         FROM tree t LEFT JOIN walk w USING (process_key)
         ORDER BY coalesce(t.start_ns, t.first_seen_ns), t.process_key)
-        TO '{ctx.out.table_path(TREE)}' (FORMAT parquet, COMPRESSION zstd)""")
+        TO {sql_path(ctx.out.table_path(TREE))} (FORMAT parquet, COMPRESSION zstd)""")
     n, roots, ended = con.execute("SELECT count(*), count(*) FILTER (parent_key IS NULL), count(end_ns) FROM tree").fetchone()
     return {"processes": int(n), "roots": int(roots), "ended": int(ended), "parent_cycles_broken": int(cycles)}

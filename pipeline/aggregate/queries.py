@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.aggregate.resolve import CMD_CRATE_SQL, duckdb_for
-from pipeline.runs import parquet_glob
+from pipeline.runs import parquet_glob, sql_path
 
 EVENTS = "query_events"
 FILES = "self_profiles"
@@ -124,8 +124,8 @@ def aggregate(ctx) -> dict[str, Any] | None:
         return None
     con = duckdb_for(ctx)
     con.execute("SET preserve_insertion_order = true")      # (as this section was written against)
-    con.execute(f"create view ev as select * from read_parquet('{parquet_glob(ctx.source(EVENTS))}')")
-    con.execute(f"create view sp as select * from read_parquet('{parquet_glob(ctx.source(FILES))}') where status = 'ok'")
+    con.execute(f"create view ev as select * from read_parquet({sql_path(parquet_glob(ctx.source(EVENTS)))})")
+    con.execute(f"create view sp as select * from read_parquet({sql_path(parquet_glob(ctx.source(FILES)))}) where status = 'ok'")
 
     con.execute(f"create table file_totals as {_TOTALS_FILE}")
     totals_sql = _scoped("select * from file_totals", [], ["total_ns", "gap_ns", "threads"])
@@ -308,12 +308,12 @@ def _processes(ctx, con):
         # ETL times are ns since the trace start; the trace table's start FILETIME makes them absolute.
         base = 0
         if ctx.has(ETL_TRACE):
-            ft = con.sql(f"select start_filetime from read_parquet('{parquet_glob(ctx.source(ETL_TRACE))}')").fetchall()
+            ft = con.execute("select start_filetime from read_parquet($1)", [parquet_glob(ctx.source(ETL_TRACE))]).fetchall()
             base = (int(ft[0][0]) - FILETIME_UNIX_EPOCH) * 100 if ft and ft[0][0] else 0
         etl = con.sql(f"select pid, parent_pid, image_name, command_line, {CMD_CRATE_SQL} as crate, "
-                      f"start_ns + {base} as start_ns, "
-                      f"end_ns + {base} as end_ns "
-                      f"from read_parquet('{parquet_glob(ctx.source(ETL_PROCESSES))}')").to_arrow_table().to_pylist()
+                      f"start_ns + {int(base)} as start_ns, "
+                      f"end_ns + {int(base)} as end_ns "
+                      "from read_parquet($1)", params=[parquet_glob(ctx.source(ETL_PROCESSES))]).to_arrow_table().to_pylist()
     tolerance = int(ctx.config.aggregate.etl_join_tolerance_ms * 1_000_000)
     for row, match in zip(rows, join_etl(rows, etl, tolerance)):
         row.update(match)

@@ -27,7 +27,7 @@ so the *leaf function* of a unit is (pos 0, largest inline_depth).
 
 from __future__ import annotations
 
-from pipeline.runs import parquet_glob
+from pipeline.runs import parquet_glob, sql_path
 
 SYMBOLIZED = "symbolized"
 FRAMES = "frames"
@@ -69,7 +69,7 @@ def connect(ctx, *tables: str):
     """A DuckDB connection with views of the named ``decoded/`` tables and the ``procs`` table."""
     con = duckdb_for(ctx)
     for table in tables:
-        con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet('{parquet_glob(ctx.source(table))}')")
+        con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet({sql_path(parquet_glob(ctx.source(table)))})")
     if "processes" in tables:
         con.execute(f"""
             CREATE TABLE procs AS
@@ -194,11 +194,11 @@ def resolve_units(con, ctx, name: str) -> None:
         from pipeline.runs import table_path
 
         con.execute(f"CREATE OR REPLACE VIEW frames AS SELECT * FROM "
-                    f"read_parquet('{parquet_glob(table_path(ctx.run_dir, SYMBOLIZED, FRAMES))}')")
+                    f"read_parquet({sql_path(parquet_glob(table_path(ctx.run_dir, SYMBOLIZED, FRAMES)))})")
         if "leaf" not in {r[0] for r in con.execute("DESCRIBE frames").fetchall()}:
             # (a frames table of an older bootprof: one row per (pid, address), whatever its role)
             con.execute("CREATE OR REPLACE VIEW frames AS SELECT *, NULL::BOOLEAN AS leaf FROM "
-                        f"read_parquet('{parquet_glob(table_path(ctx.run_dir, SYMBOLIZED, FRAMES))}')")
+                        f"read_parquet({sql_path(parquet_glob(table_path(ctx.run_dir, SYMBOLIZED, FRAMES)))})")
     else:  # not symbolized: every frame stays an address
         con.execute("""CREATE OR REPLACE VIEW frames AS SELECT NULL::UBIGINT AS address, NULL::UINTEGER AS pid,
             NULL::BOOLEAN AS leaf, NULL::VARCHAR AS module, NULL::VARCHAR AS function, NULL::VARCHAR AS raw_name,

@@ -14,7 +14,8 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from pipeline.runs import atomic_write_text
+from pipeline.report.safe import csv_select, inline_json
+from pipeline.runs import atomic_write_text, sql_path
 
 STATIC = Path(__file__).with_name("static")
 
@@ -65,7 +66,7 @@ def flame_page(title: str, stacks: Iterable[tuple[str, int]], unit: str, note: s
     """A self-contained interactive flame graph page (no external files, no network)."""
     tree = build_tree(stacks)
     tree["unit"] = unit
-    data = json.dumps(tree, separators=(",", ":")).replace("</", "<\\/")
+    data = inline_json(tree)
     css = (STATIC / "flamegraph.css").read_text()
     js = (STATIC / "flamegraph.js").read_text()
     return f"""<!DOCTYPE html>
@@ -120,8 +121,12 @@ class Writer:
 
         glob = parquet_glob(table_path(self.ctx.run_dir, stage, table))
         name = f"{table}.csv"
-        self._connection().execute(f"COPY (SELECT * FROM read_parquet('{glob}')) TO '{self.ctx.out.path / name}' "
-                          "(HEADER, DELIMITER ',')")
+        con = self._connection()
+        # (text cells that a spreadsheet would run as formulas are neutralized: pipeline.report.safe)
+        con.execute(f"CREATE OR REPLACE TEMP VIEW export_source AS SELECT * FROM read_parquet({sql_path(glob)})")
+        columns = [(r[0], r[1]) for r in con.execute("DESCRIBE export_source").fetchall()]
+        con.execute(f"COPY (SELECT {csv_select(columns)} FROM export_source) TO {sql_path(self.ctx.out.path / name)} "
+                    "(HEADER, DELIMITER ',')")
         self.files.append(name)
         return name
 

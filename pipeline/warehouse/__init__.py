@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import InputError, ManifestError
-from pipeline.runs import MANIFEST, parquet_glob, read_manifest, stage_dir
+from pipeline.runs import MANIFEST, parquet_glob, read_manifest, sql_path, stage_dir
 from pipeline.warehouse.significance import significant_sql, z_sql
 
 STAGES = ("capture", "decoded", "symbolized", "aggregated", "report")
@@ -159,7 +159,7 @@ def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: s
         counts = {}
         for path in tables:
             name = path.name[: -len(".parquet")]
-            src = f"read_parquet('{parquet_glob(path)}')"
+            src = f"read_parquet({sql_path(parquet_glob(path))})"
             if name not in existing:
                 con.execute(f'CREATE TABLE "{name}" AS SELECT ?::VARCHAR AS run_id, * FROM {src} LIMIT 0', [run_id])
             have = {r[0] for r in con.execute(f"DESCRIBE \"{name}\"").fetchall()}
@@ -172,7 +172,7 @@ def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: s
         if (stage_dir(run_dir, "decoded") / "trace.parquet").exists():
             trace = parquet_glob(stage_dir(run_dir, "decoded") / "trace.parquet")
             # epoch microseconds: a TIMESTAMPTZ would need pytz on the way through Python
-            trace_start = con.execute(f"SELECT epoch_us(min(start_utc)) FROM read_parquet('{trace}')").fetchone()[0]
+            trace_start = con.execute("SELECT epoch_us(min(start_utc)) FROM read_parquet($1)", [trace]).fetchone()[0]
         sections = manifests[AGGREGATED].get("sections", {})
         query_total = con.execute("SELECT sum(total_ns) FROM query_totals WHERE run_id = ? AND scope = 'build'",
                                   [run_id]).fetchone()[0]

@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 from pipeline.decode.etl.batch import Batch, PairSet
 from pipeline.decode.etl.layout import USER_SPACE_END
 from pipeline.decode.etl.kernels import JIT, _u16, _u32, _u64, hash_frame_lists, stack_ids
+from pipeline.runs import parquet_glob, sql_path
 
 PROVIDER = "901d2afa-4ff6-46d7-8d0e-53645e1a47f5"
 EVENT_CHUNK, EVENT_END = 100, 200
@@ -253,7 +254,7 @@ def assemble(scratch: Path, out, errors: list[dict[str, Any]], path: str, memory
     ends: dict[tuple, list] = {}
     if ends_dir.exists():
         for pid, instance, *rest in con.execute(f"""SELECT pid, instance, total, timestamp, timestamp_ns
-                FROM read_parquet('{ends_dir}/*.parquet') ORDER BY pid, instance, timestamp, cpu, stream_pos""").fetchall():
+                FROM read_parquet({sql_path(parquet_glob(ends_dir))}) ORDER BY pid, instance, timestamp, cpu, stream_pos""").fetchall():
             ends.setdefault((pid, instance), []).append(tuple(rest))
     rows: list[dict[str, Any]] = []
     stack_rows = BlockWriter(scratch / "_heapsnap_stacks.parquet")
@@ -265,7 +266,7 @@ def assemble(scratch: Path, out, errors: list[dict[str, Any]], path: str, memory
             rows.append(_snapshot(len(rows), *key, group, group_ends, errors, path, stack_rows, blocks, written))
 
     if chunks_dir.exists():
-        chunk_files = f"read_parquet('{chunks_dir}/*.parquet')"
+        chunk_files = f"read_parquet({sql_path(parquet_glob(chunks_dir))})"
         budget = parse_size(memory_limit) // BATCH_SHARE
         # Usually everything fits in one query (None: no filter); the parquet footers tell without reading the chunks.
         batches = _batches(con, chunk_files, budget) if _data_bytes(chunks_dir) > budget else [None]

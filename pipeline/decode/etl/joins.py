@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from pipeline.runs import parquet_glob, sql_path
+
 SCRATCH_TABLES = ("_process_events", "_thread_events", "_image_events", "_image_id_info", "_image_id_dbg",
                   "_stack_defs", "_stack_frames", "_heapsnap_stacks")
 
@@ -227,9 +229,9 @@ def _open_scratch(con, scratch: Path, names: list[str]) -> None:
     for name in names:
         parts = scratch / f"{name}.parquet"
         if parts.is_dir():
-            con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{parts}/*.parquet')")
+            con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet({sql_path(parquet_glob(parts))})")
         elif parts.exists():
-            con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{parts}')")
+            con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet({sql_path(parts)})")
         else:
             con.execute(f"CREATE TABLE {name} ({EMPTY[name]})")
 
@@ -239,7 +241,7 @@ def _copy(con, table: str, path: Path, order: str | None = None) -> None:
     cols = [c for (c,) in con.execute(f"SELECT column_name FROM (DESCRIBE {table})").fetchall() if not c.startswith("_")]
     select = ", ".join(f'"{c}"' for c in cols)
     order_by = f" ORDER BY {order}" if order else ""
-    con.execute(f"COPY (SELECT {select} FROM {table}{order_by}) TO '{path}' "
+    con.execute(f"COPY (SELECT {select} FROM {table}{order_by}) TO {sql_path(path)} "
                 "(FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL 1)")
 
 
@@ -350,7 +352,7 @@ def _stacks(con, errors: list[dict[str, Any]], where: str, path: Path) -> dict[s
                   SELECT stack_id, frames FROM _heapsnap_stacks SEMI JOIN stack_lists USING (stack_id, id_check)
                   ANTI JOIN bucket_stacks USING (stack_id, id_check))
               ORDER BY stack_id)
-        TO '{path}' (FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL 1)""")
+        TO {sql_path(path)} (FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL 1)""")
     con.execute("DROP TABLE bucket_stacks")
     con.execute("DROP TABLE stack_lists")
     return {"stacks": int(stacks), "stack_id_collisions": int(collisions)}
