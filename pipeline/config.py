@@ -108,7 +108,15 @@ class SymbolizeConfig(Section):
         Path("~/.cache/bootprof/symbols"),
         description="Where downloaded symbol files and derived lookup tables are cached across runs.",
     )
-    download_timeout_s: float = Field(30.0, gt=0, description="Timeout of one symbol server request.")
+    download_timeout_s: float = Field(30.0, gt=0, description="Timeout of each socket operation of a symbol server "
+                                      "request (connecting, each read).")
+    download_deadline_s: float = Field(600.0, gt=0, description="Wall-clock limit of one symbol file's download; "
+                                       "a server that trickles is given up on after it.")
+    download_max_bytes: Size = Field(
+        "4GiB", description="Largest symbol file downloaded (a larger body is refused, never read into memory).")
+    redirect_hosts: list[str] = Field(
+        default_factory=list, description="Hosts a symbol server may redirect to (fnmatch patterns such as "
+        "'*.blob.core.windows.net'); a redirect to any other host is refused. The server's own host is allowed.")
 
 
 class AggregateConfig(Section):

@@ -191,3 +191,119 @@ def test_images_without_dbgid_fetch_the_binary_then_its_pdb(server, tmp_path, da
     httpd.requests.clear()
     run(run_dir, cfg, dask_pool)
     assert httpd.requests == []   # binaries and PDB come from the cache; rustlib.pdb is known missing
+
+
+class _Hostile(http.server.BaseHTTPRequestHandler):
+    """A symbol server that misbehaves by PDB name: a body cut short, a garbage status line, a body over the
+    cap, one that trickles a byte at a time, a redirect to another host name of this machine, and a good one
+    (a real PDB) that sits behind a same-host redirect."""
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):  # noqa: N802 - http.server's naming
+        self.server.requests.append(self.path)
+        name = self.path.split("/")[1]
+        if name == "trunc.pdb":
+            self.send_response(200)
+            self.send_header("Content-Length", "200000")
+            self.end_headers()
+            self.wfile.write(b"Microsoft C/C++ MSF 7.00\r\n" + bytes(100))
+        elif name == "garbage.pdb":
+            self.wfile.write(b"SPAM SPAM SPAM\r\n\r\n")
+        elif name == "big.pdb":
+            self.send_response(200)
+            self.end_headers()                    # (no Content-Length: the cap must stop the stream itself)
+            for _ in range(512):
+                self.wfile.write(bytes(1024))
+        elif name == "slow.pdb":
+            self.send_response(200)
+            self.send_header("Content-Length", "1000")
+            self.end_headers()
+            for _ in range(1000):
+                if self.server.stop.wait(0.1):
+                    return
+                try:
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                except OSError:
+                    return
+        elif name == "away.pdb" and self.headers.get("Host", "").startswith("localhost"):
+            self.send_error(404)                  # (the other host has nothing either)
+        elif name in ("away.pdb", "fakerustc.pdb") and not self.path.startswith("/fakerustc.pdb/moved/"):
+            host = "localhost" if name == "away.pdb" else "127.0.0.1"
+            rest = self.path if name == "away.pdb" else self.path.replace("/fakerustc.pdb/", "/fakerustc.pdb/moved/", 1)
+            self.send_response(302)
+            self.send_header("Location", f"http://{host}:{self.server.server_address[1]}{rest}")
+            self.end_headers()
+        elif self.path.startswith("/fakerustc.pdb/moved/") and self.path.endswith("/fakerustc.pdb"):
+            data = self.server.pdb
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        else:
+            self.send_error(404)
+
+
+def test_a_misbehaving_server_and_hostile_names_cost_one_line_per_image(tmp_path, dask_pool):
+    """Every image's lookup ends with a one-line reason and the stage goes on: a truncated body, a garbage
+    status line, a body over ``download_max_bytes`` (streamed, never read whole), a server past
+    ``download_deadline_s``, a redirect to another host (refused until ``redirect_hosts`` allows it), and PDB
+    names ``..`` and ``.`` that once wrote above the cache or crashed. A same-host redirect is followed."""
+    root = built_images() / "full"
+    exe = pe_identity(root / "fakerustc.exe")
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
+    httpd.requests, httpd.pdb, httpd.stop = [], (root / "fakerustc.pdb").read_bytes(), threading.Event()
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        main = publics("full", "fakerustc.pdb")["_RNvCs1234_7mycrate4main"]
+        names = ["trunc.pdb", "garbage.pdb", "big.pdb", "slow.pdb", "away.pdb", "..", "."]
+        images = [dict(pid=7, base=EXE_BASE, size=exe["size"], file_name=r"C:\b\fakerustc.exe", load_ns=0)]
+        ids = [dict(pid=7, base=EXE_BASE, **{k: exe[k] for k in ("guid", "age", "pdb_name")})]
+        frames = [EXE_BASE + main]
+        for k, name in enumerate(names):
+            base = 0x1000000 * (k + 1)
+            images.append(dict(pid=7, base=base, size=0x10000, file_name=f"C:\\b\\m{k}.dll", load_ns=0))
+            ids.append(dict(pid=7, base=base, guid=f"{k + 1:08x}-0000-0000-0000-000000000000", age=1, pdb_name=name))
+            frames.append(base + 0x40)
+        run_dir = tmp_path / "cache" / "sub" / "run"
+        write_decoded(run_dir, [(1, 7, frames[0], 1)], {1: frames}, images, ids)
+        cache = tmp_path / "cache" / "sub" / "symcache"
+        cfg = config_for(tmp_path, f"srv*{cache}*{url}")
+        cfg.symbolize.cache_dir = cache
+        cfg.symbolize.download_max_bytes = "256KiB"
+        cfg.symbolize.download_deadline_s = 1.0
+        cfg.symbolize.download_timeout_s = 5.0
+        run(run_dir, cfg, dask_pool)
+        m = read_manifest(run_dir, "symbolized")
+        reasons = {e["pdb_name"]: e["reason"] for e in m["images_without_symbols"]}
+        assert set(reasons) == set(names) and len(m["images_without_symbols"]) == len(names)
+        assert all("\n" not in r for r in reasons.values())
+        assert "body cut short: 126 of 200000 bytes" in reasons["trunc.pdb"]
+        assert reasons["garbage.pdb"].startswith("download failed:") and "BadStatusLine" in reasons["garbage.pdb"]
+        assert "more than symbolize.download_max_bytes (262144) bytes" in reasons["big.pdb"]
+        assert "symbolize.download_deadline_s (1 s)" in reasons["slow.pdb"]
+        assert "from host 127.0.0.1 to host localhost refused" in reasons["away.pdb"]
+        assert reasons[".."].startswith("unsafe symbol file name '..'") and reasons["."].startswith("unsafe")
+        table = {r["address"]: r for r in read_table(run_dir, "symbolized", "frames").to_pylist()}
+        assert table[frames[0]]["function"] == "mycrate::main"          # behind a same-host redirect
+        # nothing was written beside or above the cache, and no partial download was left in it
+        assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["sub"]
+        assert sorted(p.name for p in (tmp_path / "cache" / "sub").iterdir()) == ["run", "symcache"]
+        assert not [p for p in cache.rglob("*") if ".part-" in p.name or p.name.endswith(".download")]
+        assert not any(".." in r or r.endswith("/./") for r in httpd.requests)
+
+        # the other host, once allowed, is followed (and answers 404 there: remembered as missing)
+        cfg.symbolize.redirect_hosts = ["local*"]
+        run(run_dir, cfg, dask_pool)
+        reasons = {e["pdb_name"]: e["reason"] for e in read_manifest(run_dir, "symbolized")["images_without_symbols"]}
+        assert reasons["away.pdb"].startswith("not found")
+    finally:
+        httpd.stop.set()
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=5)

@@ -385,7 +385,7 @@ def run(run_dir: Path, config, pool, inputs: list[Path] | None = None) -> dict[s
     # (on a terminal: how many symbol files are resolved, read or downloaded, out of how many)
     with Status("symbolize", len(descs), unit="symbol files") as shown:
         results = pool.map(resolve_debug_id, descs, on_result=lambda _: shown.advance(1), entries=entries,
-                           cache_dir=str(cache_dir), timeout=cfg.download_timeout_s)
+                           cache_dir=str(cache_dir), fetch=fetch_limits(cfg))
     status = {r["key"]: r for r in results}
     t_symbols = time.perf_counter()
 
@@ -421,6 +421,15 @@ def run(run_dir: Path, config, pool, inputs: list[Path] | None = None) -> dict[s
         "resolution_rate": stats["resolution_rate"],
         "images_without_symbols": len(stats["images_without_symbols"]),
     }
+
+
+def fetch_limits(cfg):
+    """The download limits of the ``symbolize`` config section."""
+    from pipeline.config import parse_size
+    from pipeline.symbolize.symbolpath import Fetch
+
+    return Fetch(timeout_s=cfg.download_timeout_s, deadline_s=cfg.download_deadline_s,
+                 max_bytes=parse_size(cfg.download_max_bytes), redirect_hosts=tuple(cfg.redirect_hosts))
 
 
 def assemble(mapped: dict, images, ids: list, status: dict[str, dict]):

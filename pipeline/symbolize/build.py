@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.symbolize.symbolpath import Entry, locate, store_key
+from pipeline.symbolize.symbolpath import Entry, Fetch, locate, store_key
 from pipeline.symbolize.table import TABLE_VERSION, AddressTable, load_cached, symbolic_version, table_dir
 
 
@@ -99,7 +99,7 @@ def _table_result(result: dict[str, Any], table: AddressTable, directory: Path) 
     return result
 
 
-def _resolve_pdb(ident: dict[str, Any], entries: list[Entry], cache: Path, timeout: float,
+def _resolve_pdb(ident: dict[str, Any], entries: list[Entry], cache: Path, fetch: Fetch,
                  result: dict[str, Any]) -> dict[str, Any]:
     """Cached table of ident's debug id, or find its PDB/Breakpad file and build the table."""
     debug_id = ident["debug_id"]
@@ -107,7 +107,7 @@ def _resolve_pdb(ident: dict[str, Any], entries: list[Entry], cache: Path, timeo
     if table is not None:
         result.update(cached=True, kind=table.meta.get("kind"), source=table.meta.get("source_file"))
         return _table_result(result, table, table_dir(cache, debug_id))
-    found = locate(entries, ident["pdb_name"], store_key(ident["guid"], ident["age"]), timeout,
+    found = locate(entries, ident["pdb_name"], store_key(ident["guid"], ident["age"]), fetch,
                    identity_check(debug_id))
     result["requests"] += found.requests
     if found.path is None:
@@ -141,7 +141,7 @@ def binary_check(key: str):
     return check
 
 
-def _resolve_binary(desc: dict[str, Any], entries: list[Entry], cache: Path, timeout: float,
+def _resolve_binary(desc: dict[str, Any], entries: list[Entry], cache: Path, fetch: Fetch,
                     result: dict[str, Any]) -> dict[str, Any]:
     """No DbgID in the trace: fetch the binary by its code key, read its PDB identity, then as above.
 
@@ -151,7 +151,7 @@ def _resolve_binary(desc: dict[str, Any], entries: list[Entry], cache: Path, tim
 
     from pipeline.symbolize.pe import read_codeview
 
-    found = locate(entries, desc["code_file"], desc["code_key"], timeout, binary_check(desc["code_key"]))
+    found = locate(entries, desc["code_file"], desc["code_key"], fetch, binary_check(desc["code_key"]))
     result["requests"] += found.requests
     if found.path is None:
         result.update(status="missing", reason=f"no debug id in the trace and binary {desc['code_file']}/"
@@ -163,7 +163,7 @@ def _resolve_binary(desc: dict[str, Any], entries: list[Entry], cache: Path, tim
     if cv is not None:
         ident = dict(cv, debug_id=debug_id_of(cv["guid"], cv["age"]))
         result.update(learned_debug_id=ident["debug_id"], pdb_name=ident["pdb_name"])
-        _resolve_pdb(ident, entries, cache, timeout, result)
+        _resolve_pdb(ident, entries, cache, fetch, result)
         if result.get("status") == "ok":
             return result
         pdb_reason = result.get("reason", "not found")
@@ -191,7 +191,7 @@ def _resolve_binary(desc: dict[str, Any], entries: list[Entry], cache: Path, tim
     return _table_result(result, table, table_dir(cache, key))
 
 
-def resolve_debug_id(desc: dict[str, Any], entries: list[Entry], cache_dir: str, timeout: float) -> dict[str, Any]:
+def resolve_debug_id(desc: dict[str, Any], entries: list[Entry], cache_dir: str, fetch: Fetch) -> dict[str, Any]:
     """Task: make sure the address table of one image identity is in ``<cache>/tables``.
 
     ``desc["key"]`` names the identity. With ``debug_id``, ``guid``, ``age`` and ``pdb_name`` it is a
@@ -203,10 +203,13 @@ def resolve_debug_id(desc: dict[str, Any], entries: list[Entry], cache_dir: str,
     cache = Path(cache_dir).expanduser()
     result: dict[str, Any] = {"key": desc["key"], "debug_id": desc.get("debug_id"),
                               "pdb_name": desc.get("pdb_name"), "requests": 0, "cached": False}
-    if desc.get("code_file"):
-        result["code_file"] = desc["code_file"]
-        _resolve_binary(desc, entries, cache, timeout, result)
-    else:
-        _resolve_pdb(desc, entries, cache, timeout, result)
+    try:
+        if desc.get("code_file"):
+            result["code_file"] = desc["code_file"]
+            _resolve_binary(desc, entries, cache, fetch, result)
+        else:
+            _resolve_pdb(desc, entries, cache, fetch, result)
+    except Exception as exc:  # noqa: BLE001 - whatever a server or a file does, one image's line, the stage goes on
+        result.update(status="missing", reason=f"symbol lookup failed: {type(exc).__name__}: {exc}")
     result["elapsed_s"] = round(time.perf_counter() - t0, 4)
     return result

@@ -19,13 +19,25 @@ Entries are separated by ``;`` and searched in order:
     searched before them.
 
 KEY is the GUID as 32 upper-case hex digits followed by the age in hex (``D1307F3D…2E1``).
+
+Names from a trace are never trusted as paths: a symbol file name must be one plain file name (no
+separator, not ``.`` or ``..``, no control character) and KEY hex digits, else the image is reported with
+that reason and nothing is read or written (:func:`safe_name`). A download is streamed into the cache with a
+size cap and a wall-clock deadline (:class:`Fetch`); a redirect to another host is refused unless that host
+is listed in ``symbolize.redirect_hosts``; whatever a server does (an error status, a garbage status line, a
+body cut short, a stall) ends that one image's search with a one-line reason.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import http.client
 import os
+import re
 import shutil
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +46,34 @@ from pipeline.errors import ConfigError
 from pipeline.runs import atomic_write_bytes
 
 MISSING_MARK = ".missing"
+#: Bytes read from a server at a time.
+CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """Limits of one symbol-file download (``symbolize`` config): the timeout of each socket operation, the
+    wall-clock deadline of the whole file, the largest body accepted, and the hosts a server may redirect to
+    (``fnmatch`` patterns, e.g. ``*.blob.core.windows.net``; the server's own host is always allowed)."""
+
+    timeout_s: float = 30.0
+    deadline_s: float = 600.0
+    max_bytes: int = 4 << 30
+    redirect_hosts: tuple[str, ...] = ()
+
+
+_SAFE_KEY = re.compile(r"[0-9A-Fa-f]{1,64}")
+
+
+def safe_name(name: str | None, key: str | None) -> str | None:
+    """Why ``name`` (a symbol or binary file name from a trace) and ``key`` cannot be parts of a path, or None
+    when they can."""
+    if not name or name in (".", "..") or len(name) > 255 or any(c in name for c in "/\\:") or \
+            any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        return f"unsafe symbol file name {name!r}: not one plain file name; nothing searched"
+    if not key or not _SAFE_KEY.fullmatch(key):
+        return f"unsafe store key {key!r} for {name!r}: not hex digits; nothing searched"
+    return None
 
 
 @dataclass(frozen=True)
@@ -165,44 +205,101 @@ def expand_cab(data: bytes, where: str) -> bytes:
         raise ValueError(f"{where}: not a readable CAB archive: {exc}") from None
 
 
-def _download(url: str, cache: Path, pdb_name: str, key: str, timeout: float, out: Lookup) -> Path | None:
+class _RedirectGuard(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect within the server's host, or to a host ``Fetch.redirect_hosts`` allows; refuses others."""
+
+    def __init__(self, fetch: Fetch):
+        super().__init__()
+        self.fetch = fetch
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        old, new = urllib.parse.urlsplit(req.full_url).hostname, urllib.parse.urlsplit(newurl).hostname
+        if new != old and not any(fnmatch.fnmatch(new or "", pat) for pat in self.fetch.redirect_hosts):
+            raise urllib.error.URLError(f"redirect (HTTP {code}) from host {old} to host {new} refused "
+                                        "(allow it with symbolize.redirect_hosts)")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _fetch(url: str, dest: Path, fetch: Fetch) -> None:
+    """Stream ``url`` into ``dest`` (atomically), within ``fetch``'s limits; raises OSError, ValueError or an
+    http.client.HTTPException (urllib's HTTPError for a status) with what went wrong."""
+    t0 = time.monotonic()
+    opener = urllib.request.build_opener(_RedirectGuard(fetch))
+    with opener.open(url, timeout=fetch.timeout_s) as resp:
+        declared = resp.headers.get("Content-Length")
+        size = int(declared) if declared and declared.isdigit() else None
+        if size is not None and size > fetch.max_bytes:
+            raise ValueError(f"{size} bytes is more than symbolize.download_max_bytes ({fetch.max_bytes})")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.part-{os.getpid()}")
+        got = 0
+        try:
+            with open(tmp, "wb") as out:
+                while True:
+                    if time.monotonic() - t0 > fetch.deadline_s:
+                        raise TimeoutError(f"not done after symbolize.download_deadline_s ({fetch.deadline_s:g} s): "
+                                           f"{got} bytes")
+                    chunk = resp.read1(CHUNK)     # (what has arrived: a trickling server cannot hold one read)
+                    if not chunk:
+                        break
+                    got += len(chunk)
+                    if got > fetch.max_bytes:
+                        raise ValueError(f"more than symbolize.download_max_bytes ({fetch.max_bytes}) bytes")
+                    out.write(chunk)
+            if size is not None and got != size:
+                raise ValueError(f"body cut short: {got} of {size} bytes")
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+def _download(url: str, cache: Path, pdb_name: str, key: str, fetch: Fetch, out: Lookup) -> Path | None:
     """Fetch one debug file from a symbol server into ``cache`` (store layout)."""
     stem = pdb_name[:-4] if pdb_name.lower().endswith(".pdb") else pdb_name
     keyed = cache / pdb_name / key
     if (keyed / MISSING_MARK).exists() and url in (keyed / MISSING_MARK).read_text().splitlines():
         out.tried.append(f"{url} (known missing, {keyed / MISSING_MARK})")
         return None
-    base = url.rstrip("/") + f"/{pdb_name}/{key}/"
+    base = url.rstrip("/") + f"/{urllib.parse.quote(pdb_name)}/{key}/"
     names = [pdb_name, pdb_name[:-1] + "_", f"{stem}.sym"]
     errors = []
     for name in names:
-        full = base + name
+        full = base + urllib.parse.quote(name)
         out.tried.append(full)
         out.requests += 1
+        part = keyed / f".{name}.download"
         try:
-            with urllib.request.urlopen(full, timeout=timeout) as resp:
-                data = resp.read()
+            _fetch(full, part, fetch)
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
                 continue
             errors.append(f"{full}: HTTP {exc.code} {exc.reason}")
             break
-        except (urllib.error.URLError, OSError) as exc:
-            errors.append(f"{full}: {getattr(exc, 'reason', exc)}")
+        except urllib.error.URLError as exc:
+            errors.append(f"{full}: {exc.reason}")
+            break
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            errors.append(f"{full}: {type(exc).__name__}: {exc}" if not isinstance(exc, (ValueError, TimeoutError))
+                          else f"{full}: {exc}")
             break
         target = name
         if name.endswith("_"):
             try:
-                data = expand_cab(data, full)
+                data = expand_cab(part.read_bytes(), full)
             except ValueError as exc:
                 errors.append(str(exc))
+                part.unlink(missing_ok=True)
                 break
-            target = pdb_name
+            part.unlink(missing_ok=True)
+            dest = keyed / pdb_name
+            atomic_write_bytes(dest, data)
+            return dest
         dest = keyed / target
-        atomic_write_bytes(dest, data)
+        os.replace(part, dest)
         return dest
     if errors:
-        out.reason = "download failed: " + "; ".join(errors)
+        # (one line, whatever a server sent: a garbage status line carries its own line breaks)
+        out.reason = "download failed: " + "; ".join(" ".join(e.split()) for e in errors)
     else:
         keyed.mkdir(parents=True, exist_ok=True)
         with open(keyed / MISSING_MARK, "a") as f:
@@ -210,14 +307,21 @@ def _download(url: str, cache: Path, pdb_name: str, key: str, timeout: float, ou
     return None
 
 
-def locate(entries: list[Entry], pdb_name: str, key: str, timeout: float, check=None) -> Lookup:
+def locate(entries: list[Entry], pdb_name: str, key: str, fetch: Fetch | float, check=None) -> Lookup:
     """Search ``entries`` in order for ``pdb_name`` under store key ``key`` (:func:`store_key` for a
-    PDB, ``pe.code_key`` for a binary; ``pdb_name`` is then the binary's file name).
+    PDB, ``pe.code_key`` for a binary; ``pdb_name`` is then the binary's file name). ``fetch``: the download
+    limits (a number: the timeout, other limits as default).
 
     ``check(path)`` returns None for a file of the right identity, else the reason (a GUID
     mismatch); such files are skipped and, if nothing else is found, their reason is reported.
     """
     out = Lookup()
+    if not isinstance(fetch, Fetch):
+        fetch = Fetch(timeout_s=float(fetch))
+    unsafe = safe_name(pdb_name, key)
+    if unsafe is not None:
+        out.reason = unsafe
+        return out
     active_cache: Path | None = None
     for entry in entries:
         if entry.kind == "cache":
@@ -241,7 +345,7 @@ def locate(entries: list[Entry], pdb_name: str, key: str, timeout: float, check=
             if not found:
                 first_cache = Path(entry.caches[0]) if entry.caches else None
                 if _is_url(entry.target):
-                    found = _download(entry.target, first_cache, pdb_name, key, timeout, out)
+                    found = _download(entry.target, first_cache, pdb_name, key, fetch, out)
                     source = f"server {entry.target}"
                 else:
                     found = _search_dir(Path(entry.target), pdb_name, key, out, check)
