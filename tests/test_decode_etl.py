@@ -952,3 +952,37 @@ def test_sampled_profile_reads_both_pointer_sizes_and_reports_short_payloads():
     [err] = b.errors
     assert err["kind"] == "short_payload" and err["buffer_index"] == 7 and "SampledProfile" in err["message"]
     assert err["record_offset"] == 28 and "buffer 7 at byte offset" in err["message"]
+
+
+def test_no_module_constant_is_a_plain_int_beyond_int64():
+    """numpy 2's promotion of plain Python ints (NEP 50) raises OverflowError where such an int meets int64
+    (``np.where(width == 8, 0xFFFF8000_00000000, 0x80000000)`` failed every decode with a newer numpy): every
+    constant of the decoder and symbolizer modules that does not fit an int64 is a numpy scalar of its type."""
+    import importlib
+    import pkgutil
+
+    import pipeline
+
+    def ints(value):
+        if isinstance(value, bool):
+            return
+        if isinstance(value, int):
+            yield value
+        elif isinstance(value, (tuple, list, set, frozenset)):
+            for v in value:
+                yield from ints(v)
+        elif isinstance(value, dict):
+            for v in value.values():
+                yield from ints(v)
+
+    found, checked = [], 0
+    for info in pkgutil.walk_packages(pipeline.__path__, "pipeline."):
+        if not info.name.startswith(("pipeline.decode", "pipeline.symbolize", "pipeline.aggregate")):
+            continue
+        module = importlib.import_module(info.name)
+        for name, value in vars(module).items():
+            if name.isupper():
+                checked += 1
+                found += [(info.name, name, hex(v)) for v in ints(value) if not -(1 << 63) <= v < (1 << 63)]
+    assert checked > 100 and found == []
+    assert L.KERNEL_SPACE_64.dtype == np.uint64 and L.KERNEL_SPACE_32.dtype == np.uint64

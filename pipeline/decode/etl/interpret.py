@@ -214,7 +214,7 @@ def _distinct_frames(b: Batch, pos, length, width, h1, h2, leaf, count) -> dict:
     frames = np.empty(K.gather_frames(*args, np.zeros(0, np.uint64), False), np.uint64)
     K.gather_frames(*args, frames, True)
     b.emit("_stack_frames", {"h1": h1[first], "h2": h2[first], "frames": list_array(offs, frames)})
-    user = leaf < np.where(width == 8, L.KERNEL_SPACE_64, L.KERNEL_SPACE_32).astype(np.uint64)
+    user = leaf < np.where(width == 8, L.KERNEL_SPACE_64, L.KERNEL_SPACE_32)
     return {"h1": h1, "h2": h2, "n": count, "user": user}
 
 

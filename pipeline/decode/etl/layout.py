@@ -199,8 +199,9 @@ IMAGE = {  # §3.3
 SAMPLED_PROFILE = {"ip": (0x00, 0), "tid": (0x04, 1), "count": (0x08, 1)}  # §3.4, payload 12/16
 STACK_WALK = {"event_ts": 0x00, "pid": 0x08, "tid": 0x0C, "frames": 0x10}  # §3.5, same for 4 and 8
 #: Lowest kernel-mode address of a 64-bit / 32-bit system: a stack record whose leaf frame is below it
-#: is a user-mode half.
-KERNEL_SPACE_64, KERNEL_SPACE_32 = 0xFFFF_8000_0000_0000, 0x8000_0000
+#: is a user-mode half. numpy scalars of the type they are compared in: the 64-bit one does not fit an
+#: int64, and numpy's promotion of plain ints (NEP 50) raises OverflowError on it in some of its functions.
+KERNEL_SPACE_64, KERNEL_SPACE_32 = np.uint64(0xFFFF_8000_0000_0000), np.uint64(0x8000_0000)
 VIRTUAL_ALLOC = {"base": (0x00, 0), "size": (0x04, 1), "pid": (0x08, 2), "flags": (0x0C, 2)}  # §3.7, 16/24
 IMAGE_ID = {"base": (0x00, 0), "size": (0x04, 1), "pid": (0x08, 2), "time_date_stamp": (0x0C, 2),
             "file_name": (0x10, 2)}  # §3.9 ImageID (Type 0)
