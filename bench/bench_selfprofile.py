@@ -91,7 +91,8 @@ def bench_kernels(path: Path) -> tuple[int, float]:
 
     def run():
         status, _, _, _, n_threads = kernels.decode_events(words, 2, n, lay.event_words, lay.id_words,
-                                                           strings.virt_addr, len(strings.data), *cols)
+                                                           strings.virt_addr, strings.sparse_ids,
+                                                           strings.sparse_addrs, len(strings.data), *cols)
         assert status == kernels.OK
         kernels.nest_events(n, n_threads, cols[4], cols[5], cols[6], cols[7], *nest)
 

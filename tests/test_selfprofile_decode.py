@@ -252,3 +252,32 @@ def test_kernels_without_jit_give_the_same_result():
     p = read_profile(path)
     assert out == [str(v) for v in (p.n_events, int(p.self_ns.sum()), int(p.parent.sum()), int(p.depth.sum()),
                                     len(p.strings))]
+
+
+def test_a_huge_virtual_string_id_costs_no_memory(tmp_path):
+    """An 887-byte profile whose string index maps virtual id 100,000,000 (the largest there is) made the
+    decoder allocate a table of every id below it, ~800 MB. Ids beyond a bound that grows with the index are
+    looked up by binary search instead: the file is refused (its metadata entry is gone) within a few MB, and
+    the id still resolves."""
+    import tracemalloc
+
+    from pipeline.decode.measureme.reader import StringTable, split_streams
+
+    raw = bytearray(fixture_path(PROBE).read_bytes())
+    entry = struct.pack("<QQ", layout.METADATA_STRING_ID, 8)
+    at = raw.index(entry)
+    struct.pack_into("<Q", raw, at, layout.MAX_VIRTUAL_STRING_ID)
+    path = tmp_path / "___-0000001.mm_profdata"
+    path.write_bytes(bytes(raw))
+    tracemalloc.start()
+    try:
+        with pytest.raises(ProfileError, match="string index has no METADATA entry"):   # (the entry it was)
+            read_profile(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20
+    lay, streams = split_streams(path, np.frombuffer(bytes(raw), np.uint8))
+    strings = StringTable(path, lay, streams[layout.TAG_STRING_DATA], streams[layout.TAG_STRING_INDEX])
+    assert strings.virt_addr.nbytes < 1 << 20 and strings.addr_of(layout.MAX_VIRTUAL_STRING_ID) == 8
+    assert strings.addr_of(layout.MAX_VIRTUAL_STRING_ID - 1) == -1

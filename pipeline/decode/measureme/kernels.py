@@ -46,17 +46,23 @@ _THREAD_SLOTS = 1 << 16       # thread-id table: at most half of it used (32768 
 
 
 @njit(cache=True, nogil=True)
-def _id_to_addr(sid, virt_addr):
-    """String id -> string-data address; UNKNOWN_ADDR for unresolved virtual and invalid ids."""
+def _id_to_addr(sid, virt_addr, sparse_ids, sparse_addrs):
+    """String id -> string-data address; UNKNOWN_ADDR for unresolved virtual and invalid ids. Virtual ids
+    below ``len(virt_addr)`` are looked up directly, larger ones in the sorted ``sparse_ids``."""
     if sid >= FIRST_REGULAR_STRING_ID:
         return sid - FIRST_REGULAR_STRING_ID
-    if sid == INVALID_STRING_ID or sid == METADATA_STRING_ID or sid < 0 or sid >= virt_addr.shape[0]:
+    if sid == INVALID_STRING_ID or sid == METADATA_STRING_ID or sid < 0:
         return UNKNOWN_ADDR
-    return virt_addr[sid]
+    if sid < virt_addr.shape[0]:
+        return virt_addr[sid]
+    k = np.searchsorted(sparse_ids, sid)
+    if k < sparse_ids.shape[0] and sparse_ids[k] == sid:
+        return sparse_addrs[k]
+    return UNKNOWN_ADDR
 
 
 @njit(cache=True, nogil=True)
-def decode_events(words, first_word, n, rec_words, id_words, virt_addr, string_data_len,
+def decode_events(words, first_word, n, rec_words, id_words, virt_addr, sparse_ids, sparse_addrs, string_data_len,
                   kind_code, id_code, string_id, thread, thread_slot, start, end, payload):
     """Decode ``n`` records starting at ``words[first_word]``.
 
@@ -98,7 +104,7 @@ def decode_events(words, first_word, n, rec_words, id_words, virt_addr, string_d
         v1 = np.int64(words[f + 1]) | ((upper >> 16) << 32)
         v2 = np.int64(words[f + 2]) | ((upper & 0xFFFF) << 32)
 
-        a = _id_to_addr(kind, virt_addr)
+        a = _id_to_addr(kind, virt_addr, sparse_ids, sparse_addrs)
         if a >= string_data_len or a < UNKNOWN_ADDR:
             status, bad = DANGLING_KIND, i
             break
@@ -112,7 +118,7 @@ def decode_events(words, first_word, n, rec_words, id_words, virt_addr, string_d
             addrs[n_addrs] = a
             n_addrs += 1
         kind_code[i] = c
-        a = _id_to_addr(sid, virt_addr)
+        a = _id_to_addr(sid, virt_addr, sparse_ids, sparse_addrs)
         if a >= string_data_len or a < UNKNOWN_ADDR:
             status, bad = DANGLING_ID, i
             break

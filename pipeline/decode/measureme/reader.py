@@ -40,6 +40,9 @@ from pipeline.errors import InputError
 UNKNOWN = "<unknown>"
 PARSE_ERROR = "<parse error>"
 _MAX_REF_DEPTH = 64
+#: Virtual string ids looked up in a dense table: up to this many per index entry (plus DENSE_IDS_MIN); rustc's
+#: virtual ids (DepNodeIndex) are about as many as the entries. Larger ids are found by binary search.
+DENSE_IDS_PER_ENTRY, DENSE_IDS_MIN = 8, 1 << 16
 _BAD_LABEL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
@@ -109,10 +112,17 @@ class StringTable:
         self.metadata_addr = int(addrs[meta[-1]]) if len(meta) else None
         virtual = ids <= MAX_VIRTUAL_STRING_ID
         vids, vaddrs = ids[virtual].astype(np.int64), addrs[virtual]
-        self.virt_addr = np.full(int(vids.max()) + 1 if len(vids) else 0, kernels.UNKNOWN_ADDR, np.int64)
         # A later duplicate replaces an earlier one: keep the last entry of each id.
         rev_unique, rev_first = np.unique(vids[::-1], return_index=True)
-        self.virt_addr[rev_unique] = vaddrs[::-1][rev_first]
+        last = vaddrs[::-1][rev_first]
+        # Ids up to a bound that grows with the index (DENSE_IDS_PER_ENTRY per entry) are looked up in a dense
+        # table; larger ones (a damaged or hostile index: one id of 100,000,000 in an 888-byte file once made
+        # this table 800 MB) by binary search. Memory stays within a multiple of the file's index.
+        dense = int(min(int(rev_unique[-1]) + 1 if len(rev_unique) else 0, DENSE_IDS_PER_ENTRY * n_entries + DENSE_IDS_MIN))
+        self.virt_addr = np.full(dense, kernels.UNKNOWN_ADDR, np.int64)
+        small = rev_unique < dense
+        self.virt_addr[rev_unique[small]] = last[small]
+        self.sparse_ids, self.sparse_addrs = rev_unique[~small].astype(np.int64), last[~small].astype(np.int64)
         self.index_entries = n_entries
         self._cache: dict[int, str] = {}
 
@@ -121,9 +131,9 @@ class StringTable:
             return sid - FIRST_REGULAR_STRING_ID
         if sid == METADATA_STRING_ID:
             return self.metadata_addr if self.metadata_addr is not None else kernels.UNKNOWN_ADDR
-        if sid == INVALID_STRING_ID or sid >= len(self.virt_addr):
+        if sid == INVALID_STRING_ID or sid < 0:
             return kernels.UNKNOWN_ADDR
-        return int(self.virt_addr[sid])
+        return int(kernels._id_to_addr(sid, self.virt_addr, self.sparse_ids, self.sparse_addrs))
 
     def expand(self, addr: int, _depth: int = 0) -> str:
         """The full string at ``addr`` (a string-data address, header included)."""
@@ -242,7 +252,7 @@ def read_profile(path: Path) -> Profile:
     payload = np.empty(n, np.int8)
     status, bad, addrs, n_addrs, n_threads = kernels.decode_events(
         words, STREAM_HEADER_SIZE // 4, n, layout.event_words, layout.id_words, strings.virt_addr,
-        len(strings.data), kind_code, id_code, string_id, thread, slot, start, end, payload)
+        strings.sparse_ids, strings.sparse_addrs, len(strings.data), kind_code, id_code, string_id, thread, slot, start, end, payload)
     if status != kernels.OK:
         offset = STREAM_HEADER_SIZE + bad * layout.event.itemsize
         raise ProfileError(f"{path}: event stream offset {offset} (event {bad}): {kernels.STATUS_TEXT[status]}")
