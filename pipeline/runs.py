@@ -9,8 +9,13 @@ A run directory holds everything bootprof knows about one trace (or one set of s
 
 A stage never writes into its final directory. It writes into a hidden sibling (``.decoded.tmp-…``)
 and, once everything including the manifest is on disk, swaps it into place. A reader that finds
-``_manifest.json`` therefore sees a complete output; an interrupted stage leaves at most a hidden
-temporary directory, which the next run of that stage removes.
+``_manifest.json`` therefore sees a complete output; an interrupted stage leaves at most hidden
+directories (its temporary output, a half-swapped old output, the aggregate's DuckDB spill), which the
+next run of any stage removes once the process that made them is gone.
+
+Each manifest records the sha256 of the manifests of the stages it read (``upstream``). A stage written
+again changes its manifest, so every output made from the old one is *stale*: :func:`read_manifest`
+refuses it, naming the stage to run again, instead of letting a report mix two decodes.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -123,6 +129,52 @@ def stage_dir(run_dir: Path, stage: str) -> Path:
     return Path(run_dir) / stage
 
 
+#: Hidden leftovers of a stage killed before it finished: its temporary output (``.STAGE.tmp-PID-…``), the old
+#: output of a swap cut in two (``.STAGE.old-PID-…``) and the aggregate's DuckDB spill (``.aggregate-spill-PID-…``),
+#: PID the process that made them.
+LEFTOVER = re.compile(r"^\.(?:\w+\.tmp|\w+\.old|aggregate-spill)-(?:(\d+)-)?")
+
+
+def clean_leftovers(run_dir: Path) -> list[Path]:
+    """Remove what killed stages left in ``run_dir`` (``LEFTOVER``) once their process is gone; returns them."""
+    removed = []
+    for entry in sorted(Path(run_dir).iterdir()) if Path(run_dir).is_dir() else []:
+        m = LEFTOVER.match(entry.name)
+        if m is None or not entry.is_dir() or (m.group(1) and _alive(int(m.group(1)))):
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        removed.append(entry)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+_hashes: dict[tuple[str, int, int], str] = {}
+
+
+def manifest_hash(run_dir: Path, stage: str) -> str | None:
+    """sha256 of a finished stage's ``_manifest.json`` (None when there is none); cached per file version."""
+    path = stage_dir(run_dir, stage) / MANIFEST
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    if key not in _hashes:
+        _hashes[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return _hashes[key]
+
+
 @contextlib.contextmanager
 def stage_output(
     run_dir: Path,
@@ -130,18 +182,20 @@ def stage_output(
     *,
     inputs: list[dict[str, Any]] | None = None,
     config: dict[str, Any] | None = None,
+    upstream: tuple[str, ...] = (),
 ) -> Iterator[StageOutput]:
     """Give a stage a private directory; on success, add the manifest and swap it into ``RUN_DIR/stage``.
 
     The manifest always carries: schema and project version, stage, creation time, inputs (path, size,
-    sha256), the resolved config and its hash, and row counts per table. The stage adds its own
+    sha256), the resolved config and its hash, the hashes of the ``upstream`` stages' manifests it was made
+    from (those present now, as the stage reads them), and row counts per table. The stage adds its own
     counts (buffers skipped, events lost, ...) to ``out.manifest``.
     On an exception the temporary directory is removed and the previous output stays untouched.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    for stale in run_dir.glob(f".{stage}.tmp-*"):
-        shutil.rmtree(stale, ignore_errors=True)
+    clean_leftovers(run_dir)
+    made_from = {s: h for s in upstream if (h := manifest_hash(run_dir, s)) is not None}
     tmp = run_dir / f".{stage}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     out = StageOutput(run_dir, stage, tmp)
@@ -157,6 +211,7 @@ def stage_output(
             "inputs": inputs or [],
             "config": config or {},
             "config_hash": canonical_hash(config or {}),
+            "upstream": made_from,
             "tables": parquet_row_counts(tmp),
         }
         manifest.update(out.manifest)
@@ -170,7 +225,7 @@ def stage_output(
 def _swap_into_place(tmp: Path, final: Path) -> None:
     old = None
     if final.exists():
-        old = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
+        old = final.with_name(f".{final.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         os.replace(final, old)
     os.replace(tmp, final)
     if old is not None:
@@ -192,6 +247,13 @@ def read_manifest(run_dir: Path, stage: str) -> dict[str, Any]:
             f"{path}: schema_version {version!r} is newer than this bootprof understands "
             f"({SCHEMA_VERSION}); upgrade bootprof (installed {__version__})"
         )
+    made_from = manifest.get("upstream") or {}
+    changed = [s for s, h in sorted(made_from.items()) if manifest_hash(run_dir, s) != h]
+    if changed:
+        raise ManifestError(
+            f"{path}: stale: {', '.join(f'{s}/' for s in changed)} {'was' if len(changed) == 1 else 'were'} "
+            f"written again after this '{stage}' output was made from {'it' if len(changed) == 1 else 'them'}; "
+            f"run the '{stage}' stage again")
     return manifest
 
 

@@ -50,7 +50,9 @@ def run(run_dir: Path, config, pool, inputs=None) -> dict[str, Any]:
     decoded = read_manifest(run_dir, SOURCE)
     summary: dict[str, Any] = {}
     source = [{"stage": SOURCE, "path": str(stage_dir(run_dir, SOURCE)), "created_utc": decoded.get("created_utc")}]
-    with stage_output(run_dir, STAGE, inputs=source, config=config.resolved()) as out:
+    if has_table(run_dir, "symbolized", "frames"):
+        read_manifest(run_dir, "symbolized")        # (refuses frames made from another decode)
+    with stage_output(run_dir, STAGE, inputs=source, config=config.resolved(), upstream=(SOURCE, "symbolized")) as out:
         ctx = Context(run_dir, config, pool, out, decoded)
         for section in SECTIONS:
             result = _run_section(section, ctx)

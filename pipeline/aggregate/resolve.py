@@ -50,6 +50,7 @@ def duckdb_for(ctx):
     """A DuckDB connection for one section: at most ``aggregate.memory_limit`` of memory; beyond it joins
     and sorts spill into a hidden directory of the run, removed when the connection goes away. (A section
     that needs more even so fails: the stage names the setting, ``pipeline.aggregate.run``.)"""
+    import os
     import shutil
     import tempfile
     import weakref
@@ -58,7 +59,8 @@ def duckdb_for(ctx):
 
     from pipeline.config import parse_size
 
-    spill = tempfile.mkdtemp(prefix=".aggregate-spill-", dir=ctx.run_dir)
+    # (named with this process: the next stage run removes it if a kill left it behind, runs.clean_leftovers)
+    spill = tempfile.mkdtemp(prefix=f".aggregate-spill-{os.getpid()}-", dir=ctx.run_dir)
     con = duckdb.connect(config={"preserve_insertion_order": False, "temp_directory": spill,
                                  "memory_limit": f"{parse_size(ctx.config.aggregate.memory_limit)}B"})
     weakref.finalize(con, shutil.rmtree, spill, True)

@@ -92,7 +92,7 @@ def run(run_dir: Path, config, pool, inputs=None) -> dict[str, Any]:
     aggregated = read_manifest(run_dir, "aggregated")
     source = [{"stage": "aggregated", "path": str(stage_dir(run_dir, "aggregated")),
                "created_utc": aggregated.get("created_utc")}]
-    with stage_output(run_dir, STAGE, inputs=source, config=config.resolved()) as out:
+    with stage_output(run_dir, STAGE, inputs=source, config=config.resolved(), upstream=("decoded", "aggregated")) as out:
         ctx = Context(run_dir, config, pool, out)
         ctx.copy_static("report.css")
         sections = [s for s in (fn(ctx) for fn in SECTIONS) if s is not None]
