@@ -8,7 +8,10 @@ STAMP  := $(VENV)/.installed
 JOB    ?= jobs/demo.yaml
 RUN    ?=
 
-.PHONY: install system-deps pipeline test bench clean
+FUZZ_BUDGET ?= 1800
+FUZZ_SEED   ?= 0
+
+.PHONY: install system-deps pipeline test bench fuzz clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +33,11 @@ test: install system-deps
 
 bench: install
 	$(PY) bench/run.py
+
+# Damage the fixtures and small synthesized traces in reproducible ways for FUZZ_BUDGET seconds (not part of
+# make test, which runs a short smoke of it): any traceback, or records lost with no error, fails.
+fuzz: install
+	$(PY) scripts/fuzz.py --mutations 100000 --seed $(FUZZ_SEED) --budget $(FUZZ_BUDGET)
 
 clean:
 	rm -rf runs demo bench/out .pytest_cache

@@ -8,12 +8,16 @@ Default input: every ``.etl`` and ``.mm_profdata`` under ``../shared/fixtures``,
 synthesized traces (``SYNTH``: plain, XPRESS, stack keys, 32-bit with both), which hold what no fixture has:
 heap snapshots, heap and VirtualAlloc events in numbers (``--no-synth`` leaves them out). Each mutation is one
 of: bit flips, 4-byte fields set to 0 / 0xFFFFFFFF / 0x7FFFFFFF / 0x80000000 / a random value, 8-byte fields
-set to 2^63 / 2^64 - 1 / a random value, a field of an ETL buffer header, truncation, a zeroed range, a range
-copied elsewhere; ``--header`` damages only the first 512 bytes (an ETL file's logfile header). The damaged
+set to 2^63 / 2^64 - 1 / a random value, a field of an ETL buffer header, truncation (anywhere, or exactly at
+a buffer boundary), a zeroed range or buffer header, a range or a whole buffer copied elsewhere; ``--header`` damages only the first 512 bytes (an ETL file's logfile header). The damaged
 file is decoded in this process (``cluster.mode: synchronous``), then, if it decoded, run through the other
-``--stages`` (symbolize offline). Prints one line per failure (file, seed, mutation, exception), one per run
-over ``--slow`` seconds, and a summary; exit status 1 if anything failed. ``-v`` prints each run before it
-starts, so that a crash of the process or a hang names its run. A mutation is reproducible from its seed.
+``--stages`` (symbolize offline). A damaged ETL trace that decodes fewer records than the intact one with no
+``errors`` row and nothing counted missing is a *silent loss*. Prints one line per failure (file, seed,
+mutation, exception), per silent loss, per run over ``--slow`` seconds, and a summary; exit status 1 if
+anything failed or was lost silently. ``--budget S`` shares S seconds among the files: a file's runs stop when
+its share is spent (``make fuzz``: 30 minutes, ``FUZZ_BUDGET``).
+``-v`` prints each run before it starts, so that a crash of the process or a hang names its run. A mutation
+is reproducible from its seed.
 
 A failure on a synthesized trace is reproduced with no inputs, ``--seed S --mutations 1``.
 
@@ -57,7 +61,8 @@ def mutate(data: bytes, rng: random.Random, header: bool, buffers: list[int]) ->
             else:
                 b[i] ^= 1 << rng.randrange(8)
         return "header", bytes(b)
-    kind = rng.choice(["flip", "field", "field64", "trunc", "zero", "copy"] + (["buffer"] if buffers else []))
+    kind = rng.choice(["flip", "field", "field64", "trunc", "zero", "copy"]
+                      + (["buffer", "cut_at_buffer", "zero_header", "copy_buffer"] if buffers else []))
     lo = 0 if rng.random() < 0.15 else min(len(b) - 1, 0x200)
     if kind == "flip":
         for _ in range(rng.randint(1, 30)):
@@ -75,6 +80,18 @@ def mutate(data: bytes, rng: random.Random, header: bool, buffers: list[int]) ->
         for _ in range(rng.randint(1, 3)):
             i = rng.choice(buffers) + (rng.randrange(0, 0x48) & ~3)
             b[i:i + 4] = rng.choice(FIELD_VALUES + (rng.getrandbits(32),)).to_bytes(4, "little")
+    elif kind == "cut_at_buffer":
+        b = b[:rng.choice(buffers)]
+    elif kind == "zero_header":
+        i = rng.choice(buffers)
+        b[i:i + 0x48] = bytes(min(0x48, len(b) - i))
+    elif kind == "copy_buffer" and len(buffers) > 1:
+        k = rng.randrange(len(buffers) - 1)
+        i, j = buffers[k], buffers[k + 1]
+        size = j - i
+        dest = rng.choice(buffers)
+        if dest + size <= len(b):
+            b[dest:dest + size] = data[i:j]
     elif kind == "trunc":
         b = b[:rng.randrange(1, len(b))]
     elif kind == "zero":
@@ -98,6 +115,7 @@ def main() -> int:
     ap.add_argument("--slow", type=float, default=20.0, help="report runs longer than this (seconds)")
     ap.add_argument("--no-synth", action="store_true", help="leave out the synthesized traces")
     ap.add_argument("-v", "--verbose", action="store_true", help="print each run before it starts")
+    ap.add_argument("--budget", type=float, default=None, help="start no run after this many seconds")
     args = ap.parse_args()
 
     from pipeline import aggregate, decode, report, symbolize
@@ -126,13 +144,17 @@ def main() -> int:
     config = Config()
     config.cluster.mode = "synchronous"
     config.symbolize.symbol_path, config.symbolize.cache_dir = "", work / "symbols"
-    failures = runs = 0
+    failures = runs = silent = 0
     try:
         for src in files:
             data = src.read_bytes()
             buffers = walk(src)[1]["file_offset"][1:].tolist() if src.suffix == ".etl" else []
+            intact = records_of(src, work / "intact", config) if src.suffix == ".etl" else None
             damaged = work / f"damaged{src.suffix}"
+            file_began = time.monotonic()
             for seed in range(args.seed, args.seed + args.mutations):
+                if args.budget is not None and time.monotonic() - file_began > args.budget / len(files):
+                    break
                 kind, blob = mutate(data, random.Random(seed), args.header, buffers)
                 damaged.write_bytes(blob)
                 if args.verbose:
@@ -143,6 +165,9 @@ def main() -> int:
                 runs += 1
                 try:
                     decode.run(run, config, Pool(None), inputs=[damaged])
+                    if intact is not None and lost_silently(run, intact):
+                        silent += 1
+                        print(f"SILENT {src} seed {seed} ({kind}): {lost_silently(run, intact)}", flush=True)
                     for module in stages:
                         stage = module.__name__.rsplit(".", 1)[-1]
                         module.run(run, config, Pool(None))
@@ -157,8 +182,31 @@ def main() -> int:
                     print(f"SLOW {src} seed {seed} ({kind}): {time.monotonic() - start:.1f} s", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"fuzz: {runs} damaged runs of {len(files)} files, {failures} failures")
-    return 1 if failures else 0
+    print(f"fuzz: {runs} damaged runs of {len(files)} files, {failures} failures, {silent} silent losses")
+    return 1 if failures or silent else 0
+
+
+def records_of(trace: Path, run: Path, config) -> int:
+    """Records the decoder finds in an intact trace."""
+    from pipeline import decode
+    from pipeline.cluster import Pool
+    from pipeline.runs import read_manifest
+
+    shutil.rmtree(run, ignore_errors=True)
+    decode.run(run, config, Pool(None), inputs=[trace])
+    return int(read_manifest(run, "decoded")["etl"]["records"])
+
+
+def lost_silently(run: Path, intact: int) -> str | None:
+    """What a damaged trace's decode lost without a word: fewer records than the intact trace, no errors row and
+    no buffer counted missing (None when nothing was)."""
+    from pipeline.runs import read_manifest
+
+    m = read_manifest(run, "decoded")
+    etl = m.get("etl", {})
+    if etl.get("records", 0) < intact and not m.get("errors_total") and not etl.get("buffers_missing"):
+        return f"{etl.get('records')} of {intact} records, no error"
+    return None
 
 
 if __name__ == "__main__":
