@@ -11,8 +11,9 @@ of: bit flips, 4-byte fields set to 0 / 0xFFFFFFFF / 0x7FFFFFFF / 0x80000000 / a
 set to 2^63 / 2^64 - 1 / a random value, a field of an ETL buffer header, truncation (anywhere, or exactly at
 a buffer boundary), a zeroed range or buffer header, a range or a whole buffer copied elsewhere; ``--header`` damages only the first 512 bytes (an ETL file's logfile header). The damaged
 file is decoded in this process (``cluster.mode: synchronous``), then, if it decoded, run through the other
-``--stages`` (symbolize offline). A damaged ETL trace that decodes fewer records than the intact one with no
-``errors`` row and nothing counted missing is a *silent loss*. Prints one line per failure (file, seed,
+``--stages`` (symbolize offline). A damaged ETL trace that decodes fewer buffers than the intact one with no
+``errors`` row and nothing counted missing is a *silent loss*. (Records overwritten by bytes that are valid
+records themselves cannot be told from real ones: ETL has no checksums; the fuzzer counts buffers.) Prints one line per failure (file, seed,
 mutation, exception), per silent loss, per run over ``--slow`` seconds, and a summary; exit status 1 if
 anything failed or was lost silently. ``--budget S`` shares S seconds among the files: a file's runs stop when
 its share is spent (``make fuzz``: 30 minutes, ``FUZZ_BUDGET``).
@@ -85,13 +86,13 @@ def mutate(data: bytes, rng: random.Random, header: bool, buffers: list[int]) ->
     elif kind == "zero_header":
         i = rng.choice(buffers)
         b[i:i + 0x48] = bytes(min(0x48, len(b) - i))
-    elif kind == "copy_buffer" and len(buffers) > 1:
-        k = rng.randrange(len(buffers) - 1)
-        i, j = buffers[k], buffers[k + 1]
-        size = j - i
-        dest = rng.choice(buffers)
-        if dest + size <= len(b):
-            b[dest:dest + size] = data[i:j]
+    elif kind == "copy_buffer":
+        if len(buffers) > 1:
+            k = rng.randrange(len(buffers) - 1)
+            i, j = buffers[k], buffers[k + 1]
+            dest = rng.choice(buffers)
+            if dest + j - i <= len(b):
+                b[dest:dest + j - i] = data[i:j]
     elif kind == "trunc":
         b = b[:rng.randrange(1, len(b))]
     elif kind == "zero":
@@ -187,25 +188,27 @@ def main() -> int:
 
 
 def records_of(trace: Path, run: Path, config) -> int:
-    """Records the decoder finds in an intact trace."""
+    """Buffers the decoder decodes in an intact trace."""
     from pipeline import decode
     from pipeline.cluster import Pool
     from pipeline.runs import read_manifest
 
     shutil.rmtree(run, ignore_errors=True)
     decode.run(run, config, Pool(None), inputs=[trace])
-    return int(read_manifest(run, "decoded")["etl"]["records"])
+    etl = read_manifest(run, "decoded")["etl"]
+    return int(etl["buffers_total"] - etl["buffers_skipped"])
 
 
 def lost_silently(run: Path, intact: int) -> str | None:
-    """What a damaged trace's decode lost without a word: fewer records than the intact trace, no errors row and
-    no buffer counted missing (None when nothing was)."""
+    """What a damaged trace's decode lost without a word: fewer buffers decoded than in the intact trace, no errors
+    row and no buffer counted missing (None when nothing was)."""
     from pipeline.runs import read_manifest
 
     m = read_manifest(run, "decoded")
     etl = m.get("etl", {})
-    if etl.get("records", 0) < intact and not m.get("errors_total") and not etl.get("buffers_missing"):
-        return f"{etl.get('records')} of {intact} records, no error"
+    decoded = etl.get("buffers_total", 0) - etl.get("buffers_skipped", 0)
+    if decoded < intact and not m.get("errors_total") and not etl.get("buffers_missing"):
+        return f"{decoded} of {intact} buffers decoded, no error"
     return None
 
 
