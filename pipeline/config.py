@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from pipeline.errors import ConfigError
 from pipeline.runs import canonical_hash
@@ -96,6 +96,31 @@ class SynthConfig(Section):
         None, ge=1, le=100_000, description="How many call-stack templates the simulated processes draw from, as "
         "a multiple of the smallest set (null: 1 to 8 by size, ~1,100 distinct stacks at 1 GB; 2000: ~250,000, "
         "nearer a real rustc build's).")
+    rerun: int = Field(0, ge=0, description="Re-run of the same build: 0 is the build as the seed makes it; any other "
+                       "number is that build run again, with run-to-run noise (`noise`) and new sampling.")
+    noise: float = Field(0.03, ge=0, le=0.5, description="Relative standard deviation of each process's work from one "
+                         "re-run to the next (half of it again for the whole machine); re-runs only.")
+    inject: list[str] = Field(default_factory=list, description="Changes injected into this run, each "
+                              "'crate:NAME:FACTOR' (the rustc of crate NAME works FACTOR times as long), "
+                              "'function:NAME:FACTOR' (stacks through function NAME are sampled FACTOR times as often) "
+                              "or 'commit:NAME:FACTOR' (VirtualAlloc commits of stacks through NAME are FACTOR times "
+                              "as large); NAME as the function reads demangled, e.g. rustc_middle::ty::context::TyCtxt::"
+                              "mk_ty_from_kind.")
+
+    @field_validator("inject")
+    @classmethod
+    def _changes(cls, v: list[str]) -> list[str]:
+        for item in v:
+            kind, _, rest = item.partition(":")
+            name, _, factor = rest.rpartition(":")
+            try:
+                ok = kind in ("crate", "function", "commit") and name and float(factor) > 0
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ValueError(f"{item!r}: expected crate:NAME:FACTOR, function:NAME:FACTOR or commit:NAME:FACTOR "
+                                 "with FACTOR > 0")
+        return v
 
 
 class SymbolizeConfig(Section):
@@ -149,8 +174,13 @@ class WarehouseConfig(Section):
                        "(relative paths are relative to the working directory).")
     labels: dict[str, str] = Field(
         default_factory=dict, description="Labels stored with each run this config ingests (e.g. machine: ci-win-1, "
-        "branch: master); `bootprof warehouse ingest --label k=v` adds more.",
+        "branch: master, workload: stage2-x86_64-msvc); `bootprof warehouse ingest --label k=v` adds more. A "
+        "'workload' label names what was built (runs compare only within a job and workload).",
     )
+    lock_timeout_s: float = Field(300.0, gt=0, description="How long a connection waits for another process's "
+                                  "lock on the warehouse (an ingest beside another) before it fails.")
+    budget_pct: float = Field(5.0, ge=0, description="`warehouse compare` exits 1 when a significant regression is "
+                              "at least this many percent (a nightly job fails on it).")
 
 
 class Config(Section):

@@ -93,7 +93,7 @@ def test_cli_overrides_config(tmp_path):
     summary = json.loads(r.stdout)
     truth = json.loads((tmp_path / "cli.truth.json").read_text())
     assert truth["config"] == {"seed": 2, "size": "1MB", "cpus": 2, "compress": True, "pointer_size": 4,
-                               "stack_caching": True, "stack_variety": 3}
+                               "stack_caching": True, "stack_variety": 3, "rerun": 0, "noise": 0.03, "inject": []}
     assert summary["bytes"] == out.stat().st_size
     bad = subprocess.run([sys.executable, "-c", "from pipeline.cli import main; raise SystemExit(main())",
                           "synth", "--out", str(out), "--cpus", "0"], cwd=ROOT, capture_output=True, text=True)

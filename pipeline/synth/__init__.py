@@ -19,15 +19,24 @@ def run(out: Path, cfg) -> dict[str, Any]:
     from pipeline.config import parse_size
     from pipeline.runs import atomic_write_text
     from pipeline.synth import activity, truth, writer
-    from pipeline.synth.workload import build_workload
+    from pipeline.synth.workload import Rerun, build_workload, templates_through
 
     started = time.perf_counter()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     target = parse_size(cfg.size)
     p = int(cfg.pointer_size)
-    w = build_workload(cfg.seed, cfg.cpus, p, target, cfg.stack_caching, cfg.stack_variety)
-    heaps, virtuals, snaps = activity.heap_and_virtual(w, cfg.seed)
+    changes = [(kind, name, float(factor)) for kind, name, factor in
+               (c.split(":", 1)[:1] + c.split(":", 1)[1].rsplit(":", 1) for c in cfg.inject)]
+    rerun = Rerun(cfg.rerun, cfg.noise, tuple((n, f) for k, n, f in changes if k == "crate"))
+    w = build_workload(cfg.seed, cfg.cpus, p, target, cfg.stack_caching, cfg.stack_variety, rerun)
+    for _, name, factor in (c for c in changes if c[0] == "function"):
+        w.pools.favor(templates_through(w, name), factor)
+    commit_factor: dict[int, float] = {}
+    for _, name, factor in (c for c in changes if c[0] == "commit"):
+        for t in templates_through(w, name):
+            commit_factor[t] = commit_factor.get(t, 1.0) * factor
+    heaps, virtuals, snaps = activity.heap_and_virtual(w, cfg.seed, cfg.rerun, cfg.noise, commit_factor)
     heap_of = {h.proc: h for h in heaps}
     rng = np.random.default_rng([cfg.seed, 11])
     blobs, snap_truth = [], []
@@ -59,7 +68,8 @@ def run(out: Path, cfg) -> dict[str, Any]:
     tmp = out.with_name(f".{out.name}.tmp")
     with open(tmp, "wb") as f:
         written = writer.write_trace(f, w, events, structure, seed=cfg.seed, compress=cfg.compress,
-                                     stack_caching=cfg.stack_caching, target_bytes=target, on_samples=counter)
+                                     stack_caching=cfg.stack_caching, target_bytes=target, on_samples=counter,
+                                     rerun=cfg.rerun)
     tmp.replace(out)
     symbols = out.parent / "symbols"
     n_sym = truth.write_symbols(w, symbols)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.synth import layout as L
-from pipeline.synth.workload import HEAP_RATE, MARGIN, SAMPLE_PERIOD, VA_RATE, Workload
+from pipeline.synth.workload import HEAP_RATE, MARGIN, SAMPLE_PERIOD, VA_RATE, Workload, _seeded_hash
 
 
 def cpu_phase(c: int) -> int:
@@ -121,17 +121,24 @@ def _blocks_times(rng, pool: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return out
 
 
-def heap_and_virtual(w: Workload, seed: int):
-    """Per rustc process: heap blocks, VirtualAlloc blocks and snapshot times."""
-    rng = np.random.default_rng([seed, 7])
+def heap_and_virtual(w: Workload, seed: int, rerun: int = 0, noise: float = 0.0,
+                     commit_factor: dict[int, float] | None = None):
+    """Per rustc process: heap blocks, VirtualAlloc blocks and snapshot times.
+
+    What a process allocates depends on what it compiles, not on how long the machine took: each process draws
+    from its own generator, as many blocks as its work in the original build asks for. A re-run (``rerun`` > 0)
+    lays them out in its own (noisy) time and varies each commit's size by ``noise / 3``; ``commit_factor``
+    scales the VirtualAlloc sizes of the stack templates it names (an injected change)."""
     p = w.pointer_size
     heaps, virtuals, snaps = [], [], []
     for q in w.procs:
         if q.kind != "rustc":
             continue
+        who = _seeded_hash(q.stage, q.crate, q.cmdline) & 0xFFFF_FFFF     # (the same process in every re-run)
+        rng = np.random.default_rng([seed, 7, who])
         segs = [s for s in w.segments if s.proc == q.index]
         lo, hi = min(s.start for s in segs) + MARGIN, max(s.end for s in segs) - MARGIN
-        secs = (hi - lo) / L.PERF_FREQ
+        secs = (hi - lo) / L.PERF_FREQ / q.work
         nb = max(8, int(HEAP_RATE * secs / 1.8))
         nv = max(3, int(VA_RATE * secs / 1.6))
         kinds = rng.choice(4, size=nb, p=[0.3, 0.5, 0.05, 0.15])  # alloc | alloc+free | alloc+realloc | all three
@@ -166,6 +173,11 @@ def heap_and_virtual(w: Workload, seed: int):
         codegen = rng.random(nv) < 0.35
         vsize = np.where(codegen, rng.integers(16, 256, nv), rng.integers(1, 16, nv)) * 0x10000
         vtmpl = np.where(codegen, w.pools.draw(f"va_codegen/{stage}", rng, nv), w.pools.draw(f"va_other/{stage}", rng, nv))
+        if rerun:
+            jitter = np.exp(np.random.default_rng([seed, 8, who, rerun]).normal(0.0, noise / 3, nv))
+            vsize = np.maximum(1, np.round(vsize * jitter / 0x10000)).astype(np.int64) * 0x10000
+        for t, factor in (commit_factor or {}).items():
+            vsize = np.where(vtmpl == t, np.maximum(1, np.round(vsize * factor / 0x10000)).astype(np.int64) * 0x10000, vsize)
         vflags = np.where(rng.random(nv) < 0.8, L.MEM_COMMIT | L.MEM_RESERVE, L.MEM_COMMIT)
         span = (1 << 40) if p == 8 else (1 << 30)
         vbase = ((0x0000_0200_0000_0000 if p == 8 else 0x4000_0000) + (np.cumsum(vsize) - vsize) % span)

@@ -1,7 +1,9 @@
 """``bootprof synth --out demo.etl [--seed N] [--size 1GB] [--cpus 16] [--compress] [--pointer-size 4|8] [--stack-caching]
-[--stack-variety N]``
+[--stack-variety N] [--rerun K [--noise X]] [--inject KIND:NAME:FACTOR ...]``
 
-Flags override the ``synth`` section of the config.
+Flags override the ``synth`` section of the config. ``--rerun K`` writes the same build run again (K > 0) with
+run-to-run noise; ``--inject`` adds known changes (a slower crate, a function sampled more, a stack committing
+more), so a history of nightly runs with known answers is a loop over K.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ def add_arguments(p) -> None:
                    "1-8 by size, ~1,100 distinct stacks at 1 GB; 2000: ~250,000)")
     p.add_argument("--stack-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="stack keys (StackKeyUser/Kernel + KeyDelete/KeyRundown) instead of full StackWalk events")
+    p.add_argument("--rerun", type=int, help="re-run K of the same build (0: the original), with run-to-run noise")
+    p.add_argument("--noise", type=float, help="relative standard deviation of each process's work between re-runs")
+    p.add_argument("--inject", action="append", metavar="KIND:NAME:FACTOR",
+                   help="a known change: crate:NAME:FACTOR, function:NAME:FACTOR or commit:NAME:FACTOR (repeatable)")
 
 
 def main(args, config) -> int:
@@ -32,7 +38,8 @@ def main(args, config) -> int:
 
     overrides = {k: v for k, v in (("seed", args.seed), ("size", args.size), ("cpus", args.cpus),
                                    ("compress", args.compress), ("pointer_size", args.pointer_size),
-                                   ("stack_caching", args.stack_caching), ("stack_variety", args.stack_variety))
+                                   ("stack_caching", args.stack_caching), ("stack_variety", args.stack_variety),
+                                   ("rerun", args.rerun), ("noise", args.noise), ("inject", args.inject))
                  if v is not None}
     from pydantic import ValidationError
 

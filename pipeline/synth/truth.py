@@ -23,7 +23,7 @@ from pipeline.synth.workload import Workload
 
 TRUTH_FORMAT = 1
 #: bumped whenever the same seed and config would give different bytes (benchmarks reuse traces by it)
-GENERATOR_VERSION = 7
+GENERATOR_VERSION = 8
 
 
 def ns(w: Workload, raw: int) -> int:

@@ -345,6 +345,26 @@ class Pools:
     def draw(self, name: str, rng, n: int) -> np.ndarray:
         return self.ids[name][rng.choice(len(self.ids[name]), size=n, p=self.weights[name])]
 
+    def favor(self, templates: set[int], factor: float) -> None:
+        """Draw the ``templates`` ``factor`` times as often, in every pool that holds them (an injected change)."""
+        for name, ids in self.ids.items():
+            hit = np.isin(ids, list(templates))
+            if hit.any() and not hit.all():
+                w = np.where(hit, self.weights[name] * factor, self.weights[name])
+                self.weights[name] = w / w.sum()
+
+
+def templates_through(w: "Workload", name: str) -> set[int]:
+    """Stack templates with a frame in a function named ``name`` (its plain, demangled name) in any image; a
+    ConfigError when there is none, so that an injected change cannot miss silently."""
+    from pipeline.errors import ConfigError
+
+    fids = {fid for (_, plain), fid in w.catalog.by_name.items() if plain == name}
+    out = {t for t, funcs in enumerate(w.stacks.funcs) if fids and np.isin(funcs, list(fids)).any()}
+    if not out:
+        raise ConfigError(f"synth.inject: no call stack goes through a function named {name!r}")
+    return out
+
 
 def build_stacks(rng, cat: Catalog, ids: dict[str, int], scale: int) -> tuple[Stacks, Pools]:
     st, pools = Stacks(), Pools()
@@ -478,6 +498,7 @@ class Proc:
     rundown: bool = False           # running before the trace started (DCStart) / after it stopped (DCEnd)
     crate: str | None = None
     index: int = 0                  # position in Workload.procs
+    work: float = 1.0               # its work relative to the original build (a re-run's noise, an injected change)
 
 
 @dataclass
@@ -517,11 +538,32 @@ class Workload:
     duration_s: float = 0.0                    # simulated duration the schedule was scaled to
 
 
+@dataclass(frozen=True)
+class Rerun:
+    """A re-run of the build (``SynthConfig.rerun``, ``noise``, ``inject``): each job's work is scaled by its own
+    noise, the machine's, and the injected factors of its crate; the trace's size target only sets the time
+    scale of the original build, so a slower re-run takes longer instead of being scaled back."""
+
+    index: int = 0
+    noise: float = 0.0
+    crates: tuple[tuple[str, float], ...] = ()
+
+    def factors(self, seed: int, jobs: list) -> np.ndarray:
+        out = np.ones(len(jobs))
+        if self.index:
+            rng = np.random.default_rng([seed, 101, self.index])
+            out *= np.exp(rng.normal(0.0, self.noise / 2)) * np.exp(rng.normal(0.0, self.noise, len(jobs)))
+        for crate, factor in self.crates:
+            out *= np.array([factor if j[1] == "rustc" and j[2] == crate else 1.0 for j in jobs])
+        return out
+
+
 def build_workload(seed: int, cpus: int, p: int, target_bytes: int, stack_caching: bool = False,
-                   stack_variety: int | None = None) -> Workload:
+                   stack_variety: int | None = None, rerun: Rerun = Rerun()) -> Workload:
     """Schedule the build so that the trace comes out near ``target_bytes``: a first pass with an
     estimated duration, then a second one scaled by what the first pass's schedule would write.
-    ``stack_variety`` multiplies the call-stack templates (default: 1 to 8 by size)."""
+    ``stack_variety`` multiplies the call-stack templates (default: 1 to 8 by size). ``rerun`` changes the work
+    of the jobs after the time scale is set (the original build's)."""
     w, per_busy_s, per_idle_s = _build(seed, cpus, p, target_bytes, stack_caching, None, stack_variety)
     span_s = (w.t_end - w.t0) / L.PERF_FREQ
     busy_s = sum(s.end - s.start for s in w.segments) / L.PERF_FREQ
@@ -532,11 +574,11 @@ def build_workload(seed: int, cpus: int, p: int, target_bytes: int, stack_cachin
         sum(12_000 for q in w.procs if q.kind == "rustc") + 3 * cpus * 32_768
     scaled = max(target_bytes - fixed, target_bytes / 4)
     return _build(seed, cpus, p, target_bytes, stack_caching, w.duration_s * scaled / max(estimate, 1.0),
-                  stack_variety)[0]
+                  stack_variety, rerun)[0]
 
 
 def _build(seed: int, cpus: int, p: int, target_bytes: int, stack_caching: bool, duration: float | None,
-           stack_variety: int | None = None):
+           stack_variety: int | None = None, rerun: Rerun = Rerun()):
     rng = np.random.default_rng(seed)
     scale = stack_variety or int(np.clip(target_bytes // (64 << 20), 1, 8))
     cat, ids = build_catalog(rng, p)
@@ -586,8 +628,8 @@ def _build(seed: int, cpus: int, p: int, target_bytes: int, stack_caching: bool,
     for k, (phase, stage, crates) in enumerate(PHASES):
         for crate, weight, kind in crates:
             if "build" in kind:
-                jobs.append((k, "build", crate, 0.3 * float(rng.uniform(0.5, 1.5)), kind))
-            jobs.append((k, "rustc", crate, weight * float(rng.uniform(0.6, 1.4)), kind))
+                jobs.append((k, "build", crate, 0.3 * float(rng.uniform(0.5, 1.5)), kind, 1.0))
+            jobs.append((k, "rustc", crate, weight * float(rng.uniform(0.6, 1.4)), kind, 1.0))
     # makespan of the list schedule in weight units; with more CPUs than the build can use, lanes idle
     nominal = 0.0
     for k in range(len(PHASES)):
@@ -600,6 +642,8 @@ def _build(seed: int, cpus: int, p: int, target_bytes: int, stack_caching: bool,
     rate = busy * per_cpu_second + max(0.0, cpus - busy) * 1000 * idle_sample
     duration_s = max(0.5, target_bytes / (rate * 1.1)) if duration is None else max(0.5, duration)
     unit = (duration_s * L.PERF_FREQ) / (nominal * 1.25)
+    if rerun != Rerun():
+        jobs = [(*j[:3], j[3] * f, j[4], f) for j, f in zip(jobs, rerun.factors(seed, jobs))]
     procs: list[Proc] = []
     segments: list[Segment] = []
     python = Proc(pid=next(pid_pool), ppid=int(next(pid_pool)), name="python.exe",
@@ -634,7 +678,7 @@ def _build(seed: int, cpus: int, p: int, target_bytes: int, stack_caching: bool,
         procs.append(cargo)
         segments.append(Segment(0, t + MARGIN, t + resolve - MARGIN, len(procs) - 1, "cargo"))
         lane_free[:] = t + resolve
-        for ph, kind, crate, weight, ckind in [j for j in jobs if j[0] == k]:
+        for ph, kind, crate, weight, ckind, work in [j for j in jobs if j[0] == k]:
             c = int(np.argmin(lane_free))
             s = int(lane_free[c]) + 4 * int(rng.integers(200, 4000))
             dur = max(4 * MARGIN + 8 * SAMPLE_PERIOD, int(weight * unit))
@@ -652,7 +696,7 @@ def _build(seed: int, cpus: int, p: int, target_bytes: int, stack_caching: bool,
                           cmdline=_cmdline_rustc(crate, ckind, stage, phase, h), start=s, end=s + dur,
                           tids=tids(int(rng.integers(2, 5)), s),
                           images=[ids[f"rustc.exe/{stage}"], ids[f"rustc_driver/{stage}"], ids[f"std/{stage}"]]
-                          + sys_images, kind="rustc", cpu=c, stage=stage, crate=crate)
+                          + sys_images, kind="rustc", cpu=c, stage=stage, crate=crate, work=work)
                 procs.append(pr)
                 ri = len(procs) - 1
                 link = ckind in ("dylib", "dylib+build", "bin")

@@ -333,7 +333,7 @@ def header_buffer(record: bytes) -> bytes:
 
 
 def write_trace(f, w: Workload, events: EventTables, structure: Structure, *, seed: int, compress: bool,
-                stack_caching: bool, target_bytes: int, on_samples) -> dict:
+                stack_caching: bool, target_bytes: int, on_samples, rerun: int = 0) -> dict:
     """Write the whole trace to the open binary file ``f``; returns counts. ``on_samples(Samples)`` sees
     every window's samples (for the ground truth)."""
     p = w.pointer_size
@@ -344,7 +344,7 @@ def write_trace(f, w: Workload, events: EventTables, structure: Structure, *, se
     half_u = half_k.copy()
     for t, (k, u) in w.stacks.halves.items():
         half_k[t], half_u[t] = k, u
-    rng = np.random.default_rng([seed, 3])
+    rng = np.random.default_rng([seed, 3] + ([rerun] if rerun else []))      # (a re-run samples anew)
     f.write(header_buffer(logfile_header_record(w, compress=compress, buffers=0, end_ts=w.t_end)))
     n_win = max(3, -(-target_bytes // WINDOW_BYTES))
     span = w.t_end - w.t0
