@@ -127,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("bootprof: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # (whoever read the output went away, as `| head` does: nothing more to say; 128 + SIGPIPE, as a shell does)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 def entry() -> NoReturn:

@@ -3,6 +3,7 @@ baselines, significance and the CLI."""
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import duckdb
@@ -14,7 +15,8 @@ from pipeline import warehouse
 from pipeline.cli import main as cli_main
 from pipeline.config import Config
 from pipeline.runs import read_manifest, read_table
-from pipeline.warehouse.significance import (MIN_TIME_NS, SAMPLE_MIN_RELATIVE, SAMPLE_Z, significant_sql)
+from pipeline.warehouse.significance import (FIXED_RELATIVE, MIN_ABSOLUTE, SAMPLE_Z, significant_sql, threshold_sql,
+                                              z_sql)
 from tests.conftest import fixture_path
 from tests.synth_traces import VARIANTS
 from tests.test_aggregate_etl import synth_run
@@ -68,19 +70,32 @@ def q(db, sql, params=None):
 def test_significance_thresholds():
     con = duckdb.connect()
 
-    def sig(test, v, b):
-        return con.execute(f"SELECT {significant_sql(test, str(v), str(b))}").fetchone()[0]
+    def sig(test, v, b, threshold=None, n="NULL", m="NULL"):
+        t = f"'{test}'"
+        z = z_sql(t, str(v), str(b), str(n), str(m))
+        thr = str(threshold) if threshold is not None else threshold_sql(t, "0", "0", "0")
+        return con.execute(f"SELECT {significant_sql(t, str(v), str(b), f'({z})', thr)}").fetchone()[0]
 
-    assert SAMPLE_Z == 3.0 and SAMPLE_MIN_RELATIVE == 0.05
-    assert not sig("count", 130, 100)          # z = 1.98
-    assert sig("count", 150, 100)              # z = 3.16, +50%
-    assert sig("count", 50, 100)               # improvements are significant too (direction says which)
-    assert not sig("count", 102_000, 100_000)  # z = 4.45 but +2%
-    assert sig("count", 9, 0) and not sig("count", 8, 0)   # a new function: sqrt(v) >= 3
-    assert sig("time", 11_500_000, 10_000_000)
-    assert not sig("time", 6_000, 3_000)       # doubled, but below MIN_TIME_NS
-    assert not sig("time", 100_000_000 + MIN_TIME_NS, 100_000_000)   # +1%
+    def threshold(test, history, q1, q3):
+        return con.execute(f"SELECT {threshold_sql(repr(test), str(history), str(q1), str(q3))}").fetchone()[0]
+
+    assert SAMPLE_Z == 4.5 and FIXED_RELATIVE["count"] == 0.05
+    assert not sig("count", 150, 100)          # z = 3.16: within sampling error of thousands of metrics
+    assert sig("count", 200, 100)              # z = 5.77, +100%
+    assert sig("count", 40, 100)               # improvements are significant too (the verdict says which)
+    assert not sig("count", 102_000, 100_000)  # z = 4.45 and only +2%
+    assert sig("count", 21, 0) and not sig("count", 20, 0)   # a new function: sqrt(v) >= 4.5
+    # shares: a function at 10% of 100,000 samples going to 11% of 100,000 (z ~ 7.3)
+    assert sig("share", 0.11, 0.10, n=100_000, m=100_000) and not sig("share", 0.101, 0.10, n=100_000, m=100_000)
+    assert sig("time", 115_000_000, 100_000_000)
+    assert not sig("time", 6_000_000, 3_000_000)             # doubled, but below MIN_ABSOLUTE (10 ms)
+    assert not sig("time", 1_000_000_000 + MIN_ABSOLUTE["time"], 1_000_000_000)   # +1%
     assert sig("bytes", 300 << 20, 200 << 20) and not sig("bytes", 200 << 10, 100 << 10)
+    # with history, the threshold is Q3 + 3 IQR of the past relative changes, never below the test's floor
+    assert threshold("time", 3, 0.01, 0.02) == 0.10                     # too little history: fixed
+    assert threshold("time", 12, 0.01, 0.02) == pytest.approx(0.05)     # 0.02 + 3 x 0.01
+    assert threshold("time", 12, 0.0, 0.001) == pytest.approx(0.02)     # the floor
+    assert not sig("time", 140_000_000, 100_000_000, threshold=0.5) and sig("time", 160_000_000, 100_000_000, 0.5)
 
 
 def test_ingest_keeps_every_table_and_manifest(etl_run, tmp_path):
@@ -131,13 +146,15 @@ def test_regressions_against_the_previous_run_of_the_job(etl_run, tmp_path):
         # run_time comes from the decoded manifest; keep the copies in name order
         warehouse.ingest(db, run)
     baselines = dict(q(db, "SELECT run_id, baseline_run_id FROM run_baselines"))
+    assert len({w for (w,) in q(db, "SELECT workload FROM runs")}) == 1     # one build, one workload
     assert baselines == {"nightly-20260101-010000": None, "nightly-20260102-010000": "nightly-20260101-010000",
                          "nightly-20260103-010000": "nightly-20260102-010000", "demo-20260104-010000": None}
     assert q(db, "SELECT count(*) FROM regressions WHERE run_id = 'nightly-20260102-010000'")[0][0] == 0
     regs = q(db, """SELECT kind, key, baseline_value, value, z FROM regressions
                     WHERE run_id = 'nightly-20260103-010000' ORDER BY kind""")
     key = f"{big['module']}!{big['function']}"
-    assert {(r[0], r[1]) for r in regs} == {("cpu_function_self", key), ("cpu_function_inclusive", key)}
+    assert {(r[0], r[1]) for r in regs} == {(k, key) for k in ("cpu_function_self", "cpu_function_inclusive",
+                                                                "cpu_function_self_share", "cpu_function_inclusive_share")}
     self_row = next(r for r in regs if r[0] == "cpu_function_self")
     v, b = big["self_samples"] + big["self_samples"] // 2, big["self_samples"]
     assert self_row[2:4] == (b, v) and self_row[4] == pytest.approx((v - b) / (v + b) ** 0.5)
@@ -145,10 +162,15 @@ def test_regressions_against_the_previous_run_of_the_job(etl_run, tmp_path):
                      WHERE kind = 'cpu_function_inclusive' AND key = ?""", [f"{small['module']}!{small['function']}"])
     assert noise == [(False,)]
     # compare() with the default baseline, and against an explicit one
-    rows = warehouse.compare(db, "nightly-20260103-010000")
-    assert {r["key"] for r in rows} == {key} and all(r["direction"] == "regression" for r in rows)
+    c = warehouse.compare(db, "nightly-20260103-010000")
+    flagged = [r for r in c["headline"] + c["changes"] if r["verdict"] != "noise"]
+    assert {r["key"] for r in flagged} == {key} and all(r["verdict"] == "regression" for r in flagged)
+    assert c["changes"][0]["key"] == key                              # regressions first, by impact
     back = warehouse.compare(db, str(first), "nightly-20260103-010000")
-    assert {r["direction"] for r in back} == {"improvement"}
+    assert {r["verdict"] for r in back["changes"] if r["verdict"] != "noise"} == {"improvement"}
+    # the demo run is another job: no baseline, and compare says so
+    alone = warehouse.compare(db, "demo-20260104-010000")
+    assert alone["baseline_run_id"] is None and "no earlier run of job 'demo'" in alone["reason"]
 
 
 def test_self_profile_queries_are_metrics(profile_run, tmp_path):
@@ -176,11 +198,20 @@ def test_cli_ingest_query_compare(etl_run, tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].split() == ["run_id", "branch"]
     assert out[2].split() == ["nightly-20260101-010000", "master"] and len(out) == 4
-    assert cli_main(["warehouse", "--db", str(db), "compare", "--run", str(b)]) == 0
+    # a doubled function is a regression past the 5% budget: exit 1, the full name printed
+    assert cli_main(["warehouse", "--db", str(db), "compare", "--run", str(b)]) == 1
     out = capsys.readouterr().out
-    assert "vs baseline nightly-20260101-010000" in out and top["function"][:20] in out and "regression" in out
-    assert cli_main(["warehouse", "--db", str(db), "compare", "--run", "nightly-20260101-010000"]) == 2
-    assert "no earlier run" in capsys.readouterr().err
+    assert "vs baseline nightly-20260101-010000" in out and f"{top['module']}!{top['function']}" in out
+    assert "regression" in out and "build CPU (samples)" in out
+    assert cli_main(["warehouse", "--db", str(db), "compare", "--run", str(b), "--budget", "1000"]) == 0
+    md = tmp_path / "summary.md"
+    assert cli_main(["warehouse", "--db", str(db), "compare", "--run", str(b), "--format", "markdown",
+                     "--output", str(md), "--budget", "1000"]) == 0
+    text = md.read_text()
+    assert text.startswith("### bootprof: `nightly-20260102-010000` vs `nightly-20260101-010000`")
+    assert "| regression |" in text and f"`{top['module']}!{top['function']}`" in text
+    assert cli_main(["warehouse", "--db", str(db), "compare", "--run", "nightly-20260101-010000"]) == 0
+    assert "no earlier run of job 'nightly'" in capsys.readouterr().out
     assert cli_main(["warehouse", "--db", str(db), "query", "SELECT * FROM no_such_table"]) == 2
     assert cli_main(["warehouse", "--db", str(db), "ingest", "--run", str(a), "--label", "oops"]) == 2
 
@@ -212,4 +243,57 @@ def test_nightly_job_twice_then_compare(tmp_path, capsys):
     assert q(db, "SELECT count(DISTINCT trace_sha256) FROM runs")[0][0] == 1
     capsys.readouterr()
     assert cli_main(["--config", str(config), "warehouse", "compare", "--run", str(runs[1])]) == 0
-    assert "no significant changes" in capsys.readouterr().out
+    assert "0 regressions and 0 improvements" in capsys.readouterr().out
+
+
+def test_differential_flame_tree_is_right_at_every_level():
+    """Each node's baseline and run shares are the sums over the stacks under it, each run normalized by its own
+    total; a frame only one run has is kept (width from that run); children fit their parent."""
+    from pipeline.report.flame import PPM, diff_tree
+
+    base = [("p;a;x", 60), ("p;a;y", 20), ("p;b", 20)]              # 100 samples
+    run = [("p;a;x", 60), ("p;c", 140)]                              # 200 samples: b removed, c added
+    t = diff_tree(base, run)
+    nodes = {t["names"][n]: i for i, n in enumerate(t["n"])}
+    share = lambda i: (t["a"][i] / PPM, t["b"][i] / PPM)             # noqa: E731
+    assert share(nodes["a"]) == (0.8, 0.3) and share(nodes["x"]) == (0.6, 0.3)
+    assert share(nodes["b"]) == (0.2, 0.0) and share(nodes["c"]) == (0.0, 0.7)
+    assert share(nodes["p"]) == (1.0, 1.0)
+    for i in range(len(t["n"])):
+        kids = [j for j in range(len(t["n"])) if t["d"][j] == t["d"][i] + 1
+                and t["x"][i] <= t["x"][j] < t["x"][i] + t["w"][i]]
+        assert sum(t["w"][j] for j in kids) <= t["w"][i]
+        assert t["w"][i] >= max(t["a"][i], t["b"][i]) - len(kids) - 1            # (rounded to whole ppm)
+
+
+def test_compare_html_page_in_chromium(etl_run, tmp_path):
+    from tests.test_report_queries import dump_dom
+
+    db = tmp_path / "wh.duckdb"
+    a = copy_run(etl_run, tmp_path / "nightly-20260101-010000")
+    b = copy_run(etl_run, tmp_path / "nightly-20260102-010000")
+    top = read_table(etl_run, "aggregated", "cpu_by_function").to_pylist()[0]
+    scale_function(b, top, top["self_samples"])
+    for run in (a, b):
+        warehouse.ingest(db, run)
+    page = tmp_path / "compare.html"
+    assert cli_main(["warehouse", "--db", str(db), "compare", "--run", str(b), "--format", "html", "--output",
+                     str(page), "--budget", "1000"]) == 0
+    dom = dump_dom(page.as_uri(), tmp_path / "chrome")
+    assert "vs baseline nightly-20260101-010000" in dom and f"{top['module']}!{top['function']}" in dom
+    assert len(re.findall(r'<g class="frame"', dom)) > 20 and "change 0.00 points" in dom
+
+
+def test_prune_keeps_summaries_and_history(etl_run, tmp_path, capsys):
+    db = tmp_path / "wh.duckdb"
+    runs = [copy_run(etl_run, tmp_path / f"nightly-2026010{d}-010000") for d in range(1, 5)]
+    for run in runs:
+        warehouse.ingest(db, run)
+    metrics = q(db, "SELECT count(*) FROM run_metrics")[0][0]
+    assert cli_main(["warehouse", "--db", str(db), "prune", "--keep", "2"]) == 0
+    assert "pruned the detail of 2 runs" in capsys.readouterr().out
+    assert {r[0] for r in q(db, "SELECT DISTINCT run_id FROM cpu_by_function")} == {runs[2].name, runs[3].name}
+    assert q(db, "SELECT count(*) FROM runs")[0][0] == 4 and q(db, "SELECT count(*) FROM run_metrics")[0][0] == metrics
+    c = warehouse.compare(db, runs[1].name)          # a pruned run still compares with its (pruned) baseline
+    assert c["baseline_run_id"] == runs[0].name and len(c["changes"]) > 100
+    assert cli_main(["warehouse", "--db", str(db), "prune", "--keep", "0"]) == 2

@@ -24,25 +24,32 @@ STATIC = Path(__file__).with_name("static")
 MIN_FRACTION = 1e-4
 
 
-def build_tree(stacks: Iterable[tuple[str, int]]) -> dict[str, list]:
-    """Folded stacks (``a;b;c``, value) -> flat node arrays in depth-first order (see module doc)."""
-    # A node is [value, {frame: child}]. (A child is made only when the frame is new: a dict made for every
-    # frame visit, as ``setdefault`` did, was most of the report stage on the 1 GB synth trace's 674,000
+def build_tree(stacks: Iterable[tuple], columns: tuple[str, ...] = ()) -> dict[str, list]:
+    """Folded stacks (``a;b;c``, value, *more) -> flat node arrays in depth-first order (see module doc). Each of
+    ``columns`` names one more value per stack, summed per node like the width (inclusive) and written as its
+    own array (the differential flame graph's baseline and run shares)."""
+    # A node is [value, {frame: child}, *more]. (A child is made only when the frame is new: a dict made for
+    # every frame visit, as ``setdefault`` did, was most of the report stage on the 1 GB synth trace's 674,000
     # frames of 38,919 stacks: 1.0-1.2 s.)
-    root: list = [0, {}]
-    for stack, value in stacks:
+    k = len(columns)
+    root: list = [0, {}] + [0] * k
+    for stack, value, *more in stacks:
         if value <= 0:
             continue
         root[0] += value
+        for j in range(k):
+            root[2 + j] += more[j]
         node = root
         for frame in stack.split(";"):
             kids = node[1]
             node = kids.get(frame)
             if node is None:
-                node = kids[frame] = [0, {}]
+                node = kids[frame] = [0, {}] + [0] * k
             node[0] += value
+            for j in range(k):
+                node[2 + j] += more[j]
     names: dict[str, int] = {"all": 0}
-    out: dict[str, list] = {"n": [], "x": [], "w": [], "s": [], "d": []}
+    out: dict[str, list] = {"n": [], "x": [], "w": [], "s": [], "d": [], **{c: [] for c in columns}}
     limit = root[0] * MIN_FRACTION
     todo = [("all", root, 0, 0)]
     while todo:
@@ -53,6 +60,8 @@ def build_tree(stacks: Iterable[tuple[str, int]]) -> dict[str, list]:
         out["w"].append(node[0])
         out["s"].append(node[0] - sum(c[0] for _, c in kids))
         out["d"].append(depth)
+        for j, c in enumerate(columns):
+            out[c].append(node[2 + j])
         starts, at = [], x
         for k, c in kids:
             starts.append((k, c, at, depth + 1))
@@ -62,9 +71,33 @@ def build_tree(stacks: Iterable[tuple[str, int]]) -> dict[str, list]:
     return out
 
 
-def flame_page(title: str, stacks: Iterable[tuple[str, int]], unit: str, note: str = "") -> str:
-    """A self-contained interactive flame graph page (no external files, no network)."""
-    tree = build_tree(stacks)
+#: Shares in a differential flame graph are parts per million of each run's samples.
+PPM = 1_000_000
+
+
+def diff_tree(baseline: Iterable[tuple[str, int]], run: Iterable[tuple[str, int]]) -> dict[str, list]:
+    """The differential flame graph of two sets of folded stacks: every stack of either, each run normalized by
+    its total samples. A node's ``a`` and ``b`` are its inclusive share of the baseline and of the run (ppm), so
+    its change is right at every level; its width is the sum over its stacks of the larger of the two shares,
+    so a frame that only one run has (added or removed) is drawn too, and children always fit their parent."""
+    a, b = dict(baseline), dict(run)
+    ta, tb = sum(a.values()) or 1, sum(b.values()) or 1
+    rows = []
+    for stack in sorted(set(a) | set(b)):
+        pa, pb = a.get(stack, 0) * PPM / ta, b.get(stack, 0) * PPM / tb
+        rows.append((stack, max(pa, pb), pa, pb))
+    tree = build_tree(rows, ("a", "b"))
+    for key in ("x", "w", "s", "a", "b"):
+        tree[key] = [round(v) for v in tree[key]]
+    return tree
+
+
+def flame_page(title: str, stacks: Iterable[tuple[str, int]], unit: str, note: str = "", tree: dict | None = None,
+               intro_html: str = "") -> str:
+    """A self-contained interactive flame graph page (no external files, no network). ``tree`` (e.g. a
+    :func:`diff_tree`) replaces the one ``stacks`` would give; ``intro_html`` (trusted, escaped by the caller)
+    goes above the graph."""
+    tree = build_tree(stacks) if tree is None else tree
     tree["unit"] = unit
     data = inline_json(tree)
     css = (STATIC / "flamegraph.css").read_text()
@@ -76,8 +109,9 @@ def flame_page(title: str, stacks: Iterable[tuple[str, int]], unit: str, note: s
 <div id="flame-head"><h1>{html.escape(title)}</h1>
 <label>search <input id="flame-search" placeholder="regex, e.g. rustc_middle|hashbrown"></label>
 <button id="flame-reset">reset zoom</button><span id="flame-matched"></span></div>
-<p class="flame-note">Click a frame to zoom in, click it again to zoom out. Total {tree['w'][0] if tree['w'] else 0:,} {html.escape(unit)}.
+<p class="flame-note">Click a frame to zoom in, click it again to zoom out.{"" if unit == "ppm" else f" Total {tree['w'][0] if tree['w'] else 0:,} {html.escape(unit)}."}
 {html.escape(note)}</p>
+{intro_html}
 <div id="flame-box"><svg id="flame" xmlns="http://www.w3.org/2000/svg" width="1200" height="20"></svg></div>
 <div id="flame-status"></div>
 <script type="application/json" id="flame-data">{data}</script>

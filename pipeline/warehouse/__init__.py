@@ -21,25 +21,27 @@ from typing import Any
 
 from pipeline.errors import InputError, ManifestError
 from pipeline.runs import MANIFEST, parquet_glob, read_manifest, sql_path, stage_dir
-from pipeline.warehouse.significance import significant_sql, z_sql
+from pipeline.warehouse.significance import (HISTORY_RUNS, MIN_HISTORY, significant_sql, threshold_sql,
+                                              z_sql)
 
 STAGES = ("capture", "decoded", "symbolized", "aggregated", "report")
 AGGREGATED = "aggregated"
 
 RUNS_DDL = """
 CREATE TABLE IF NOT EXISTS runs (
-    run_id VARCHAR PRIMARY KEY, job VARCHAR, run_dir VARCHAR, run_time TIMESTAMP, trace_start_utc TIMESTAMP,
+    run_id VARCHAR PRIMARY KEY, job VARCHAR, workload VARCHAR, run_dir VARCHAR, run_time TIMESTAMP, trace_start_utc TIMESTAMP,
     trace_sha256 VARCHAR, trace_files INTEGER, trace_bytes BIGINT, labels MAP(VARCHAR, VARCHAR),
     stages VARCHAR[], project_version VARCHAR, ingested_utc TIMESTAMP,
-    cpu_samples BIGINT, commit_bytes BIGINT, query_total_ns BIGINT);
+    cpu_samples BIGINT, commit_bytes BIGINT, query_total_ns BIGINT, peak_commit_bytes BIGINT);
 CREATE TABLE IF NOT EXISTS stage_manifests (
     run_id VARCHAR, stage VARCHAR, created_utc TIMESTAMP, elapsed_s DOUBLE, schema_version INTEGER,
     project_version VARCHAR, config_hash VARCHAR, manifest JSON);
 CREATE TABLE IF NOT EXISTS table_rows (run_id VARCHAR, stage VARCHAR, table_name VARCHAR, row_count BIGINT);
+CREATE TABLE IF NOT EXISTS run_metrics (run_id VARCHAR, kind VARCHAR, key VARCHAR, value DOUBLE, n DOUBLE);
 """
 
-#: Aggregated tables the views read, with the columns they need: created empty up front so the views
-#: exist before the first run that has them (more columns are added as tables are ingested).
+#: Aggregated tables the metrics read, with the columns they need: created empty up front so the metrics and
+#: views work before the first run that has them (more columns are added as tables are ingested).
 BASE_TABLES = {
     "cpu_by_function": "module VARCHAR, function VARCHAR, raw_name VARCHAR, crate VARCHAR, self_samples BIGINT, "
                        "inclusive_samples BIGINT",
@@ -47,69 +49,147 @@ BASE_TABLES = {
     "cpu_by_crate": "crate VARCHAR, processes BIGINT, samples BIGINT",
     "commit_by_function": "module VARCHAR, function VARCHAR, raw_name VARCHAR, inclusive_commit_bytes BIGINT",
     "commit_by_process": "pid BIGINT, image_name VARCHAR, crate VARCHAR, commit_bytes BIGINT, peak_commit_bytes BIGINT",
+    "commit_by_crate": "crate VARCHAR, commit_bytes BIGINT, peak_commit_bytes BIGINT",
     "commit_by_stack": "stack_id BIGINT, folded VARCHAR, commit_bytes BIGINT, outstanding_bytes BIGINT",
-    "query_summary": "scope VARCHAR, file_id INTEGER, crate VARCHAR, label VARCHAR, self_ns BIGINT, time_ns BIGINT",
+    "process_tree": "pid BIGINT, crate VARCHAR, start_ns BIGINT, end_ns BIGINT, duration_ns BIGINT",
+    "query_summary": "scope VARCHAR, file_id INTEGER, crate VARCHAR, label VARCHAR, self_ns BIGINT, time_ns BIGINT, "
+                     "invocations BIGINT",
     "query_totals": "scope VARCHAR, file_id INTEGER, crate VARCHAR, total_ns BIGINT",
+    "self_profile_processes": "crate VARCHAR, wall_start_ns BIGINT, wall_end_ns BIGINT",
 }
 
-#: kind -> (significance test, SQL giving run_id, key, value). One row per (run, kind, key).
+_FN = "coalesce(module || '!', '') || function"
+_BUILD_CPU = "(SELECT sum(samples) FROM cpu_by_process WHERE run_id = $1 AND coalesce(pid, -1) <> 0)"
+_HAS_TREE = "EXISTS (SELECT 1 FROM process_tree WHERE run_id = $1 AND crate IS NOT NULL)"
+
+#: kind -> (significance test, SQL of one run ($1) giving (key, value, n)): n is the total a share is of (NULL
+#: for the others). Written into ``run_metrics`` when a run is ingested; ``headline`` kinds open a comparison.
 METRICS = {
-    "cpu_function_self": ("count", "SELECT run_id, coalesce(module || '!', '') || function, sum(self_samples) "
-                                   "FROM cpu_by_function GROUP BY ALL"),
-    "cpu_function_inclusive": ("count", "SELECT run_id, coalesce(module || '!', '') || function, "
-                                        "sum(inclusive_samples) FROM cpu_by_function GROUP BY ALL"),
-    "cpu_crate": ("count", "SELECT run_id, crate, sum(samples) FROM cpu_by_crate GROUP BY ALL"),
-    "cpu_program": ("count", "SELECT run_id, coalesce(image_name, '?'), sum(samples) FROM cpu_by_process GROUP BY ALL"),
-    "query_self_ns": ("time", "SELECT run_id, label, sum(self_ns) FROM query_summary WHERE scope = 'build' GROUP BY ALL"),
-    "query_crate_ns": ("time", "SELECT run_id, crate, sum(total_ns) FROM query_totals WHERE scope = 'crate' GROUP BY ALL"),
-    "commit_function": ("bytes", "SELECT run_id, coalesce(module || '!', '') || function, sum(inclusive_commit_bytes) "
-                                 "FROM commit_by_function GROUP BY ALL"),
-    "peak_commit": ("bytes", "SELECT run_id, coalesce(crate, image_name, '?'), max(peak_commit_bytes) "
-                             "FROM commit_by_process GROUP BY ALL"),
+    "build_wall_ns": ("time", f"""SELECT 'build', CASE WHEN {_HAS_TREE}
+        THEN (SELECT max(end_ns) - min(start_ns) FROM process_tree WHERE run_id = $1 AND crate IS NOT NULL)
+        ELSE (SELECT max(wall_end_ns) - min(wall_start_ns) FROM self_profile_processes WHERE run_id = $1) END, NULL"""),
+    "cpu_build": ("count", f"SELECT 'build', {_BUILD_CPU}, NULL"),
+    "peak_commit_build": ("bytes", "SELECT 'build', peak_commit_bytes, NULL FROM runs WHERE run_id = $1"),
+    "commit_build": ("bytes", "SELECT 'build', commit_bytes, NULL FROM runs WHERE run_id = $1"),
+    "query_build_ns": ("time", "SELECT 'build', query_total_ns, NULL FROM runs WHERE run_id = $1"),
+    "crate_wall_ns": ("time", f"""SELECT crate, sum(duration_ns), NULL FROM process_tree
+                                 WHERE run_id = $1 AND crate IS NOT NULL GROUP BY crate
+                                 UNION ALL SELECT crate, sum(wall_end_ns - wall_start_ns), NULL FROM self_profile_processes
+                                 WHERE run_id = $1 AND crate IS NOT NULL AND NOT {_HAS_TREE} GROUP BY crate"""),
+    "cpu_crate": ("count", "SELECT crate, sum(samples), NULL FROM cpu_by_crate WHERE run_id = $1 GROUP BY ALL"),
+    "cpu_function_self": ("count", f"SELECT {_FN}, sum(self_samples), NULL FROM cpu_by_function WHERE run_id = $1 "
+                                   "GROUP BY ALL"),
+    "cpu_function_inclusive": ("count", f"SELECT {_FN}, sum(inclusive_samples), NULL FROM cpu_by_function "
+                                        "WHERE run_id = $1 GROUP BY ALL"),
+    "cpu_function_self_share": ("share", f"""SELECT k, v / n, n FROM (SELECT {_FN} AS k, sum(self_samples) AS v
+        FROM cpu_by_function WHERE run_id = $1 GROUP BY ALL), (SELECT {_BUILD_CPU} AS n) WHERE n > 0"""),
+    "cpu_function_inclusive_share": ("share", f"""SELECT k, v / n, n FROM (SELECT {_FN} AS k, sum(inclusive_samples)
+        AS v FROM cpu_by_function WHERE run_id = $1 GROUP BY ALL), (SELECT {_BUILD_CPU} AS n) WHERE n > 0"""),
+    "query_self_ns": ("time", "SELECT label, sum(self_ns), NULL FROM query_summary WHERE run_id = $1 AND scope = 'build' "
+                              "GROUP BY ALL"),
+    "query_count": ("number", "SELECT label, sum(invocations), NULL FROM query_summary WHERE run_id = $1 "
+                              "AND scope = 'build' GROUP BY ALL"),
+    "query_crate_ns": ("time", "SELECT crate, sum(total_ns), NULL FROM query_totals WHERE run_id = $1 AND scope = 'crate' "
+                               "GROUP BY ALL"),
+    "commit_function": ("bytes", f"SELECT {_FN}, sum(inclusive_commit_bytes), NULL FROM commit_by_function "
+                                 "WHERE run_id = $1 GROUP BY ALL"),
+    "commit_crate": ("bytes", "SELECT crate, sum(commit_bytes), NULL FROM commit_by_crate WHERE run_id = $1 GROUP BY ALL"),
+    "peak_commit": ("bytes", "SELECT coalesce(crate, image_name, '?'), max(peak_commit_bytes), NULL FROM commit_by_process "
+                             "WHERE run_id = $1 GROUP BY ALL"),
 }
+#: The kinds a comparison opens with (one key, 'build'), in order.
+HEADLINE = ("build_wall_ns", "cpu_build", "peak_commit_build", "query_build_ns", "commit_build")
+_TEST_OF = "CASE kind " + " ".join(f"WHEN '{k}' THEN '{t}'" for k, (t, _) in METRICS.items()) + " END"
 
 
-def _comparison_sql(pairs: str) -> str:
-    """Every metric of each (run_id, baseline_run_id) pair in ``pairs``, with change and significance."""
-    tests = " ".join(f"WHEN '{kind}' THEN '{test}'" for kind, (test, _) in METRICS.items())
-    sig = " ".join(f"WHEN '{test}' THEN {significant_sql(test, 'v', 'b')}" for test in ("count", "time", "bytes"))
+def comparison_sql(pairs: str, runs: str = "runs") -> str:
+    """Every metric of each (run_id, baseline_run_id) pair of ``pairs``, with its history-based threshold and
+    verdict (:mod:`.significance`); ``runs`` (a subquery of ``runs``) limits the history read to those runs."""
+    threshold = threshold_sql("h.test", "coalesce(h.history, 0)", "h.q1", "h.q3")
+    z = z_sql("k.test", "coalesce(v.value, 0)", "coalesce(b.value, 0)", "coalesce(v.n, b.n)", "coalesce(b.n, v.n)")
     return f"""
-        SELECT m.run_id, m.baseline_run_id, m.kind, CASE m.kind {tests} END AS test, m.key,
-               m.b AS baseline_value, m.v AS value, m.v - m.b AS change,
-               CASE WHEN m.b <> 0 THEN (m.v - m.b) / m.b END AS relative_change,
-               CASE WHEN CASE m.kind {tests} END = 'count' THEN {z_sql('count', 'm.v', 'm.b')} END AS z,
-               CASE CASE m.kind {tests} END {sig} END AS significant,
-               CASE WHEN m.v > m.b THEN 'regression' WHEN m.v < m.b THEN 'improvement' ELSE 'same' END AS direction
-        FROM (SELECT p.run_id, p.baseline_run_id, m.kind, m.key,
-                     sum(CASE WHEN m.run_id = p.run_id THEN m.value ELSE 0 END)::DOUBLE AS v,
-                     sum(CASE WHEN m.run_id = p.baseline_run_id THEN m.value ELSE 0 END)::DOUBLE AS b
-              FROM ({pairs}) p JOIN metrics m ON m.run_id = p.run_id OR m.run_id = p.baseline_run_id
-              GROUP BY ALL) m"""
+        WITH pairs AS ({pairs}),
+        seq AS (SELECT run_id, job, workload, row_number() OVER (PARTITION BY job, workload ORDER BY run_time, run_id) AS seq
+                FROM {runs}),
+        vals AS (SELECT s.job, s.workload, s.seq, m.run_id, m.kind, m.key, m.value FROM run_metrics m JOIN seq s USING (run_id)),
+        steps AS (SELECT *, CASE WHEN lag(seq) OVER w = seq - 1
+                                 THEN abs(value - lag(value) OVER w) / nullif(abs(lag(value) OVER w), 0) END AS step
+                  FROM vals WINDOW w AS (PARTITION BY job, workload, kind, key ORDER BY seq)),
+        hist AS (SELECT run_id, kind, key, {_TEST_OF} AS test, count(step) OVER h AS history,
+                        quantile_cont(step, 0.25) OVER h AS q1, quantile_cont(step, 0.75) OVER h AS q3
+                 FROM steps WINDOW h AS (PARTITION BY job, workload, kind, key ORDER BY seq
+                                         ROWS BETWEEN {HISTORY_RUNS} PRECEDING AND 1 PRECEDING)),
+        keys AS (SELECT p.run_id, p.baseline_run_id, m.kind, m.key, any_value({_TEST_OF.replace("kind", "m.kind")}) AS test
+                 FROM pairs p JOIN run_metrics m ON m.run_id = p.run_id OR m.run_id = p.baseline_run_id GROUP BY ALL),
+        c AS (SELECT k.run_id, k.baseline_run_id, k.kind, k.test, k.key, coalesce(b.value, 0) AS baseline_value,
+                     coalesce(v.value, 0) AS value, {z} AS z, coalesce(h.history, 0) AS history,
+                     {threshold.replace("h.test", "k.test")} AS threshold
+              FROM keys k LEFT JOIN run_metrics v ON v.run_id = k.run_id AND v.kind = k.kind AND v.key = k.key
+              LEFT JOIN run_metrics b ON b.run_id = k.baseline_run_id AND b.kind = k.kind AND b.key = k.key
+              LEFT JOIN hist h ON h.run_id = k.run_id AND h.kind = k.kind AND h.key = k.key)
+        SELECT c.run_id, c.baseline_run_id, r.run_time, r.job, r.workload, c.kind, c.test, c.key, c.baseline_value,
+               c.value, c.value - c.baseline_value AS change,
+               CASE WHEN c.baseline_value <> 0 THEN (c.value - c.baseline_value) / abs(c.baseline_value) END AS relative_change,
+               c.z, c.threshold, c.history, CASE WHEN c.history >= {MIN_HISTORY} THEN 'history' ELSE 'fixed' END AS confidence,
+               {significant_sql("c.test", "c.value", "c.baseline_value", "c.z", "c.threshold")} AS significant,
+               CASE WHEN NOT {significant_sql("c.test", "c.value", "c.baseline_value", "c.z", "c.threshold")} THEN 'noise'
+                    WHEN c.value > c.baseline_value THEN 'regression' ELSE 'improvement' END AS verdict,
+               CASE WHEN c.value > c.baseline_value THEN 'regression' WHEN c.value < c.baseline_value THEN 'improvement'
+                    ELSE 'same' END AS direction
+        FROM c JOIN runs r ON r.run_id = c.run_id"""
 
 
 VIEWS = {
-    "metrics": " UNION ALL ".join(f"SELECT run_id, '{kind}' AS kind, key, value::DOUBLE AS value "
-                                  f"FROM ({sql}) AS t(run_id, key, value)" for kind, (_, sql) in METRICS.items()),
-    "run_baselines": """SELECT run_id, job, run_time,
-        lag(run_id) OVER (PARTITION BY job ORDER BY run_time, run_id) AS baseline_run_id FROM runs""",
-    "comparisons": _comparison_sql("SELECT run_id, baseline_run_id FROM run_baselines WHERE baseline_run_id IS NOT NULL"),
-    "regressions": "SELECT * FROM comparisons WHERE significant AND direction = 'regression'",
+    "metrics": "SELECT run_id, kind, key, value FROM run_metrics",
+    "run_baselines": """SELECT run_id, job, workload, run_time,
+        lag(run_id) OVER (PARTITION BY job, workload ORDER BY run_time, run_id) AS baseline_run_id FROM runs""",
+    "comparisons": comparison_sql("SELECT run_id, baseline_run_id FROM run_baselines WHERE baseline_run_id IS NOT NULL"),
+    "regressions": "SELECT * FROM comparisons WHERE verdict = 'regression'",
 }
-MACROS = {"compare_runs": _comparison_sql("SELECT run AS run_id, baseline AS baseline_run_id")}
+MACROS = {"compare_runs": comparison_sql("SELECT run AS run_id, baseline AS baseline_run_id")}
 
 
-def connect(path: Path, read_only: bool = False):
-    """Open (creating if needed) the warehouse file with its tables, views and macros in place."""
+#: DuckDB storage format the warehouse file is written in: readable by every DuckDB from 1.0 on (the newest
+#: CLI on PyPI, 1.5, could not open a file written by DuckDB 2.0's default format).
+STORAGE_COMPATIBILITY = "v1.0.0"
+#: How often a connection blocked by another process's lock is tried again.
+LOCK_RETRY_S = 0.2
+
+
+def connect(path: Path, read_only: bool = False, lock_timeout_s: float = 300.0):
+    """Open (creating if needed) the warehouse file with its tables, views and macros in place.
+
+    DuckDB lets one process write a file at a time: a connection that finds the file locked by another
+    process (an ingest beside another) waits, trying again every LOCK_RETRY_S, up to ``lock_timeout_s``,
+    then fails with a clear error. A read-only connection also has no access to files or the network, so a
+    query cannot read or write anything but the warehouse (no COPY, no read_csv)."""
     import duckdb
 
     path = Path(path).expanduser()
+    if read_only and not path.exists():
+        raise InputError(f"{path}: no warehouse here (ingest a run first: bootprof warehouse ingest --run RUN_DIR)")
+    if not read_only:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    config = ({"enable_external_access": False} if read_only
+              else {"storage_compatibility_version": STORAGE_COMPATIBILITY})
+    deadline = time.monotonic() + lock_timeout_s
+    while True:
+        try:
+            con = duckdb.connect(str(path), read_only=read_only, config=config)
+            break
+        except duckdb.IOException as exc:
+            if "lock" not in str(exc).lower():
+                raise InputError(f"{path}: cannot open the warehouse: {exc}") from None
+            if time.monotonic() >= deadline:
+                raise InputError(f"{path}: the warehouse is locked by another process for more than "
+                                 f"{lock_timeout_s:g} s (warehouse.lock_timeout_s): {' '.join(str(exc).split())}") from None
+            time.sleep(LOCK_RETRY_S)
     if read_only:
-        if not path.exists():
-            raise InputError(f"{path}: no warehouse here (ingest a run first: bootprof warehouse ingest --run RUN_DIR)")
-        return duckdb.connect(str(path), read_only=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    con = duckdb.connect(str(path))
+        con.execute("SET lock_configuration = true")
+        return con
     con.execute(RUNS_DDL)
+    for column in ("workload VARCHAR", "peak_commit_bytes BIGINT"):            # (warehouses of older versions)
+        con.execute(f"ALTER TABLE runs ADD COLUMN IF NOT EXISTS {column}")
     for table, cols in BASE_TABLES.items():
         con.execute(f"CREATE TABLE IF NOT EXISTS {table} (run_id VARCHAR, {cols})")
     for name, sql in VIEWS.items():
@@ -117,6 +197,23 @@ def connect(path: Path, read_only: bool = False):
     for name, sql in MACROS.items():
         con.execute(f"CREATE OR REPLACE MACRO {name}(run, baseline) AS TABLE {sql}")
     return con
+
+
+def workload_of(con, run_id: str, inputs: list[dict], trace_sha: str | None) -> str:
+    """What a run built, when no ``workload`` label says it: the crates its rustc processes compiled (ETL
+    ``cpu_by_crate``, self-profile ``query_totals``), as ``build of N crates #<hash of their names>``; a run
+    that compiled no crate is its trace, ``trace <file name> #<sha256>``. Runs compare only within a workload,
+    so a .NET trace and a kernel trace filed under one job never meet."""
+    import hashlib
+
+    crates = [r[0] for r in con.execute("""
+        SELECT DISTINCT crate FROM (SELECT crate FROM cpu_by_crate WHERE run_id = $1
+                                    UNION ALL SELECT crate FROM query_totals WHERE run_id = $1 AND scope = 'crate')
+        WHERE crate IS NOT NULL ORDER BY crate""", [run_id]).fetchall()]
+    if crates:
+        return f"build of {len(crates)} crates #{hashlib.sha256(chr(10).join(crates).encode()).hexdigest()[:10]}"
+    name = Path(inputs[0]["path"]).name if len(inputs) == 1 and inputs[0].get("path") else f"{len(inputs)} files"
+    return f"trace {name} #{(trace_sha or 'unknown')[:10]}"
 
 
 def job_of(run_dir: Path) -> str:
@@ -133,7 +230,8 @@ def _manifests(run_dir: Path) -> dict[str, dict]:
     return out
 
 
-def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: str | None = None) -> dict[str, Any]:
+def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: str | None = None,
+           lock_timeout_s: float = 300.0) -> dict[str, Any]:
     """Put one run into the warehouse (replacing an earlier ingestion of the same run_id)."""
     run_dir = Path(run_dir).resolve()
     manifests = _manifests(run_dir)
@@ -148,7 +246,7 @@ def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: s
     run_time = (decoded or manifests[AGGREGATED])["created_utc"]
     tables = sorted(p for p in stage_dir(run_dir, AGGREGATED).iterdir() if p.name.endswith(".parquet"))
 
-    con = connect(db)
+    con = connect(db, lock_timeout_s=lock_timeout_s)
     try:
         con.execute("BEGIN TRANSACTION")
         existing = {r[0] for r in con.execute(
@@ -177,14 +275,22 @@ def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: s
         query_total = con.execute("SELECT sum(total_ns) FROM query_totals WHERE run_id = ? AND scope = 'build'",
                                   [run_id]).fetchone()[0]
         labels = {str(k): str(v) for k, v in (labels or {}).items()}
-        con.execute("""INSERT INTO runs VALUES (?, ?, ?, ?::TIMESTAMP, make_timestamp(?::BIGINT), ?, ?, ?, MAP(?::VARCHAR[], ?::VARCHAR[]),
-                                                ?, ?, ?::TIMESTAMP, ?, ?, ?)""", [
-            run_id, job or labels.get("job") or job_of(run_dir), str(run_dir), run_time.replace("T", " ").rstrip("Z"),
-            trace_start,
+        con.execute("""INSERT INTO runs (run_id, job, workload, run_dir, run_time, trace_start_utc, trace_sha256, trace_files,
+                                         trace_bytes, labels, stages, project_version, ingested_utc, cpu_samples,
+                                         commit_bytes, query_total_ns, peak_commit_bytes)
+                       VALUES (?, ?, ?, ?, ?::TIMESTAMP, make_timestamp(?::BIGINT), ?, ?, ?, MAP(?::VARCHAR[], ?::VARCHAR[]),
+                               ?, ?, ?::TIMESTAMP, ?, ?, ?, ?)""", [
+            run_id, job or labels.get("job") or job_of(run_dir),
+            labels.get("workload") or workload_of(con, run_id, inputs, trace_sha),
+            str(run_dir), run_time.replace("T", " ").rstrip("Z"), trace_start,
             trace_sha, len(inputs), sum(i.get("size") or 0 for i in inputs),
             list(labels), [labels[k] for k in labels], list(manifests), manifests[AGGREGATED].get("project_version"),
             time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-            sections.get("cpu", {}).get("samples"), sections.get("memory", {}).get("commit_bytes"), query_total])
+            sections.get("cpu", {}).get("samples"), sections.get("memory", {}).get("commit_bytes"), query_total,
+            sections.get("memory", {}).get("peak_commit_bytes")])
+        for kind, (_, sql) in METRICS.items():
+            con.execute(f"""INSERT INTO run_metrics SELECT $1, '{kind}', key, value, n
+                            FROM ({sql}) AS t(key, value, n) WHERE value IS NOT NULL AND key IS NOT NULL""", [run_id])
         for stage, m in manifests.items():
             con.execute("INSERT INTO stage_manifests VALUES (?, ?, ?::TIMESTAMP, ?, ?, ?, ?, ?)", [
                 run_id, stage, m["created_utc"].replace("T", " ").rstrip("Z"), m.get("elapsed_s"),
@@ -201,25 +307,88 @@ def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: s
     return {"run_id": run_id, "db": str(db), "tables": len(counts), "rows": sum(counts.values())}
 
 
-def compare(db: Path, run: str, baseline: str | None = None, everything: bool = False) -> list[dict]:
-    """Metric differences of ``run`` against ``baseline`` (default: the previous run of its job);
-    only significant ones unless ``everything``. Sorted: regressions first, largest |change| first."""
-    con = connect(db, read_only=True)
+def compare(db: Path, run: str, baseline: str | None = None, lock_timeout_s: float = 300.0) -> dict[str, Any]:
+    """``run`` against ``baseline`` (default: the previous run of its job and workload): every metric with its
+    threshold, verdict and impact (its change as a share of its kind's baseline total), regressions first,
+    then by impact. Returns ``{run_id, job, workload, baseline_run_id (None: nothing to compare with), reason,
+    headline, changes}``; a baseline of another workload is compared (it was asked for) and ``reason`` says so."""
+    con = connect(db, read_only=True, lock_timeout_s=lock_timeout_s)
     try:
         run_id = _run_id(con, run)
+        run_time, job, workload = con.execute("SELECT run_time, job, workload FROM runs WHERE run_id = ?", [run_id]).fetchone()
+        out: dict[str, Any] = {"run_id": run_id, "job": job, "workload": workload, "baseline_run_id": None,
+                               "reason": None, "headline": [], "changes": []}
         if baseline is None:
             row = con.execute("SELECT baseline_run_id FROM run_baselines WHERE run_id = ?", [run_id]).fetchone()
             if not row or row[0] is None:
-                raise InputError(f"run '{run_id}' has no earlier run of its job to compare with; pass --baseline")
+                out["reason"] = f"no earlier run of job '{job}' and workload '{workload}' to compare with"
+                return out
             base_id = row[0]
         else:
             base_id = _run_id(con, baseline)
-        where = "" if everything else "WHERE significant"
-        cur = con.execute(f"""SELECT * FROM compare_runs(?, ?) {where}
-                              ORDER BY direction = 'regression' DESC, significant DESC, kind,
-                                       abs(coalesce(z, relative_change, change)) DESC, key""", [run_id, base_id])
+            other = con.execute("SELECT workload FROM runs WHERE run_id = ?", [base_id]).fetchone()[0]
+            if other != workload:
+                out["reason"] = f"the baseline is of another workload ('{other}'): differences include the workload's"
+        out["baseline_run_id"] = base_id
+        history = "(SELECT * FROM runs WHERE job = $job AND workload = $workload AND run_time <= $time)"
+        cur = con.execute(f"SELECT * FROM ({comparison_sql('SELECT $run AS run_id, $base AS baseline_run_id', history)})",
+                          {"run": run_id, "base": base_id, "job": job, "workload": workload, "time": run_time})
         cols = [d[0] for d in cur.description]
-        return [dict(zip(cols, r)) for r in cur.fetchall()]
+        rows = [dict(zip(cols, r)) for r in cur.fetchall()]
+    finally:
+        con.close()
+    totals: dict[str, float] = {}
+    for r in rows:
+        totals[r["kind"]] = totals.get(r["kind"], 0.0) + abs(r["baseline_value"])
+    for r in rows:
+        r["impact"] = abs(r["change"]) / totals[r["kind"]] if totals[r["kind"]] else float(abs(r["change"]) > 0)
+    by_kind = {r["kind"]: r for r in rows if r["kind"] in HEADLINE}
+    out["headline"] = [by_kind[k] for k in HEADLINE if k in by_kind]
+    rank = {"regression": 0, "improvement": 1, "noise": 2}
+    out["changes"] = sorted((r for r in rows if r["kind"] not in HEADLINE),
+                            key=lambda r: (rank[r["verdict"]], -r["impact"], r["kind"], r["key"]))
+    return out
+
+
+#: Tables that summarize a run and survive ``prune``: what compare and the history need, and the manifests.
+SUMMARY_TABLES = ("runs", "run_metrics", "stage_manifests", "table_rows")
+
+
+def prune(db: Path, keep: int, lock_timeout_s: float = 300.0) -> dict[str, int]:
+    """Retention: of each job and workload, the newest ``keep`` runs keep their detail (the aggregated tables);
+    older runs keep only their summary (``SUMMARY_TABLES``), so their metrics still count as history and
+    compare as baselines. Returns the runs pruned and the rows deleted."""
+    con = connect(db, lock_timeout_s=lock_timeout_s)
+    try:
+        con.execute("BEGIN TRANSACTION")
+        con.execute("""CREATE TEMP TABLE old AS SELECT run_id FROM (
+            SELECT run_id, row_number() OVER (PARTITION BY job, workload ORDER BY run_time DESC, run_id DESC) AS k
+            FROM runs) WHERE k > ?""", [keep])
+        tables = [r[0] for r in con.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main' AND table_type = 'BASE TABLE'"
+        ).fetchall() if r[0] not in SUMMARY_TABLES]
+        deleted = 0
+        for table in tables:
+            deleted += con.execute(f'DELETE FROM "{table}" WHERE run_id IN (SELECT run_id FROM old)').fetchone()[0]
+        runs = con.execute("SELECT count(*) FROM old").fetchone()[0]
+        con.execute("COMMIT")
+        con.execute("CHECKPOINT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    finally:
+        con.close()
+    return {"runs_pruned": int(runs), "rows_deleted": int(deleted)}
+
+
+def folded(db: Path, run_id: str, lock_timeout_s: float = 300.0) -> list[tuple[str, int]]:
+    """The folded CPU stacks of one run (``cpu_folded``; empty when the run has none or its detail was pruned)."""
+    con = connect(db, read_only=True, lock_timeout_s=lock_timeout_s)
+    try:
+        if not con.execute("SELECT 1 FROM information_schema.tables WHERE table_name = 'cpu_folded'").fetchone():
+            return []
+        return [(s, int(n)) for s, n in con.execute(
+            "SELECT stack, sum(samples) FROM cpu_folded WHERE run_id = ? GROUP BY stack", [run_id]).fetchall()]
     finally:
         con.close()
 
@@ -234,4 +403,5 @@ def _run_id(con, ref: str) -> str:
 
 def run(run_dir: Path, config, pool, inputs=None) -> dict[str, Any]:
     """Job stage: ingest ``run_dir`` into ``config.warehouse.path`` with ``config.warehouse.labels``."""
-    return ingest(config.warehouse.path, run_dir, labels=dict(config.warehouse.labels))
+    return ingest(config.warehouse.path, run_dir, labels=dict(config.warehouse.labels),
+                  lock_timeout_s=config.warehouse.lock_timeout_s)

@@ -2,14 +2,19 @@
 
 * ``ingest --run RUN_DIR [--label k=v ...] [--job NAME]``: put a run into the warehouse (again = replace).
 * ``query "SQL"``: run SQL on the warehouse (read-only) and print the result as a table.
-* ``compare --run A [--baseline B] [--all]``: significant metric changes of run A against B (default:
-  the previous run of A's job); ``--all`` prints every metric.
+* ``prune --keep N``: of each job and workload, only the newest N runs keep their detail tables; the others
+  keep their summary (``runs``, ``run_metrics``, manifests), still history and baselines.
+* ``compare --run A [--baseline B] [--all] [--format text|markdown|html] [--output FILE] [--budget PCT]``: run A against
+  B (default: the previous run of A's job and workload): a headline, then regressions and improvements by
+  impact (``--all``: noise too). Exit status 1 when a significant regression is at least ``--budget`` percent
+  (``warehouse.budget_pct``), else 0; also 0 when there is nothing to compare with (it says so).
 
 ``--db PATH`` overrides ``warehouse.path`` of the config.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 
@@ -23,10 +28,18 @@ def add_arguments(p) -> None:
     q = sub.add_parser("query", help="run SQL on the warehouse and print the result")
     q.add_argument("sql", help="SQL, e.g. \"SELECT * FROM regressions\"")
     q.add_argument("--limit", type=int, default=200, help="print at most this many rows (default 200)")
+    pr = sub.add_parser("prune", help="keep the detail of the newest runs only (summaries stay)")
+    pr.add_argument("--keep", type=int, required=True, help="runs of each job and workload that keep their detail")
     c = sub.add_parser("compare", help="what changed between a run and its baseline")
     c.add_argument("--run", required=True, help="run id or run directory")
-    c.add_argument("--baseline", help="run id or directory (default: the previous run of the same job)")
-    c.add_argument("--all", dest="everything", action="store_true", help="every metric, not only significant changes")
+    c.add_argument("--baseline", help="run id or directory (default: the previous run of the same job and workload)")
+    c.add_argument("--all", dest="everything", action="store_true", help="every metric, noise included")
+    c.add_argument("--format", choices=("text", "markdown", "html"), default="text",
+                   help="text (default), markdown (a CI job summary) or html (with a differential flame graph)")
+    c.add_argument("--output", type=Path, help="write the comparison to this file (e.g. $GITHUB_STEP_SUMMARY)")
+    c.add_argument("--limit", type=int, default=40, help="changes listed (default 40)")
+    c.add_argument("--budget", type=float, help="fail (exit 1) on a significant regression of at least this many "
+                   "percent (default: warehouse.budget_pct)")
 
 
 def text_table(cols: list[str], rows: list[tuple], width: int = 60) -> str:
@@ -57,15 +70,16 @@ def main(args, config) -> int:
             if not sep or not key:
                 raise ConfigError(f"--label {item!r}: expected KEY=VALUE")
             labels[key] = value
-        summary = warehouse.ingest(db, args.run_dir, labels=labels, job=args.job)
+        summary = warehouse.ingest(db, args.run_dir, labels=labels, job=args.job,
+                                   lock_timeout_s=config.warehouse.lock_timeout_s)
         print(f"ingested run {summary['run_id']} into {summary['db']}: {summary['tables']} tables, {summary['rows']} rows")
         return 0
     if args.action == "query":
-        con = warehouse.connect(db, read_only=True)
+        con = warehouse.connect(db, read_only=True, lock_timeout_s=config.warehouse.lock_timeout_s)
         try:
             cur = con.execute(args.sql)
         except duckdb.Error as exc:
-            raise InputError(f"query failed: {exc}") from None
+            raise InputError(f"query failed: {' '.join(str(exc).split())}") from None
         if cur.description is None:
             return 0
         rows = cur.fetchmany(args.limit + 1)
@@ -73,11 +87,32 @@ def main(args, config) -> int:
         if len(rows) > args.limit:
             print(f"(more than {args.limit} rows; --limit N shows more)")
         return 0
-    rows = warehouse.compare(db, args.run, args.baseline, args.everything)
-    if not rows:
-        print("no significant changes")
+    if args.action == "prune":
+        if args.keep < 1:
+            raise ConfigError(f"--keep {args.keep}: keep at least one run")
+        done = warehouse.prune(db, args.keep, lock_timeout_s=config.warehouse.lock_timeout_s)
+        print(f"pruned the detail of {done['runs_pruned']} runs ({done['rows_deleted']} rows); their summaries stay")
         return 0
-    cols = ["kind", "key", "baseline_value", "value", "relative_change", "z", "direction"]
-    print(f"run {rows[0]['run_id']} vs baseline {rows[0]['baseline_run_id']}:")
-    print(text_table(cols, [tuple(r[c] for c in cols) for r in rows]))
-    return 0
+    from pipeline.runs import atomic_write_text
+    from pipeline.warehouse import verdict
+
+    c = warehouse.compare(db, args.run, args.baseline, lock_timeout_s=config.warehouse.lock_timeout_s)
+    if args.format == "html":
+        if c["baseline_run_id"] is None:
+            shown = verdict.html_page(c, [], [], args.limit)
+        else:
+            shown = verdict.html_page(c, warehouse.folded(db, c["baseline_run_id"]), warehouse.folded(db, c["run_id"]),
+                                      args.limit)
+    elif args.format == "markdown":
+        shown = verdict.markdown(c, args.limit)
+    else:
+        shown = verdict.text(c, args.limit, args.everything)
+    if args.output:
+        atomic_write_text(args.output, shown if shown.endswith("\n") else shown + "\n")
+    else:
+        print(shown)
+    budget = config.warehouse.budget_pct if args.budget is None else args.budget
+    failing = verdict.exceeds_budget(c, budget) if c["baseline_run_id"] else []
+    if failing:
+        print(f"{len(failing)} significant regressions of {budget:g}% or more", file=sys.stderr)
+    return 1 if failing else 0

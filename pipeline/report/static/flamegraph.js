@@ -6,6 +6,9 @@
  * click the root or "reset" to zoom out; the search box takes a regular expression and marks
  * matching frames, reporting the share of the total they cover (a match inside another match
  * counts once). State lives in the URL hash (#zoom=<node>&search=<regex>) so a page can be linked.
+ * A differential graph (unit "ppm", arrays a and b: the node's inclusive share of the baseline and of the
+ * run, in parts per million) colours each frame by its change: red grew, blue shrank, the strongest for
+ * frames only one run has.
  */
 (function () {
   "use strict";
@@ -19,7 +22,9 @@
   const total = N ? data.w[0] : 0;
   let zoom = 0, pattern = null;
 
+  const diff = data.unit === "ppm" && data.a && data.b;
   function fmt(v) {
+    if (data.unit === "ppm") return (v / 10000).toFixed(2) + "%";
     return data.unit === "bytes" ? (v >= 1048576 ? (v / 1048576).toFixed(1) + " MiB" : (v / 1024).toFixed(1) + " KiB")
       : v.toLocaleString("en-US") + " " + data.unit;
   }
@@ -32,6 +37,14 @@
   function color(i, name) {
     if (pattern && pattern.test(name)) return "rgb(190,80,230)";
     if (i === 0) return "rgb(200,200,200)";
+    if (diff) {
+      const a = data.a[i], b = data.b[i];
+      if (a === 0) return "rgb(215,40,40)";          // only in the run: added
+      if (b === 0) return "rgb(40,80,215)";          // only in the baseline: removed
+      const t = Math.min(1, Math.abs(b - a) / Math.max(a, b) * 2);
+      const fade = Math.round(235 - 150 * t);
+      return b > a ? `rgb(235,${fade},${fade})` : `rgb(${fade},${fade},235)`;
+    }
     const h = hue(name);
     if (name.indexOf("!") < 0 && data.d[i] === 1) return "rgb(120,170,220)";   // process frames
     return `rgb(${205 + (h % 50)},${90 + ((h >> 8) % 120)},${40 + ((h >> 16) % 50)})`;
@@ -65,8 +78,9 @@
       const y = data.d[i] * ROW;
       if (data.d[i] > maxd) maxd = data.d[i];
       const label = w > 30 ? esc(name.slice(0, Math.floor(w / 6.5))) : "";
-      parts.push(`<g class="frame" data-i="${i}"><title>${esc(name)} (${fmt(data.w[i])}, ` +
-        `${(100 * data.w[i] / total).toFixed(2)}%, self ${fmt(data.s[i])})</title>` +
+      const tip = diff ? `baseline ${fmt(data.a[i])}, run ${fmt(data.b[i])}, change ${((data.b[i] - data.a[i]) / 10000).toFixed(2)} points`
+        : `${fmt(data.w[i])}, ${(100 * data.w[i] / total).toFixed(2)}%, self ${fmt(data.s[i])}`;
+      parts.push(`<g class="frame" data-i="${i}"><title>${esc(name)} (${tip})</title>` +
         `<rect x="${x.toFixed(1)}" y="${y}" width="${Math.max(w - 0.5, 0.1).toFixed(1)}" height="${ROW - 1}" ` +
         `fill="${color(i, name)}"></rect><text x="${(x + 3).toFixed(1)}" y="${y + 12}">${label}</text></g>`);
     }
@@ -117,8 +131,9 @@
     const g = ev.target.closest("g.frame");
     if (!g) return;
     const i = parseInt(g.dataset.i, 10);
-    status.textContent = `${data.names[data.n[i]]}: ${fmt(data.w[i])} (${(100 * data.w[i] / total).toFixed(2)}%), ` +
-      `self ${fmt(data.s[i])}`;
+    status.textContent = diff ? `${data.names[data.n[i]]}: baseline ${fmt(data.a[i])} of its samples, run ` +
+      `${fmt(data.b[i])}, change ${((data.b[i] - data.a[i]) / 10000).toFixed(2)} points`
+      : `${data.names[data.n[i]]}: ${fmt(data.w[i])} (${(100 * data.w[i] / total).toFixed(2)}%), self ${fmt(data.s[i])}`;
   });
   input.addEventListener("input", function () {
     try { pattern = input.value ? new RegExp(input.value) : null; input.classList.remove("bad"); }
