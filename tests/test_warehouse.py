@@ -185,14 +185,21 @@ def test_self_profile_queries_are_metrics(profile_run, tmp_path):
     assert q(db, "SELECT job, query_total_ns > 0, cpu_samples FROM runs") == [("selfprofile", True, None)]
 
 
-def test_cli_ingest_query_compare(etl_run, tmp_path, capsys):
-    db = tmp_path / "wh.duckdb"
+def two_nights(etl_run, tmp_path, ingest):
+    """Two copies of one run, the second with its top function's samples doubled, ingested with ``ingest``."""
     a = copy_run(etl_run, tmp_path / "nightly-20260101-010000")
     b = copy_run(etl_run, tmp_path / "nightly-20260102-010000")
     top = read_table(etl_run, "aggregated", "cpu_by_function").to_pylist()[0]
     scale_function(b, top, top["self_samples"])
     for run in (a, b):
-        assert cli_main(["warehouse", "--db", str(db), "ingest", "--run", str(run), "--label", "branch=master"]) == 0
+        ingest(run)
+    return a, b, top
+
+
+def test_cli_ingest_query_compare(etl_run, tmp_path, capsys):
+    db = tmp_path / "wh.duckdb"
+    a, b, top = two_nights(etl_run, tmp_path, lambda run: cli_main(
+        ["warehouse", "--db", str(db), "ingest", "--run", str(run), "--label", "branch=master"]) == 0 or pytest.fail())
     capsys.readouterr()
     assert cli_main(["warehouse", "--db", str(db), "query", "SELECT run_id, labels['branch'] AS branch FROM runs ORDER BY 1"]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -270,12 +277,7 @@ def test_compare_html_page_in_chromium(etl_run, tmp_path):
     from tests.test_report_queries import dump_dom
 
     db = tmp_path / "wh.duckdb"
-    a = copy_run(etl_run, tmp_path / "nightly-20260101-010000")
-    b = copy_run(etl_run, tmp_path / "nightly-20260102-010000")
-    top = read_table(etl_run, "aggregated", "cpu_by_function").to_pylist()[0]
-    scale_function(b, top, top["self_samples"])
-    for run in (a, b):
-        warehouse.ingest(db, run)
+    a, b, top = two_nights(etl_run, tmp_path, lambda run: warehouse.ingest(db, run))
     page = tmp_path / "compare.html"
     assert cli_main(["warehouse", "--db", str(db), "compare", "--run", str(b), "--format", "html", "--output",
                      str(page), "--budget", "1000"]) == 0
