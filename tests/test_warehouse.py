@@ -299,3 +299,49 @@ def test_prune_keeps_summaries_and_history(etl_run, tmp_path, capsys):
     c = warehouse.compare(db, runs[1].name)          # a pruned run still compares with its (pruned) baseline
     assert c["baseline_run_id"] == runs[0].name and len(c["changes"]) > 100
     assert cli_main(["warehouse", "--db", str(db), "prune", "--keep", "0"]) == 2
+
+
+GOLDEN_MARKDOWN = """### bootprof: `nightly-2` vs `nightly-1`
+
+job `nightly`, workload `stage2`
+
+| | baseline | this run | change | verdict |
+|---|---:|---:|---:|---|
+| build wall time | 100.00 s | 112.00 s | +12.0% | regression |
+| build CPU (samples) | 1,000,000 samples | 1,000,500 samples | +0.1% | noise |
+
+3 regressions and 1 improvements among 6 metrics; 6 of them need more runs (fixed thresholds).
+
+| verdict | change | metric | name | baseline | this run | threshold |
+|---|---:|---|---|---:|---:|---:|
+| regression | new | crate commit | `syn` | 0 B | 64.00 MiB | 10.0% (fixed) |
+| regression | +100.0% | function self CPU | `rustc_driver.dll!rustc_middle::ty::Ty::new \\| x` | 10,000 samples | 20,000 samples | 5.0% (fixed) |
+| improvement | -50.0% | crate wall time | `core` | 2.00 s | 1.00 s | 10.0% (fixed) |
+"""
+
+
+def test_compare_markdown_golden(tmp_path):
+    """Two runs with known metrics (written as ingestion writes them): the markdown, byte for byte. Noise (a
+    function +1%) is left out, regressions come first by impact (a crate new in the run: all of its kind's
+    change), names are whole and escaped for tables."""
+    from pipeline.warehouse import verdict
+
+    db = tmp_path / "wh.duckdb"
+    con = warehouse.connect(db)
+    for run, t in (("nightly-1", "2026-01-01 02:00:00"), ("nightly-2", "2026-01-02 02:00:00")):
+        con.execute("INSERT INTO runs (run_id, job, workload, run_time) VALUES (?, 'nightly', 'stage2', ?::TIMESTAMP)",
+                    [run, t])
+    rows = [("build_wall_ns", "build", 100e9, 112e9), ("cpu_build", "build", 1e6, 1_000_500),
+            ("cpu_function_self", "rustc_driver.dll!rustc_middle::ty::Ty::new | x", 10_000, 20_000),
+            ("cpu_function_self", "rustc_driver.dll!small", 50_000, 50_500), ("crate_wall_ns", "core", 2e9, 1e9),
+            ("commit_crate", "syn", None, 64 << 20)]
+    for kind, key, b, v in rows:
+        for run, value in (("nightly-1", b), ("nightly-2", v)):
+            if value is not None:
+                con.execute("INSERT INTO run_metrics VALUES (?, ?, ?, ?, NULL)", [run, kind, key, value])
+    con.close()
+    c = warehouse.compare(db, "nightly-2")
+    assert verdict.markdown(c) == GOLDEN_MARKDOWN
+    assert [r["key"] for r in verdict.exceeds_budget(c, 5.0)] == [
+        "build", "syn", "rustc_driver.dll!rustc_middle::ty::Ty::new | x"]
+    assert verdict.exceeds_budget(c, 50.0)[0]["key"] == "syn"          # (a new metric exceeds any budget)
