@@ -93,7 +93,10 @@ def run_job(job_path: Path, trace: Path | None, run_dir: Path | None, config_pat
     from pipeline.cluster import connect
 
     modules = {stage: importlib.import_module(f"pipeline.{stage}") for stage in stages}
-    with connect(config.cluster, warm_up=[m for mod in modules.values() for m in getattr(mod, "WARM_UP", ())]) as pool:
+    from pipeline.cluster import input_bytes
+
+    with connect(config.cluster, warm_up=[m for mod in modules.values() for m in getattr(mod, "WARM_UP", ())],
+                 size=input_bytes([trace])) as pool:
         for stage, mod in modules.items():
             t0 = time.perf_counter()
             # (on a terminal: which stage runs, until its line is printed; a stage may show its own progress)

@@ -100,8 +100,27 @@ class Pool:
         return [done[f.key] for f in futures]
 
 
+def input_bytes(paths: Iterable) -> int:
+    """Bytes of the inputs a command works on (files, and the .mm_profdata files of directories)."""
+    from pathlib import Path
+
+    total = 0
+    for p in map(Path, paths):
+        files = p.rglob("*.mm_profdata") if p.is_dir() else [p]
+        total += sum(f.stat().st_size for f in files if f.is_file())
+    return total
+
+
+def runs_inline(cfg: ClusterConfig, size: int | None) -> bool:
+    """Whether inputs of ``size`` bytes run in this process (``cluster.inline_below``, mode 'local' only)."""
+    from pipeline.config import parse_size
+
+    return cfg.mode == "local" and size is not None and size < parse_size(cfg.inline_below)
+
+
 @contextlib.contextmanager
-def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = (), lazy: bool = False) -> Iterator[Pool]:
+def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = (), lazy: bool = False,
+            size: int | None = None) -> Iterator[Pool]:
     """A Pool for the configured cluster: a LocalCluster on 127.0.0.1, a remote scheduler, or inline.
 
     ``warm_up``: modules (the stages' ``WARM_UP``) that local workers have imported, with their compiled
@@ -114,9 +133,15 @@ def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = (), lazy:
     for a stage that may need none: the aggregate and report sections of an ETL trace run in DuckDB and
     Python, and a local cluster that started beside them (its workers forked and warming up on the cores
     DuckDB runs on) cost ``bootprof aggregate`` 1.9 s (11.5 -> 9.7 s) and ``bootprof report`` 1.1 s (6.3 ->
-    5.2 s) on the 1 GB synth trace (means of 4 interleaved pairs). The cluster ends with the context."""
+    5.2 s) on the 1 GB synth trace (means of 4 interleaved pairs). The cluster ends with the context.
+
+    ``size``: bytes of the command's inputs; below ``cluster.inline_below`` a local cluster is not started at
+    all and tasks run in this process (:func:`runs_inline`)."""
     cfg = cfg or ClusterConfig()
     warm_up = list(warm_up)
+    if runs_inline(cfg, size):
+        yield Pool(None)
+        return
     if lazy and cfg.mode != "synchronous":
         with contextlib.ExitStack() as started:
             yield Pool(start=lambda: started.enter_context(connect(cfg, warm_up)))

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from pipeline.errors import ConfigError
 from pipeline.runs import canonical_hash
@@ -62,6 +62,10 @@ class ClusterConfig(Section):
     threads_per_worker: int = Field(1, ge=1, description="Threads per worker process (numba kernels hold the GIL-free loops).")
     memory_limit: Annotated[str, AfterValidator(_dask_memory)] = Field(
         "4GiB", description="Memory limit per local worker: a size (e.g. '4GiB') or 'auto' (dask's share of the machine).")
+    inline_below: Annotated[str, BeforeValidator(lambda v: str(v) if type(v) is int else v), _size_at_least(0)] = Field(
+        "64MB", description="In mode 'local', inputs (trace or self-profiles) smaller than this run in this process "
+        "without starting a cluster: its start (1.2 s of the 2.4 s `bootprof decode` of a 4.4 MB trace) would "
+        "cost more than its workers save. 0: always start the cluster.")
 
 
 class DecodeConfig(Section):

@@ -276,6 +276,14 @@ def sql_path(path) -> str:
     return "'" + str(path).replace("'", "''") + "'"
 
 
+def decoded_input_bytes(run_dir: Path) -> int | None:
+    """Bytes of the inputs the run's ``decoded/`` was made from (None when it has no finished decode)."""
+    try:
+        return sum(int(i.get("size") or 0) for i in read_manifest(run_dir, "decoded").get("inputs", []))
+    except ManifestError:
+        return None
+
+
 def has_table(run_dir: Path, stage: str, table: str) -> bool:
     return table_path(run_dir, stage, table).exists()
 

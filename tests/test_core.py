@@ -247,7 +247,7 @@ def test_cli_decode_with_a_local_cluster_ends_cleanly(tmp_path):
     from tests.conftest import fixture_path
 
     cfg = tmp_path / "local.yaml"
-    cfg.write_text("cluster: {mode: local, n_workers: 1, memory_limit: 1GiB}\n")
+    cfg.write_text("cluster: {mode: local, n_workers: 1, memory_limit: 1GiB, inline_below: 0}\n")
     trace = fixture_path("etl/perfview-small/smallEtlFile.etl")
     out = subprocess.run([sys.executable, "-m", "pipeline", "--config", str(cfg), "decode", str(trace), "--run",
                           str(tmp_path / "run")], capture_output=True, text=True, cwd=ROOT)
@@ -507,3 +507,24 @@ def test_the_fork_server_and_its_workers_are_waited_for():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     assert float(out.stdout) >= 0.9      # (the task's second, on a core of its own when the machine is idle)
+
+
+def test_small_inputs_run_in_process_without_a_cluster(tmp_path):
+    """Below cluster.inline_below (64MB) a local cluster is not started: the tasks run in this process; at or
+    above it, or with inline_below 0, the cluster starts; other modes are as configured."""
+    from pipeline.cluster import connect, input_bytes, runs_inline
+    from pipeline.config import ClusterConfig
+    from tests.conftest import fixture_path
+
+    small = fixture_path("etl/perfview-net45-x86/PerfViewData.etl")
+    size = input_bytes([small, fixture_path("selfprofile/workspace-clean")])
+    assert size == small.stat().st_size + sum(p.stat().st_size for p in
+                                              fixture_path("selfprofile/workspace-clean").rglob("*.mm_profdata"))
+    local = ClusterConfig(mode="local", n_workers=1, memory_limit="1GiB")
+    assert runs_inline(local, size) and not runs_inline(local, 64_000_000) and not runs_inline(local, None)
+    assert not runs_inline(local.model_copy(update={"inline_below": "0"}), 1)
+    assert not runs_inline(ClusterConfig(mode="address", address="tcp://127.0.0.1:1"), 1)
+    with connect(local, size=size) as pool:
+        assert pool.client is None and pool.map(abs, [-1, -2]) == [1, 2]
+    with connect(local.model_copy(update={"inline_below": "0"}), size=size) as pool:
+        assert pool.client is not None and pool.map(abs, [-3]) == [3]

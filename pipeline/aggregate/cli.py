@@ -14,7 +14,9 @@ def main(args, config) -> int:
     from pipeline import aggregate
     from pipeline.cluster import connect
 
-    with connect(config.cluster, lazy=True) as pool:      # (ETL sections need no cluster)
+    from pipeline.runs import decoded_input_bytes
+
+    with connect(config.cluster, lazy=True, size=decoded_input_bytes(args.run_dir)) as pool:   # (ETL: no cluster)
         summary = aggregate.run(args.run_dir, config, pool)
     print(json.dumps(summary, indent=2, sort_keys=True, default=str))
     return 0

@@ -16,8 +16,10 @@ def main(args, config) -> int:
     from pipeline import decode
     from pipeline.cluster import connect
 
+    from pipeline.cluster import input_bytes
+
     decode.classify(args.inputs)  # a bad input fails here, before a cluster is started
-    with connect(config.cluster, warm_up=decode.WARM_UP) as pool:
+    with connect(config.cluster, warm_up=decode.WARM_UP, size=input_bytes(args.inputs)) as pool:
         summary = decode.run(args.run_dir, config, pool, inputs=args.inputs)
     print(json.dumps(summary, indent=2, sort_keys=True, default=str))
     return 0

@@ -13,7 +13,9 @@ def main(args, config) -> int:
     from pipeline import report
     from pipeline.cluster import connect
 
-    with connect(config.cluster, lazy=True) as pool:      # (ETL sections need no cluster)
+    from pipeline.runs import decoded_input_bytes
+
+    with connect(config.cluster, lazy=True, size=decoded_input_bytes(args.run_dir)) as pool:   # (ETL: no cluster)
         summary = report.run(args.run_dir, config, pool)
     print(f"report: {args.run_dir / 'report' / 'index.html'}")
     for section, counts in summary.items():

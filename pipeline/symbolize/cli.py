@@ -24,7 +24,9 @@ def main(args, config) -> int:
         config.symbolize.symbol_path = args.symbol_path
     if args.cache_dir is not None:
         config.symbolize.cache_dir = args.cache_dir
-    with connect(config.cluster) as pool:
+    from pipeline.runs import decoded_input_bytes
+
+    with connect(config.cluster, size=decoded_input_bytes(args.run_dir)) as pool:
         summary = symbolize.run(args.run_dir, config, pool)
     print(json.dumps(summary, indent=2, sort_keys=True, default=str))
     return 0
