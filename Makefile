@@ -16,6 +16,7 @@ FUZZ_SEED   ?= 0
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(PY) scripts/compile_kernels.py
 	@touch $(STAMP)
 
 install: $(STAMP)
