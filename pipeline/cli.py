@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from pipeline import __version__
 from pipeline.config import Config, load_config, load_job
@@ -95,6 +95,7 @@ def run_job(job_path: Path, trace: Path | None, run_dir: Path | None, config_pat
     modules = {stage: importlib.import_module(f"pipeline.{stage}") for stage in stages}
     from pipeline.cluster import input_bytes
 
+    summaries: dict[str, Any] = {}
     with connect(config.cluster, warm_up=[m for mod in modules.values() for m in getattr(mod, "WARM_UP", ())],
                  size=input_bytes([trace])) as pool:
         for stage, mod in modules.items():
@@ -102,11 +103,16 @@ def run_job(job_path: Path, trace: Path | None, run_dir: Path | None, config_pat
             # (on a terminal: which stage runs, until its line is printed; a stage may show its own progress)
             with Status(stage, 0) as status:
                 status.say("running")
-                summary = mod.run(run_dir, config, pool, inputs=[trace])
+                summary = summaries[stage] = mod.run(run_dir, config, pool, inputs=[trace])
             print(f"  {stage:<10} {time.perf_counter() - t0:7.2f} s  {summary or ''}")
     index = run_dir / "report" / "index.html"
     if "report" in stages and index.exists():
         print(f"report: {index}")
+    if "compare" in stages:
+        past = summaries["compare"]["regressions_past_budget"]
+        print(f"compare: {run_dir / 'compare' / 'summary.md'}" + (
+            f" ({past} significant regressions of {config.warehouse.budget_pct:g}% or more)" if past else ""))
+        return 1 if past else 0
     return 0
 
 

@@ -209,8 +209,9 @@ class Job(Section):
 
     name: str = Field(description="Job name, used in run directory names.")
     config: Path | None = Field(None, description="Config file, relative to the project root.")
-    stages: list[Literal["synth", "decode", "symbolize", "aggregate", "report", "warehouse"]] = Field(
-        description="Stages in order. 'synth' makes the demo trace when no TRACE is given."
+    stages: list[Literal["synth", "decode", "symbolize", "aggregate", "report", "warehouse", "compare"]] = Field(
+        description="Stages in order. 'synth' makes the demo trace when no TRACE is given; 'compare' (after "
+        "'warehouse') compares the run with its baseline and fails the job on a regression past the budget."
     )
     runs_dir: Path = Field(Path("runs"), description="Where run directories are created.")
 

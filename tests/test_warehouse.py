@@ -225,7 +225,7 @@ def test_cli_ingest_query_compare(etl_run, tmp_path, capsys):
 
 def test_nightly_job_twice_then_compare(tmp_path, capsys):
     """jobs/nightly.yaml on one recorded trace, two nights: the second night has the first as its
-    baseline and, with the same trace, no regressions."""
+    baseline and, with the same trace, no regressions; a third, slower night fails the job."""
     import json
 
     from pipeline import synth
@@ -251,6 +251,21 @@ def test_nightly_job_twice_then_compare(tmp_path, capsys):
     capsys.readouterr()
     assert cli_main(["--config", str(config), "warehouse", "compare", "--run", str(runs[1])]) == 0
     assert "0 regressions and 0 improvements" in capsys.readouterr().out
+    # the job's compare stage: the first night has nothing to compare with, the second no regression
+    assert "no earlier run of job 'nightly'" in (runs[0] / "compare" / "summary.md").read_text()
+    assert (runs[1] / "compare" / "summary.md").read_text().startswith(
+        f"### bootprof: `{runs[1].name}` vs `{runs[0].name}`")
+    assert read_manifest(runs[1], "compare")["regressions_past_budget"] == 0
+    # a third night of the same build whose rustc_middle crate got 1.5 times slower fails the job (exit 1)
+    slow = tmp_path / "input3" / "build.etl"
+    synth.run(slow, VARIANTS_SMALL.model_copy(update={"inject": ["crate:rustc_middle:1.5"]}))
+    third = tmp_path / "runs" / "nightly-20260103-020000"
+    assert cli_main(["--config", str(config), "run", str(ROOT / "jobs" / "nightly.yaml"), "--trace", str(slow),
+                     "--run", str(third)]) == 1
+    assert "regressions of 5% or more" in capsys.readouterr().out
+    summary = (third / "compare" / "summary.md").read_text()
+    assert "| regression |" in summary and "`rustc_middle`" in summary
+    assert "<svg" in (third / "compare" / "compare.html").read_text()
 
 
 def test_differential_flame_tree_is_right_at_every_level():

@@ -1,0 +1,49 @@
+"""Compare stage: the run against its baseline in the warehouse, as files a nightly CI shows and an exit status
+it fails on.
+
+Entry point: :func:`run` (``stages: [..., warehouse, compare]``, e.g. ``jobs/nightly.yaml``), after the run is
+ingested. Writes ``RUN_DIR/compare/``: ``summary.md`` (the markdown of ``bootprof warehouse compare``, for a CI
+job summary; also appended to ``$GITHUB_STEP_SUMMARY`` when that is set), ``compare.html`` (the tables over a
+differential flame graph) and ``comparison.json`` (every metric with its verdict). The summary it returns
+counts ``regressions_past_budget``: ``bootprof run`` exits 1 when it is not 0. A run with no baseline (the
+first of its job and workload) writes the files saying so and passes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from pipeline.runs import atomic_write_text, stage_output
+
+STAGE = "compare"
+
+
+def run(run_dir: Path, config, pool, inputs=None) -> dict[str, Any]:
+    from pipeline import warehouse
+    from pipeline.warehouse import verdict
+
+    run_dir = Path(run_dir)
+    db, timeout = config.warehouse.path, config.warehouse.lock_timeout_s
+    c = warehouse.compare(db, run_dir.resolve().name, lock_timeout_s=timeout)
+    base = c["baseline_run_id"]
+    failing = verdict.exceeds_budget(c, config.warehouse.budget_pct) if base else []
+    markdown = verdict.markdown(c)
+    with stage_output(run_dir, STAGE, config=config.resolved(), upstream=("aggregated",)) as out:
+        atomic_write_text(out.path / "summary.md", markdown)
+        folded = (warehouse.folded(db, base, timeout), warehouse.folded(db, c["run_id"], timeout)) if base else ([], [])
+        atomic_write_text(out.path / "compare.html", verdict.html_page(c, *folded))
+        atomic_write_text(out.path / "comparison.json", json.dumps(c, indent=1, sort_keys=True, default=str) + "\n")
+        rows = c["headline"] + c["changes"]
+        summary = {"baseline_run_id": base, "reason": c["reason"],
+                   "regressions": sum(r["verdict"] == "regression" for r in rows),
+                   "improvements": sum(r["verdict"] == "improvement" for r in rows),
+                   "regressions_past_budget": len(failing), "budget_pct": config.warehouse.budget_pct}
+        out.manifest.update(summary)
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if step_summary:
+        with open(step_summary, "a") as f:
+            f.write(markdown)
+    return summary
