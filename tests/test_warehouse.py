@@ -360,3 +360,26 @@ def test_compare_markdown_golden(tmp_path):
     assert [r["key"] for r in verdict.exceeds_budget(c, 5.0)] == [
         "build", "syn", "rustc_driver.dll!rustc_middle::ty::Ty::new | x"]
     assert verdict.exceeds_budget(c, 50.0)[0]["key"] == "syn"          # (a new metric exceeds any budget)
+
+
+def test_a_warehouse_of_an_older_bootprof_takes_new_runs(etl_run, tmp_path):
+    """A file made before runs had a workload and query_summary its invocations: connecting adds the columns,
+    and a run ingests and compares (its first ingest once failed with a binder error and a traceback)."""
+    db = tmp_path / "wh.duckdb"
+    con = duckdb.connect(str(db))
+    con.execute("""CREATE TABLE runs (run_id VARCHAR PRIMARY KEY, job VARCHAR, run_dir VARCHAR, run_time TIMESTAMP,
+        trace_start_utc TIMESTAMP, trace_sha256 VARCHAR, trace_files INTEGER, trace_bytes BIGINT,
+        labels MAP(VARCHAR, VARCHAR), stages VARCHAR[], project_version VARCHAR, ingested_utc TIMESTAMP,
+        cpu_samples BIGINT, commit_bytes BIGINT, query_total_ns BIGINT)""")
+    con.execute("CREATE TABLE query_summary (run_id VARCHAR, scope VARCHAR, file_id INTEGER, crate VARCHAR, "
+                "label VARCHAR, self_ns BIGINT, time_ns BIGINT)")
+    con.execute("""INSERT INTO runs (run_id, job, run_time) VALUES ('nightly-20251231-010000', 'nightly',
+                   '2025-12-31 01:00:00')""")     # (an old run: its workload and metrics come from its tables)
+    con.execute("CREATE TABLE cpu_by_crate (run_id VARCHAR, crate VARCHAR, processes BIGINT, samples BIGINT)")
+    con.execute("INSERT INTO cpu_by_crate SELECT 'nightly-20251231-010000', crate, processes, samples "
+                "FROM read_parquet(?)", [str(etl_run / "aggregated" / "cpu_by_crate.parquet")])
+    con.close()
+    warehouse.ingest(db, copy_run(etl_run, tmp_path / "nightly-20260101-010000"))
+    c = warehouse.compare(db, "nightly-20260101-010000")
+    assert c["baseline_run_id"] == "nightly-20251231-010000" and c["workload"].startswith("build of")
+    assert {r["key"] for r in c["changes"] if r["kind"] == "cpu_crate" and r["baseline_value"] > 0}

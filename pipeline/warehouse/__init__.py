@@ -192,11 +192,30 @@ def connect(path: Path, read_only: bool = False, lock_timeout_s: float = 300.0):
         con.execute(f"ALTER TABLE runs ADD COLUMN IF NOT EXISTS {column}")
     for table, cols in BASE_TABLES.items():
         con.execute(f"CREATE TABLE IF NOT EXISTS {table} (run_id VARCHAR, {cols})")
+        for column in cols.split(", "):           # (a table made by an older bootprof lacks newer columns)
+            con.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column}")
     for name, sql in VIEWS.items():
         con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
     for name, sql in MACROS.items():
         con.execute(f"CREATE OR REPLACE MACRO {name}(run, baseline) AS TABLE {sql}")
+    _upgrade(con)
     return con
+
+
+def _upgrade(con) -> None:
+    """Runs ingested by an older bootprof get what newer ones have: a workload, and their metrics (from their
+    detail tables, while those are there)."""
+    for (run_id, sha) in con.execute("SELECT run_id, trace_sha256 FROM runs WHERE workload IS NULL").fetchall():
+        con.execute("UPDATE runs SET workload = ? WHERE run_id = ?", [workload_of(con, run_id, [], sha), run_id])
+    for (run_id,) in con.execute("SELECT run_id FROM runs WHERE run_id NOT IN (SELECT DISTINCT run_id FROM run_metrics)"
+                                 ).fetchall():
+        _write_metrics(con, run_id)
+
+
+def _write_metrics(con, run_id: str) -> None:
+    for kind, (_, sql) in METRICS.items():
+        con.execute(f"""INSERT INTO run_metrics SELECT $1, '{kind}', key, value, n
+                        FROM ({sql}) AS t(key, value, n) WHERE value IS NOT NULL AND key IS NOT NULL""", [run_id])
 
 
 def workload_of(con, run_id: str, inputs: list[dict], trace_sha: str | None) -> str:
@@ -246,6 +265,8 @@ def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: s
     run_time = (decoded or manifests[AGGREGATED])["created_utc"]
     tables = sorted(p for p in stage_dir(run_dir, AGGREGATED).iterdir() if p.name.endswith(".parquet"))
 
+    import duckdb
+
     con = connect(db, lock_timeout_s=lock_timeout_s)
     try:
         con.execute("BEGIN TRANSACTION")
@@ -288,9 +309,7 @@ def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: s
             time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
             sections.get("cpu", {}).get("samples"), sections.get("memory", {}).get("commit_bytes"), query_total,
             sections.get("memory", {}).get("peak_commit_bytes")])
-        for kind, (_, sql) in METRICS.items():
-            con.execute(f"""INSERT INTO run_metrics SELECT $1, '{kind}', key, value, n
-                            FROM ({sql}) AS t(key, value, n) WHERE value IS NOT NULL AND key IS NOT NULL""", [run_id])
+        _write_metrics(con, run_id)
         for stage, m in manifests.items():
             con.execute("INSERT INTO stage_manifests VALUES (?, ?, ?::TIMESTAMP, ?, ?, ?, ?, ?)", [
                 run_id, stage, m["created_utc"].replace("T", " ").rstrip("Z"), m.get("elapsed_s"),
@@ -299,6 +318,10 @@ def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: s
             for table, n in (m.get("tables") or {}).items():
                 con.execute("INSERT INTO table_rows VALUES (?, ?, ?, ?)", [run_id, stage, table, n])
         con.execute("COMMIT")
+    except duckdb.Error as exc:
+        con.execute("ROLLBACK")
+        raise InputError(f"{db}: ingesting {run_dir} failed, nothing of it was written: "
+                         f"{' '.join(str(exc).split())}") from None
     except BaseException:
         con.execute("ROLLBACK")
         raise
