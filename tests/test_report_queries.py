@@ -137,8 +137,30 @@ def test_chrome_trace_like_crox(report_run):
     app = next(f for f in ok if f["crate"] == "app")
     first = read_events(Path(app["path"]))[1][0]
     mine = next(e for e in spans if e["pid"] == app["pid"] and e["name"] == first["label"])
-    assert mine["ts"] == (app["start_time_ns"] + first["start"]) // 1000
-    assert mine["dur"] == (first["end"] - first["start"]) // 1000 and mine["cat"] == first["kind"]
+    origin = min(f["start_time_ns"] for f in ok)
+    assert round(mine["ts"] * 1000) == app["start_time_ns"] - origin + first["start"]
+    assert round(mine["dur"] * 1000) == first["end"] - first["start"] and mine["cat"] == first["kind"]
+    # exact to the nanosecond: no zero-length interval unless it is one, and children end inside their parents
+    assert sum(e["dur"] == 0 for e in spans) == sum(
+        e["payload"] == "interval" and e["end"] == e["start"] for f in ok for e in read_events(Path(f["path"]))[1])
+    assert nesting_errors(spans) == 0
+
+
+def nesting_errors(spans: list[dict]) -> int:
+    """Intervals of a thread that overlap another one without lying inside it (what makes viewers fail)."""
+    bad = 0
+    by_thread: dict = {}
+    for e in spans:
+        by_thread.setdefault((e["pid"], e["tid"]), []).append((round(e["ts"] * 1000), round((e["ts"] + e["dur"]) * 1000)))
+    for spans_of in by_thread.values():
+        open_ends: list[int] = []
+        for start, end in sorted(spans_of, key=lambda s: (s[0], -s[1])):
+            while open_ends and open_ends[-1] <= start:
+                open_ends.pop()
+            if open_ends and end > open_ends[-1]:
+                bad += 1
+            open_ends.append(end)
+    return bad
 
 
 def test_cache_hits_per_query_execution(report_run):
