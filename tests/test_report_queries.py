@@ -244,6 +244,20 @@ def test_profile_queries_renders_a_large_process_lazily(report_run, tmp_path):
     assert "frac-50" in dom or "frac-40" in dom or "frac-30" in dom    # large nodes styled by share
     assert "thread 3" in dom
     assert 'class="hits inline" title="' in dom and 'cache hits of ' in dom   # per-execution hit dots
+    # the busiest thread comes first, and in it the heaviest top-level event: the query that costs most is at
+    # the top of the page (threads by event count put a tiny one first, and the heaviest query far below)
+    text = (report_run / "report" / "profile_queries" / f"trace-{fid}.js").read_text()
+    t = json.loads(text[len("bootprofTrace("): -len(");\n")])
+    roots: dict = {}
+    for i, p in enumerate(t["parent"]):
+        if p < 0 and not t["instant"][i]:
+            roots.setdefault(t["thread"][i], []).append(i)
+    busy = {tid: sum(t["dur"][i] for i in ids) for tid, ids in roots.items()}
+    tids = [int(x) for x in re.findall(r'class="thread" data-tid="(\d+)"', dom)]
+    assert tids == sorted(busy, key=lambda tid: (-busy[tid], tid))
+    first = dom.index(f'data-tid="{tids[0]}"')
+    heaviest = max(roots[tids[0]], key=lambda i: t["dur"][i])
+    assert re.search(r'class="node [^"]*" data-i="(\d+)"', dom[first:]).group(1) == str(heaviest)
 
 
 def test_profile_queries_zoom_and_hits(report_run, tmp_path):

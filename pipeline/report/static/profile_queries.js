@@ -175,11 +175,20 @@
       root.appendChild(el);
       if (!el.classList.contains("leaf")) open(t, el, { budget: AUTO_OPEN_BUDGET, depth: 0 });
     } else {
-      Object.keys(t.roots).sort(function (a, b) { return t.roots[b].length - t.roots[a].length; }).forEach(function (tid) {
+      // Threads with the most time first, and in each its top-level events heaviest first: the query that
+      // costs most is at the top, where a thread listed by event count could push it 177,000 px down.
+      var busy = {};
+      Object.keys(t.roots).forEach(function (tid) {
+        busy[tid] = t.roots[tid].reduce(function (sum, i) { return sum + t.dur[i]; }, 0);
+      });
+      Object.keys(t.roots).sort(function (a, b) { return busy[b] - busy[a] || a - b; }).forEach(function (tid) {
         var th = document.createElement("div");
         th.className = "thread";
-        th.innerHTML = '<div class="title">thread ' + tid + " (" + t.roots[tid].length + " top-level events)</div>";
-        appendPage(t, th, t.roots[tid], 0, state);
+        th.dataset.tid = tid;
+        th.innerHTML = '<div class="title">thread ' + tid + ": " + fmt(busy[tid]) + " in " + t.roots[tid].length +
+          " top-level events, heaviest first</div>";
+        var heavy = t.roots[tid].slice().sort(function (a, b) { return t.dur[b] - t.dur[a] || a - b; });
+        appendPage(t, th, heavy, 0, state);
         root.appendChild(th);
       });
     }
