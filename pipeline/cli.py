@@ -61,14 +61,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("job", type=Path, help="job file, e.g. jobs/demo.yaml")
     run.add_argument("--trace", type=Path, help="ETL trace or self-profile directory (default: synthesize the demo trace)")
     run.add_argument("--run", dest="run_dir", type=Path, help="run directory (default: <runs_dir>/<job>-<time>)")
+    run.add_argument("--symbol-path", dest="symbol_path", help="symbol path for the symbolize stage "
+                     "(_NT_SYMBOL_PATH syntax: DIR;srv*CACHE*URL;cache*DIR; overrides symbolize.symbol_path)")
     run.set_defaults(_module=None)
     return parser
 
 
-def run_job(job_path: Path, trace: Path | None, run_dir: Path | None, config_path: Path | None) -> int:
+def run_job(job_path: Path, trace: Path | None, run_dir: Path | None, config_path: Path | None,
+            symbol_path: str | None = None) -> int:
     """Run every stage of a job on one trace; with no trace and a 'synth' stage, make the demo trace."""
     job = load_job(job_path)
     config = load_config(config_path or job.config)
+    if symbol_path is not None:
+        config.symbolize.symbol_path = symbol_path
     # Runs of one job are compared with each other in the warehouse, whatever their directory is called.
     config.warehouse.labels = {"job": job.name, **config.warehouse.labels}
     if run_dir is None:
@@ -127,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "run":
-            return run_job(args.job, args.trace, args.run_dir, args.config)
+            return run_job(args.job, args.trace, args.run_dir, args.config, args.symbol_path)
         config: Config = load_config(args.config)
         return int(args._module.main(args, config) or 0)
     except BootprofError as exc:

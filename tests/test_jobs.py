@@ -15,7 +15,7 @@ STAGES = ["decoded", "symbolized", "aggregated", "report"]
 def _config(tmp_path) -> str:
     path = tmp_path / "config.yaml"
     path.write_text(json.dumps({
-        "cluster": {"mode": "local", "n_workers": 2, "memory_limit": "2GiB"},
+        "cluster": {"mode": "local", "n_workers": 2, "memory_limit": "2GiB", "inline_below": 0},
         "symbolize": {"cache_dir": str(tmp_path / "symcache")},
         "warehouse": {"path": str(tmp_path / "wh.duckdb")},
     }))
@@ -44,3 +44,15 @@ def test_demo_job_on_a_self_profile_directory(tmp_path, capsys):
     assert read_manifest(run, "symbolized")["skipped"].startswith("no ETL stacks")
     assert set(read_manifest(run, "aggregated")["sections"]) == {"queries"}
     assert (run / "report" / "profile_queries.counts.txt").exists()
+
+
+def test_run_takes_a_symbol_path(tmp_path, capsys):
+    """``bootprof run --symbol-path P`` is the symbolize stage's symbol path (here a place with no symbols: the
+    demo trace's frames stay unresolved, and the manifest says where it looked)."""
+    run = tmp_path / "demo-run"
+    empty = tmp_path / "no-symbols"
+    empty.mkdir()
+    assert cli_main(["--config", _config(tmp_path), "run", str(ROOT / "jobs" / "demo.yaml"), "--run", str(run),
+                     "--symbol-path", str(empty)]) == 0
+    m = read_manifest(run, "symbolized")
+    assert m["symbol_path"] == str(empty) and m["resolution_rate"] == 0.0
