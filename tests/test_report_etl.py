@@ -228,3 +228,37 @@ def test_memory_section_answers_by_function(report_run):
     for name in ("commit_by_crate.csv", "commit_by_code_crate.csv", "heap_snapshot_by_function.csv",
                  "heap_snapshot_growth.csv"):
         assert (report_run / "report" / name).stat().st_size > 0 and f'href="{name}"' in memory
+
+
+IDLE = """<script>
+(function () {
+  const svg = document.getElementById("flame"), out = document.body.dataset, box = document.getElementById("flame-hide-idle");
+  out.before = svg.dataset.shown + "|" + svg.querySelectorAll("g.frame").length;
+  box.checked = true;
+  box.dispatchEvent(new Event("change", {bubbles: true}));
+  out.after = svg.dataset.shown + "|" + location.hash;
+  out.idleTitles = [...svg.querySelectorAll("g.frame title")].filter(t => t.textContent.startsWith("Idle")).length;
+  out.labels = [...svg.querySelectorAll("g.frame text")].map(t => t.textContent).filter(t => t.includes("!")).length;
+  out.named = [...svg.querySelectorAll("g.frame")].filter(g => {
+    const title = g.querySelector("title").textContent, label = g.querySelector("text").textContent;
+    return label && title.includes("!") && title.split("!")[1].startsWith(label);
+  }).length;
+})();
+</script>
+</body>"""
+
+
+def test_flamegraph_hides_idle_and_labels_functions_first(report_run, tmp_path):
+    """WPA-like: the Idle process (most samples of an idle machine) can be hidden, the rest then fills the page;
+    labels start with the function (the module is in the tooltip)."""
+    page = report_run / "report" / "flamegraph_cpu.html"
+    idle = sum(r["samples"] for r in read_table(report_run, "aggregated", "cpu_folded").to_pylist()
+               if r["stack"].split(";")[0] == "Idle")
+    data = flame_data(page)
+    driven = tmp_path / "idle.html"
+    driven.write_text(page.read_text().replace("</body>", IDLE))
+    dom = dump_dom(driven.as_uri(), tmp_path / "chrome")
+    body = dict(re.findall(r'data-([a-z-]+)="([^"]*)"', re.search(r"<body([^>]*)>", dom).group(1)))
+    assert idle > 0 and body["before"].split("|")[0] == str(data["w"][0])
+    assert body["after"] == f"{data['w'][0] - idle}|#idle=0"
+    assert body["idle-titles"] == "0" and body["labels"] == "0" and int(body["named"]) > 0

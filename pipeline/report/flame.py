@@ -108,7 +108,8 @@ def flame_page(title: str, stacks: Iterable[tuple[str, int]], unit: str, note: s
 <body>
 <div id="flame-head"><h1>{html.escape(title)}</h1>
 <label>search <input id="flame-search" placeholder="regex, e.g. rustc_middle|hashbrown"></label>
-<button id="flame-reset">reset zoom</button><span id="flame-matched"></span></div>
+<button id="flame-reset">reset zoom</button><label><input type="checkbox" id="flame-hide-idle"> hide Idle</label>
+<span id="flame-matched"></span></div>
 <p class="flame-note">Click a frame to zoom in, click it again to zoom out.{"" if unit == "ppm" else f" Total {tree['w'][0] if tree['w'] else 0:,} {html.escape(unit)}."}
 {html.escape(note)}</p>
 {intro_html}

@@ -9,6 +9,8 @@
  * A differential graph (unit "ppm", arrays a and b: the node's inclusive share of the baseline and of the
  * run, in parts per million) colours each frame by its change: red grew, blue shrank, the strongest for
  * frames only one run has.
+ * Labels show the function first (what follows "module!"; the module stays in the tooltip). "hide Idle"
+ * leaves out the Idle process (pid 0, often most of a trace's samples) and widens the rest to the page.
  */
 (function () {
   "use strict";
@@ -19,8 +21,18 @@
   const input = document.getElementById("flame-search");
   const ROW = 17, MIN_PX = 0.4;
   const N = data.x.length;
-  const total = N ? data.w[0] : 0;
-  let zoom = 0, pattern = null;
+  let zoom = 0, pattern = null, hideIdle = false;
+  let idle = -1;                     // the Idle process frame (depth 1), if the graph has one
+  for (let i = 0; i < N; i++) if (data.d[i] === 1 && data.names[data.n[i]] === "Idle") { idle = i; break; }
+  const idleBox = document.getElementById("flame-hide-idle");
+  if (idleBox && idle < 0) idleBox.disabled = true;
+  // Geometry with Idle left out: its frames are not drawn and what follows it moves left by its width.
+  function hidden(i) {
+    return hideIdle && idle >= 0 && data.d[i] >= 1 && data.x[i] >= data.x[idle] && data.x[i] < data.x[idle] + data.w[idle];
+  }
+  function X(i) { return hideIdle && idle >= 0 && data.x[i] >= data.x[idle] + data.w[idle] ? data.x[i] - data.w[idle] : data.x[i]; }
+  function W(i) { return hideIdle && idle >= 0 && i === 0 ? data.w[0] - data.w[idle] : data.w[i]; }
+  let total = N ? data.w[0] : 0;
 
   const diff = data.unit === "ppm" && data.a && data.b;
   function fmt(v) {
@@ -58,26 +70,31 @@
 
   function render() {
     const width = svg.parentNode.clientWidth || 1200;
-    const zx = data.x[zoom], zw = data.w[zoom] || 1, zd = data.d[zoom];
+    if (hidden(zoom)) zoom = 0;
+    total = N ? W(0) : 0;
+    const zx = X(zoom), zw = W(zoom) || 1, zd = data.d[zoom];
     const scale = width / zw;
     let maxd = 0;
     const parts = [];
     for (let i = 0; i < N; i++) {
+      if (hidden(i)) continue;
       let x, w;
       if (data.d[i] < zd) {
         if (!isAncestor(i, zoom)) continue;
         x = 0; w = width;
       } else {
-        if (data.x[i] < zx || data.x[i] + data.w[i] > zx + zw) continue;
+        if (X(i) < zx || X(i) + W(i) > zx + zw) continue;
         if (data.d[i] === zd && i !== zoom) continue;
-        w = data.w[i] * scale;
+        w = W(i) * scale;
         if (w < MIN_PX) continue;
-        x = (data.x[i] - zx) * scale;
+        x = (X(i) - zx) * scale;
       }
       const name = data.names[data.n[i]];
       const y = data.d[i] * ROW;
       if (data.d[i] > maxd) maxd = data.d[i];
-      const label = w > 30 ? esc(name.slice(0, Math.floor(w / 6.5))) : "";
+      const bang = name.indexOf("!");
+      const short = bang >= 0 ? name.slice(bang + 1) : name;     // the function first; the module is in the tooltip
+      const label = w > 30 ? esc(short.slice(0, Math.floor(w / 6.5))) : "";
       const tip = diff ? `baseline ${fmt(data.a[i])}, run ${fmt(data.b[i])}, change ${((data.b[i] - data.a[i]) / 10000).toFixed(2)} points`
         : `${fmt(data.w[i])}, ${(100 * data.w[i] / total).toFixed(2)}%, self ${fmt(data.s[i])}`;
       parts.push(`<g class="frame" data-i="${i}"><title>${esc(name)} (${tip})</title>` +
@@ -88,6 +105,7 @@
     svg.setAttribute("height", (maxd + 1) * ROW + 4);
     svg.innerHTML = parts.join("");
     svg.dataset.drawn = parts.length;
+    svg.dataset.shown = total;
     svg.dataset.zoom = zoom;
     reportMatches();
   }
@@ -96,7 +114,7 @@
     if (!pattern) { matched.textContent = ""; svg.dataset.matched = ""; return; }
     let sum = 0, end = -1;
     for (let i = 0; i < N; i++) {          // depth-first order: an outer match precedes its inner ones
-      if (data.x[i] < end) continue;
+      if (data.x[i] < end || hidden(i)) continue;
       if (pattern.test(data.names[data.n[i]]) && i !== 0) { sum += data.w[i]; end = data.x[i] + data.w[i]; }
     }
     const pct = total ? (100 * sum / total).toFixed(2) : "0.00";
@@ -107,6 +125,7 @@
   function setHash() {
     const parts = [];
     if (zoom) parts.push("zoom=" + zoom);
+    if (hideIdle) parts.push("idle=0");
     if (pattern) parts.push("search=" + encodeURIComponent(pattern.source));
     history.replaceState(null, "", parts.length ? "#" + parts.join("&") : location.pathname);
   }
@@ -115,6 +134,8 @@
     const params = new URLSearchParams(location.hash.slice(1));
     const z = parseInt(params.get("zoom") || "0", 10);
     zoom = z >= 0 && z < N ? z : 0;
+    hideIdle = params.get("idle") === "0" && idle >= 0;
+    if (idleBox) idleBox.checked = hideIdle;
     const s = params.get("search");
     if (s) { input.value = s; try { pattern = new RegExp(s); } catch (e) { pattern = null; } }
   }
@@ -144,6 +165,7 @@
   document.getElementById("flame-reset").addEventListener("click", function () {
     zoom = 0; pattern = null; input.value = ""; setHash(); render();
   });
+  if (idleBox) idleBox.addEventListener("change", function () { hideIdle = idleBox.checked; setHash(); render(); });
   window.addEventListener("resize", render);
   readHash();
   render();
