@@ -262,3 +262,31 @@ def test_flamegraph_hides_idle_and_labels_functions_first(report_run, tmp_path):
     assert idle > 0 and body["before"].split("|")[0] == str(data["w"][0])
     assert body["after"] == f"{data['w'][0] - idle}|#idle=0"
     assert body["idle-titles"] == "0" and body["labels"] == "0" and int(body["named"]) > 0
+
+
+def test_missing_data_and_missing_symbols_are_explained(tmp_path):
+    """A kernel trace without CPU samples, VirtualAlloc or heap events: no empty flame graph or tables, but a note
+    per missing kind naming the WPR profile or xperf flags that record it. A trace whose frames did not resolve
+    (no symbol path) says how to give symbols and lists the images without them."""
+    from pipeline import aggregate, decode, report, symbolize
+    from pipeline.cluster import Pool
+    from pipeline.config import Config
+    from tests.conftest import fixture_path
+
+    config = Config()
+    config.cluster.mode = "synchronous"
+    config.symbolize.symbol_path, config.symbolize.cache_dir = str(tmp_path / "nothing"), tmp_path / "cache"
+    for name, trace in (("kernel", "etl/airbus/AMSITrace.etl"), ("net", "etl/perfview-net45-x86/PerfViewData.etl")):
+        run = tmp_path / name
+        decode.run(run, config, Pool(None), inputs=[fixture_path(trace)])
+        for stage in (symbolize, aggregate, report):
+            stage.run(run, config, Pool(None))
+    index = (tmp_path / "kernel" / "report" / "index.html").read_text()
+    assert '<section id="coverage"' in index and '<section id="cpu"' not in index
+    assert not (tmp_path / "kernel" / "report" / "flamegraph_cpu.html").exists()
+    for what, how in (("CPU samples", "-stackwalk Profile"), ("VirtualAlloc commits", "-stackwalk VirtualAlloc"),
+                      ("heap snapshots", "wpr -singlesnapshot heap PID")):
+        assert f"<b>No {what}</b>" in index and how in index
+    net = (tmp_path / "net" / "report" / "index.html").read_text()
+    assert re.search(r"Only 0\.0% of [\d,]+ frames resolved", net) and "<b>No CPU samples</b>" not in net
+    assert "--symbol-path P" in net and "_NT_SYMBOL_PATH" in net and "<code>mscorlib.ni.dll</code>" in net

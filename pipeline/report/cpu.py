@@ -23,6 +23,8 @@ def section(ctx):
     top_n = ctx.config.report.top_n
     folded = [(r["stack"], r["samples"]) for r in ctx.read(AGG, "cpu_folded", ["stack", "samples"]).to_pylist()]
     total = sum(v for _, v in folded)
+    if total == 0:
+        return None     # (a trace recorded without CPU samples: the coverage section says how to record them)
     w = Writer(ctx)
     w.text("flamegraph_cpu.html", flame_page("CPU samples", folded, "samples",
                                              "Root frames are programs (rustc with the crate it compiles)."))

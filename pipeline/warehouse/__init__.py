@@ -188,6 +188,7 @@ def connect(path: Path, read_only: bool = False, lock_timeout_s: float = 300.0):
         con.execute("SET lock_configuration = true")
         return con
     con.execute(RUNS_DDL)
+    older = "workload" not in {r[0] for r in con.execute("DESCRIBE runs").fetchall()}
     for column in ("workload VARCHAR", "peak_commit_bytes BIGINT"):            # (warehouses of older versions)
         con.execute(f"ALTER TABLE runs ADD COLUMN IF NOT EXISTS {column}")
     for table, cols in BASE_TABLES.items():
@@ -198,7 +199,8 @@ def connect(path: Path, read_only: bool = False, lock_timeout_s: float = 300.0):
         con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
     for name, sql in MACROS.items():
         con.execute(f"CREATE OR REPLACE MACRO {name}(run, baseline) AS TABLE {sql}")
-    _upgrade(con)
+    if older:
+        _upgrade(con)
     return con
 
 
@@ -353,7 +355,9 @@ def compare(db: Path, run: str, baseline: str | None = None, lock_timeout_s: flo
             if other != workload:
                 out["reason"] = f"the baseline is of another workload ('{other}'): differences include the workload's"
         out["baseline_run_id"] = base_id
-        history = "(SELECT * FROM runs WHERE job = $job AND workload = $workload AND run_time <= $time)"
+        # (the run and the HISTORY_RUNS before it: all a threshold looks at; 1,000 runs would all be windowed)
+        history = f"""(SELECT * FROM runs WHERE job = $job AND workload = $workload AND run_time <= $time
+                       ORDER BY run_time DESC, run_id DESC LIMIT {HISTORY_RUNS + 1})"""
         cur = con.execute(f"SELECT * FROM ({comparison_sql('SELECT $run AS run_id, $base AS baseline_run_id', history)})",
                           {"run": run_id, "base": base_id, "job": job, "workload": workload, "time": run_time})
         cols = [d[0] for d in cur.description]

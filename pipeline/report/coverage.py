@@ -1,0 +1,60 @@
+"""Coverage section of the report: what the trace holds and what it lacks, and how to record or resolve the
+rest. A view with no data says why instead of showing an empty flame graph and empty tables.
+
+Applies to ETL runs (``decoded/`` has ``trace``). Each missing kind of data names the WPR profile or the xperf
+flags that record it; frames that resolved poorly name the symbol path (``--symbol-path``,
+``_NT_SYMBOL_PATH``) and list the images without symbols, with their reasons.
+"""
+
+from __future__ import annotations
+
+import html
+
+from pipeline.runs import has_table, read_manifest
+
+#: What to record for each kind of data (WPR's built-in profiles; xperf's kernel flags and stack walks).
+RECORD = {
+    "samples": "CPU samples: WPR's <code>CPU usage</code> profile (<code>wpr -start CPU</code>), or "
+               "<code>xperf -on PROC_THREAD+LOADER+PROFILE -stackwalk Profile</code>",
+    "virtual_allocs": "VirtualAlloc commits: WPR's <code>VirtualAlloc usage</code> profile (<code>wpr -start "
+                      "VirtualAllocation</code>), or <code>xperf -on PROC_THREAD+LOADER+VIRT_ALLOC -stackwalk "
+                      "VirtualAlloc</code>",
+    "heap_snapshots": "heap snapshots: <code>wpr -snapshotconfig heap -pid PID enable</code>, <code>wpr -start "
+                      "heapsnapshot -filemode</code>, <code>wpr -singlesnapshot heap PID</code>, <code>wpr -stop "
+                      "out.etl</code>",
+}
+#: Below this share of resolved frames the report says how to give symbols.
+POOR_RESOLUTION = 0.5
+
+
+def section(ctx):
+    if not has_table(ctx.run_dir, "decoded", "trace"):
+        return None
+    from pipeline.report import Section
+
+    decoded = read_manifest(ctx.run_dir, "decoded")
+    rows = decoded.get("tables", {})
+    notes = []
+    for table, how in RECORD.items():
+        if not rows.get(table):
+            notes.append(f"<li><b>No {how.split(':')[0]}</b> in this trace: the views of them are left out. "
+                         f"To record them: {how.split(':', 1)[1].strip()}.</li>")
+    symbolized = ctx.run_dir / "symbolized" / "_manifest.json"
+    if symbolized.exists():
+        m = read_manifest(ctx.run_dir, "symbolized")
+        rate = m.get("resolution_rate")
+        if rate is not None and m.get("frames") and rate < POOR_RESOLUTION:
+            missing = sorted(m.get("images_without_symbols", []), key=lambda e: -e.get("frames", 0))[:10]
+            items = "".join(f"<li><code>{html.escape(e['module'])}</code> ({e['frames']:,} frames): "
+                            f"{html.escape(e['reason'])}</li>" for e in missing)
+            notes.append(f"""<li><b>Only {100 * rate:.1f}% of {m['frames']:,} frames resolved to functions</b>; the
+others show as <code>module+0x…</code>. Give the symbols: <code>bootprof run JOB --symbol-path P</code>,
+<code>bootprof symbolize --run RUN_DIR --symbol-path P</code>, <code>symbolize.symbol_path</code> in the config or
+the <code>_NT_SYMBOL_PATH</code> variable, with P in its syntax: <code>DIR;srv*CACHE*URL</code> (a symbol store or
+server; rustc's PDBs come with a build that has <code>debuginfo-level = 1</code>). Searched:
+<code>{html.escape(m.get('symbol_path') or '(nothing)')}</code>. Images without symbols, most frames first:
+<ul>{items}</ul></li>""")
+    if not notes:
+        return None
+    body = f'<div class="banner"><ul>{"".join(notes)}</ul></div>'
+    return Section("coverage", "What this trace holds", body, [], {"notes": len(notes)})
