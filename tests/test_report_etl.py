@@ -290,3 +290,39 @@ def test_missing_data_and_missing_symbols_are_explained(tmp_path):
     net = (tmp_path / "net" / "report" / "index.html").read_text()
     assert re.search(r"Only 0\.0% of [\d,]+ frames resolved", net) and "<b>No CPU samples</b>" not in net
     assert "--symbol-path P" in net and "_NT_SYMBOL_PATH" in net and "<code>mscorlib.ni.dll</code>" in net
+
+
+TABLE_CLICKS = """<script>
+(function () {
+  const out = document.body.dataset, table = document.querySelector("table.cpu-processes");
+  const th = [...table.querySelectorAll("thead th")].find(t => t.textContent === "samples");
+  const col = [...table.querySelectorAll("thead th")].indexOf(th);
+  const values = () => [...table.tBodies[0].rows].filter(r => r.style.display !== "none")
+                                                  .map(r => r.cells[col].dataset.v).join(",");
+  th.click();
+  out.up = values();
+  th.click();
+  out.down = values();
+  const filter = table.previousElementSibling;
+  filter.value = "core";
+  filter.dispatchEvent(new Event("input", {bubbles: true}));
+  out.filtered = table.dataset.shown + "|" + [...table.tBodies[0].rows].filter(r => r.style.display !== "none")
+                                          .every(r => r.textContent.includes("core"));
+})();
+</script>
+</body>"""
+
+
+def test_report_tables_sort_and_filter_in_chromium(report_run, tmp_path):
+    index = report_run / "report" / "index.html"
+    driven = report_run / "report" / "driven-tables.html"
+    driven.write_text(index.read_text().replace("</body>", TABLE_CLICKS))
+    try:
+        dom = dump_dom(driven.as_uri(), tmp_path / "chrome")
+    finally:
+        driven.unlink()
+    body = dict(re.findall(r'data-([a-z-]+)="([^"]*)"', re.search(r"<body([^>]*)>", dom).group(1)))
+    up = [int(v) for v in body["up"].split(",")]
+    assert len(up) > 5 and up == sorted(up) and [int(v) for v in body["down"].split(",")] == sorted(up, reverse=True)
+    shown, every = body["filtered"].split("|")
+    assert int(shown) > 0 and every == "true"

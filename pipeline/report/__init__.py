@@ -83,7 +83,8 @@ generated {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}</p>
 <nav><ul>{nav}</ul></nav></header>
 <main>
 {chr(10).join(parts)}
-</main>"""
+</main>
+<script src="static/tables.js"></script>"""
     return page(title, body)
 
 
@@ -96,6 +97,7 @@ def run(run_dir: Path, config, pool, inputs=None) -> dict[str, Any]:
     with stage_output(run_dir, STAGE, inputs=source, config=config.resolved(), upstream=("decoded", "aggregated")) as out:
         ctx = Context(run_dir, config, pool, out)
         ctx.copy_static("report.css")
+        ctx.copy_static("tables.js")
         sections = [s for s in (fn(ctx) for fn in SECTIONS) if s is not None]
         atomic_write_text(out.path / "index.html", render_index(config.report.title, run_dir, sections))
         out.manifest["sections"] = {s.id: {"files": s.files, **s.summary} for s in sections}

@@ -218,7 +218,9 @@ def table(rows: list[dict], cols: list[tuple[str, str, Any]], cls: str = "") -> 
         for key, _, fmt in cols:
             value = r.get(key)
             text = fmt(value) if fmt else ("" if value is None else str(value))
-            cells.append(f'<td class="{"num" if fmt else "txt"}">{html.escape(text)}</td>')
+            # (a number's own value beside its formatted text, so that static/tables.js sorts by it)
+            raw = f' data-v="{value}"' if fmt and isinstance(value, (int, float)) else ""
+            cells.append(f'<td class="{"num" if fmt else "txt"}"{raw}>{html.escape(text)}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
