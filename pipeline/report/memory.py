@@ -1,7 +1,8 @@
 """Memory section of the report: VirtualAlloc commit flame graph and tables, heap snapshot summaries.
 
 Applies when ``aggregated/`` has ``commit_folded`` or ``heap_snapshots_summary``. Writes
-``flamegraph_commit.html`` (bytes committed per stack), ``commit_folded.txt`` and CSV exports.
+``flamegraph_commit.html`` (bytes committed per stack), ``commit_folded.bytes.txt`` (folded stacks whose values
+are bytes: ``flamegraph.pl --countname bytes``) and CSV exports.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def section(ctx):
         folded = [(r["stack"], r["commit_bytes"]) for r in ctx.read(AGG, "commit_folded").to_pylist()]
         w.text("flamegraph_commit.html", flame_page("VirtualAlloc commit", folded, "bytes",
                                                     "Width: bytes committed by each stack over the whole trace."))
-        w.text("commit_folded.txt", "".join(f"{s} {v}\n" for s, v in folded))
+        w.text("commit_folded.bytes.txt", "".join(f"{s} {v}\n" for s, v in folded))
         for t in COMMIT_TABLES:
             if ctx.has(AGG, t):
                 w.csv(AGG, t)
@@ -73,7 +74,7 @@ the end of the trace.{peak} <a href="flamegraph_commit.html"><b>Commit flame gra
             folded = [(r["stack"], r["bytes"]) for r in ctx.read(AGG, "heap_folded").to_pylist()]
             w.text("flamegraph_heap.html", flame_page("Heap bytes at each process's largest snapshot", folded, "bytes",
                                                       "Width: busy heap bytes by allocating stack."))
-            w.text("heap_folded.txt", "".join(f"{s} {v}\n" for s, v in folded))
+            w.text("heap_folded.bytes.txt", "".join(f"{s} {v}\n" for s, v in folded))
             flame = '<p><a href="flamegraph_heap.html"><b>Heap flame graph</b></a> (largest snapshot of each process)</p>'
         parts.append(f"""<h3>Heap snapshots</h3>{flame}
 {table(snaps[:top_n], [("pid", "pid", None), ("image_name", "image", None), ("crate", "crate", None),
