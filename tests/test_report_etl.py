@@ -131,6 +131,13 @@ def test_index_has_the_etl_sections(report_run):
     assert 'src="flamegraph_cpu.html"' in index
     assert (report_run / "report" / "flamegraph_commit.html").exists()
     assert (report_run / "report" / "flamegraph_heap.html").exists() and "flamegraph_heap.html" in index
+    # WPA's System Configuration: the machine (the synthesized trace's SysConfig record) and the recording
+    i = index.index('<section id="sysconfig"')
+    system = index[i:index.index("</section>", i)]
+    machine = read_table(report_run, "decoded", "sysconfig").to_pylist()[0]
+    trace = read_table(report_run, "decoded", "trace").to_pylist()[0]
+    assert f">{machine['computer_name']}<" in system and f">{machine['cpu_count']}<" in system
+    assert f"{trace['buffers']:,} of {trace['buffers_written']:,} written" in system
 
 
 CLICKS = """<script>

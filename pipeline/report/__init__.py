@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pipeline import __version__
-from pipeline.report import coverage, cpu, memory, processes, queries
+from pipeline.report import coverage, cpu, memory, processes, queries, sysconfig
 from pipeline.runs import atomic_write_text, has_table, read_manifest, read_table, stage_dir, stage_output
 
 STAGE = "report"
@@ -35,8 +35,8 @@ class Section:
     summary: dict[str, Any] = field(default_factory=dict)
 
 
-SECTIONS: list[Callable[["Context"], Section | None]] = [coverage.section, queries.section, cpu.section, memory.section,
-                                                        processes.section]
+SECTIONS: list[Callable[["Context"], Section | None]] = [coverage.section, sysconfig.section, queries.section,
+                                                        cpu.section, memory.section, processes.section]
 
 
 @dataclass
