@@ -333,3 +333,23 @@ def test_report_tables_sort_and_filter_in_chromium(report_run, tmp_path):
     assert len(up) > 5 and up == sorted(up) and [int(v) for v in body["down"].split(",")] == sorted(up, reverse=True)
     shown, every = body["filtered"].split("|")
     assert int(shown) > 0 and every == "true"
+
+
+def test_build_processes_table(report_run):
+    """WPA's "rustc Build Processes": one row per rustc, with what its command line says it builds."""
+    from pipeline.report.processes import build_processes
+
+    index = (report_run / "report" / "index.html").read_text()
+    i = index.index('class="build-processes"')
+    rows = re.findall(r"<tr><td class=\"txt\">([^<]*)</td><td class=\"txt\">([^<]*)</td><td class=\"txt\">([^<]*)</td>"
+                      r"<td class=\"txt\">([^<]*)</td>", index[i:index.index("</table>", i)])
+    tree = read_table(report_run, "aggregated", "process_tree").to_pylist()
+    rustc = [r for r in tree if r["crate"]]
+    assert len(rows) == len(rustc) and {r[0] for r in rows} == {r["crate"] for r in rustc}
+    assert {r[2] for r in rows} == {"stage0", "stage1"} and {r[3] for r in rows} == {"x86_64-pc-windows-msvc"}
+    assert {r[1] for r in rows} <= {"lib", "rlib", "dylib", "proc-macro", "bin"} and "lib" in {r[1] for r in rows}
+    one = build_processes([{"process_key": 1, "crate": "x", "duration_ns": 5, "command_line":
+                            r'"C:\b\stage2\bin\rustc.exe" --crate-name=x --crate-type="proc-macro" --target=aarch64-pc'}],
+                          {1: 7})
+    assert [(r["crate_type"], r["stage"], r["target"], r["peak_commit_bytes"]) for r in one] == [
+        ("proc-macro", "stage2", "aarch64-pc", 7)]

@@ -8,8 +8,9 @@ command line); ``process_tree.html`` holds the whole indented tree, ``process_tr
 from __future__ import annotations
 
 import html
+import re
 
-from pipeline.report.flame import Writer, count, fmt_ms, table
+from pipeline.report.flame import Writer, count, fmt_bytes, fmt_ms, table
 
 AGG = "aggregated"
 ROW = 9
@@ -58,6 +59,27 @@ def timeline_svg(rows: list[dict]) -> str:
             f'style="font: 9px system-ui, sans-serif">{"".join(ticks)}{"".join(out)}</svg>')
 
 
+#: What a rustc command line says about what it builds: the crate type, the target, and the bootstrap stage of
+#: the compiler that runs (``build\\<host>\\stage1\\bin\\rustc``) and of the build dir (``stage1-std``).
+CRATE_TYPE = re.compile(r'--crate-type[ =]"?([\w-]+)')
+TARGET = re.compile(r'--target[ =]"?([\w.-]+)')
+STAGE = re.compile(r'[\\/](stage\d+)(?:-[\w-]+)?[\\/]')
+
+
+def build_processes(rows: list[dict], peaks: dict[int, int]) -> list[dict]:
+    """One row per rustc process (a process with a ``--crate-name``): crate, crate type, stage, target, wall time,
+    CPU samples, peak commit and command line, as WPA's "rustc Build Processes" table shows them."""
+    out = []
+    for r in rows:
+        if not r.get("crate"):
+            continue
+        cmd = r.get("command_line") or ""
+        first = lambda rx: (m.group(1) if (m := rx.search(cmd)) else None)  # noqa: E731
+        out.append({**r, "crate_type": first(CRATE_TYPE), "target": first(TARGET), "stage": first(STAGE),
+                    "peak_commit_bytes": peaks.get(r["process_key"])})
+    return sorted(out, key=lambda r: -(r["duration_ns"] or 0))
+
+
 def section(ctx):
     if not ctx.has(AGG, "process_tree"):
         return None
@@ -82,8 +104,16 @@ def section(ctx):
             ("exit_status", "exit", None), ("command_line", "command line", None)]
     w.text("process_tree.html", page("process tree", f"<main><h2>Process tree</h2>{table(ordered, cols, 'tree')}</main>"))
     top = sorted(rows, key=lambda r: -(r["samples"] or 0))[: ctx.config.report.top_n]
+    peaks = ({r["process_key"]: r["peak_commit_bytes"] for r in ctx.read(AGG, "commit_by_process").to_pylist()}
+             if ctx.has(AGG, "commit_by_process") else {})
+    builds = build_processes(rows, peaks)
     body = f"""<p>{len(rows)} processes, {sum(1 for r in rows if r['parent_key'] is None)} roots.</p>
 {w.links()}
+<h3>Build processes ({len(builds)} rustc, longest first)</h3>
+{table(builds, [("crate", "crate", None), ("crate_type", "crate type", None), ("stage", "stage", None),
+                ("target", "target", None), ("duration_ns", "wall time", fmt_ms), ("samples", "CPU samples", count),
+                ("peak_commit_bytes", "peak commit", fmt_bytes), ("pid", "pid", None),
+                ("command_line", "command line", None)], 'build-processes')}
 <h3>Timeline</h3>
 <div style="overflow-x:auto">{timeline_svg(rows)}</div>
 <h3>Processes with the most CPU samples</h3>
