@@ -353,3 +353,44 @@ def test_build_processes_table(report_run):
                           {1: 7})
     assert [(r["crate_type"], r["stage"], r["target"], r["peak_commit_bytes"]) for r in one] == [
         ("proc-macro", "stage2", "aarch64-pc", 7)]
+
+
+KEYS = """<script>
+(function () {
+  const tree = document.getElementById("tree"), out = document.body.dataset;
+  const key = (k) => tree.dispatchEvent(new KeyboardEvent("keydown", {key: k, bubbles: true, cancelable: true}));
+  for (let i = 0; i < 2 * %(depth)d; i++) key("ArrowRight");
+  out.path = tree.dataset.path;
+  key("ArrowLeft"); key("ArrowLeft");
+  out.back = tree.dataset.path;
+  out.rows = tree.querySelectorAll(".row").length;
+})();
+</script>
+</body>"""
+
+
+def test_commit_tree_drills_down_largest_first_from_the_keyboard(report_run, tmp_path):
+    """WPA's Commit Stack view: Right opens a row, then goes to its largest child; from the root, 2k presses
+    follow the path of the largest child k levels deep. Left closes, then goes back up."""
+    from collections import defaultdict
+
+    folded = [(r["stack"], r["commit_bytes"]) for r in read_table(report_run, "aggregated", "commit_folded").to_pylist()]
+    depth = 6
+    inclusive: dict = defaultdict(int)
+    for stack, v in folded:
+        frames = stack.split(";")
+        for k in range(1, len(frames) + 1):
+            inclusive[tuple(frames[:k])] += v
+    path: tuple = ()
+    for _ in range(depth):
+        kids = [(v, p) for p, v in inclusive.items() if len(p) == len(path) + 1 and p[:len(path)] == path]
+        path = max(kids, key=lambda vp: (vp[0], [-ord(c) for c in vp[1][-1]]))[1]
+    page = report_run / "report" / "commit_tree.html"
+    driven = tmp_path / "keys.html"
+    driven.write_text(page.read_text().replace("</body>", KEYS % {"depth": depth}))
+    dom = dump_dom(driven.as_uri(), tmp_path / "chrome")
+    body = dict(re.findall(r'data-([a-z-]+)="([^"]*)"', re.search(r"<body([^>]*)>", dom).group(1)))
+    import html as htmlmod
+
+    assert htmlmod.unescape(body["path"]).split(";") == list(path)
+    assert htmlmod.unescape(body["back"]).split(";") == list(path[:-1]) and int(body["rows"]) > depth

@@ -121,6 +121,35 @@ def flame_page(title: str, stacks: Iterable[tuple[str, int]], unit: str, note: s
 """
 
 
+def tree_page(title: str, stacks: Iterable[tuple[str, int]], unit: str, note: str = "") -> str:
+    """A self-contained drill-down tree of folded stacks (``static/tree.js``: children largest first, opened from
+    the keyboard as WPA's stack views are)."""
+    tree = build_tree(stacks)
+    tree["unit"] = unit
+    js = (STATIC / "tree.js").read_text()
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1"><style>
+body {{ font: 13px system-ui, sans-serif; margin: 0; }}
+header {{ background: #222c36; color: #fff; padding: 8px 16px; }} header h1 {{ font-size: 17px; margin: 0; }}
+p.note {{ color: #555; margin: 8px 16px; }}
+#tree {{ font: 12px ui-monospace, monospace; margin: 0 16px 16px; border: 1px solid #dde3e8; outline: none; }}
+#tree:focus {{ border-color: #5a8fd0; }}
+#tree .row {{ display: flex; gap: 12px; padding: 1px 4px; cursor: pointer; white-space: nowrap; }}
+#tree .row.selected {{ background: #dbe8fb; }}
+#tree .name {{ flex: 1; overflow: hidden; text-overflow: ellipsis; }}
+#tree .size {{ color: #333; min-width: 150px; text-align: right; }}
+</style></head>
+<body><header><h1>{html.escape(title)}</h1></header>
+<p class="note">{html.escape(note)} Keyboard: Right opens the selected row, or goes to its largest child when it is
+open; Left closes it or goes to its parent; Up and Down move; Enter opens and closes.</p>
+<div id="tree" tabindex="0"></div>
+<script type="application/json" id="tree-data">{inline_json(tree)}</script>
+<script>{js}</script>
+</body></html>
+"""
+
+
 def speedscope(name: str, stacks: list[tuple[str, int]], unit: str) -> dict:
     """A speedscope 'sampled' profile (https://www.speedscope.app/file-format-schema.json)."""
     frames: dict[str, int] = {}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 
 from pipeline.runs import read_manifest
-from pipeline.report.flame import Writer, count, flame_page, fmt_bytes, fmt_ms, table
+from pipeline.report.flame import Writer, count, flame_page, fmt_bytes, fmt_ms, table, tree_page
 
 AGG = "aggregated"
 COMMIT_TABLES = ["commit_by_process", "commit_by_crate", "commit_by_function", "commit_by_code_crate", "commit_by_stack"]
@@ -32,6 +32,9 @@ def section(ctx):
         w.text("flamegraph_commit.html", flame_page("VirtualAlloc commit", folded, "bytes",
                                                     "Width: bytes committed by each stack over the whole trace."))
         w.text("commit_folded.bytes.txt", "".join(f"{s} {v}\n" for s, v in folded))
+        w.text("commit_tree.html", tree_page("Commit stacks", folded, "bytes",
+                                             "Bytes committed by VirtualAlloc, by process, then by call stack from the "
+                                             "thread's start: the callers of the most committing code, largest first."))
         for t in COMMIT_TABLES:
             if ctx.has(AGG, t):
                 w.csv(AGG, t)
@@ -47,7 +50,8 @@ def section(ctx):
         peak = (f" The commit of all processes together peaked at {fmt_bytes(memory['peak_commit_bytes'])}, at "
                 f"{fmt_ms(memory.get('peak_ns'))}." if memory.get("peak_commit_bytes") else "")
         parts.append(f"""<p>{fmt_bytes(total)} committed by VirtualAlloc, {fmt_bytes(outstanding)} still committed at
-the end of the trace.{peak} <a href="flamegraph_commit.html"><b>Commit flame graph</b></a></p>
+the end of the trace.{peak} <a href="flamegraph_commit.html"><b>Commit flame graph</b></a> &middot;
+<a href="commit_tree.html"><b>Commit stack tree</b></a> (drill down from the keyboard, largest first)</p>
 <h3>Peak commit per process</h3>
 {table(procs[:top_n], [("pid", "pid", None), ("image_name", "image", None), ("crate", "crate", None),
                        ("peak_commit_bytes", "peak commit", fmt_bytes), ("peak_ns", "peak at", fmt_ms),
