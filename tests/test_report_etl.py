@@ -394,3 +394,46 @@ def test_commit_tree_drills_down_largest_first_from_the_keyboard(report_run, tmp
 
     assert htmlmod.unescape(body["path"]).split(";") == list(path)
     assert htmlmod.unescape(body["back"]).split(";") == list(path[:-1]) and int(body["rows"]) > depth
+
+
+HEAP_PICK = """<script>
+(function () {
+  const a = document.getElementById("heap-a"), b = document.getElementById("heap-b"), out = document.body.dataset;
+  const table = document.getElementById("heap-table");
+  out.one = table.tBodies[0].rows[0].dataset.f + "|" + table.tBodies[0].rows[0].cells[1].dataset.v;
+  b.value = "1";
+  b.dispatchEvent(new Event("change"));
+  const first = table.tBodies[0].rows[0];
+  out.two = first.dataset.f + "|" + first.cells[1].dataset.v + "|" + first.cells[2].dataset.v + "|" + first.cells[3].dataset.v;
+  out.compared = table.dataset.compared;
+})();
+</script>
+</body>"""
+
+
+def test_heap_snapshots_pick_and_compare_in_chromium(report_run, tmp_path):
+    """Pick a snapshot: its largest function by busy bytes first; pick a second: the largest growth first, with
+    the bytes of heap_snapshot_by_function at both."""
+    import html as htmlmod
+
+    snaps = [s for s in read_table(report_run, "aggregated", "heap_snapshots_summary").to_pylist()
+             if s["status"] == "ok" and s["blocks"]]
+    snaps.sort(key=lambda s: (s["pid"], s["timestamp_ns"], s["instance"]))
+    by = {}
+    for r in read_table(report_run, "aggregated", "heap_snapshot_by_function").to_pylist():
+        by.setdefault((r["pid"], r["instance"], r["timestamp_ns"]), {})[f"{r['module']}!{r['function']}"] = r["inclusive_bytes"]
+    first, second = (by[(s["pid"], s["instance"], s["timestamp_ns"])] for s in snaps[:2])
+    page = report_run / "report" / "heap_snapshots.html"
+    driven = report_run / "report" / "driven-heap.html"
+    driven.write_text(page.read_text().replace("</body>", HEAP_PICK))
+    try:
+        dom = dump_dom(driven.as_uri(), tmp_path / "chrome")
+    finally:
+        driven.unlink()
+    body = {k: htmlmod.unescape(v) for k, v in re.findall(r'data-([a-z-]+)="([^"]*)"', re.search(r"<body([^>]*)>", dom).group(1))}
+    name, value = body["one"].rsplit("|", 1)
+    assert int(value) == first[name] == max(first.values())
+    name, x, y, growth = body["two"].rsplit("|", 3)
+    growths = {f: second.get(f, 0) - first.get(f, 0) for f in set(first) | set(second)}
+    assert (int(x), int(y), int(growth)) == (first.get(name, 0), second.get(name, 0), max(growths.values()))
+    assert body["compared"] == "0-1"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 
 from pipeline.runs import read_manifest
-from pipeline.report.flame import Writer, count, flame_page, fmt_bytes, fmt_ms, table, tree_page
+from pipeline.report.flame import STATIC, Writer, count, flame_page, fmt_bytes, fmt_ms, table, tree_page
 
 AGG = "aggregated"
 COMMIT_TABLES = ["commit_by_process", "commit_by_crate", "commit_by_function", "commit_by_code_crate", "commit_by_stack"]
@@ -67,6 +67,8 @@ the end of the trace.{peak} <a href="flamegraph_commit.html"><b>Commit flame gra
 {table(stacks[:top_n], [("stack_id", "stack", None), ("commit_bytes", "committed", fmt_bytes),
                         ("outstanding_bytes", "outstanding", fmt_bytes), ("allocs", "commits", count),
                         ("folded", "frames (root first)", None)], 'commit-stacks')}""")
+    if has_heap and ctx.has(AGG, "heap_snapshot_by_function"):
+        w.text("heap_snapshots.html", _heap_page(ctx))
     if has_heap:
         for t in HEAP_TABLES:
             if ctx.has(AGG, t):
@@ -80,6 +82,8 @@ the end of the trace.{peak} <a href="flamegraph_commit.html"><b>Commit flame gra
                                                       "Width: busy heap bytes by allocating stack."))
             w.text("heap_folded.bytes.txt", "".join(f"{s} {v}\n" for s, v in folded))
             flame = '<p><a href="flamegraph_heap.html"><b>Heap flame graph</b></a> (largest snapshot of each process)</p>'
+        flame += ('<p><a href="heap_snapshots.html"><b>Pick a snapshot, or compare two</b></a> (functions by busy '
+                  'bytes, and their growth)</p>') if ctx.has(AGG, "heap_snapshot_by_function") else ""
         parts.append(f"""<h3>Heap snapshots</h3>{flame}
 {table(snaps[:top_n], [("pid", "pid", None), ("image_name", "image", None), ("crate", "crate", None),
                        ("instance", "snapshot", None), ("timestamp_ns", "time", fmt_ms), ("bytes", "busy", fmt_bytes),
@@ -128,3 +132,42 @@ snapshot {big['instance']}, {fmt_bytes(big['bytes'])})</h3>
               ("bytes_after", "after", fmt_bytes), ("growth_bytes", "growth", fmt_growth),
               ("growth_blocks", "blocks", count)], 'heap-growth')}""")
     return "\n".join(parts)
+
+
+#: Functions per snapshot kept for the snapshot page (largest inclusive bytes): enough for any look, bounded
+#: for a build of thousands of snapshots.
+HEAP_PAGE_FUNCTIONS = 300
+
+
+def _heap_page(ctx) -> str:
+    """heap_snapshots.html: pick a snapshot (functions by inclusive busy bytes), or two to compare (growth)."""
+    from pipeline.report import page
+    from pipeline.report.safe import inline_json
+
+    w = Writer(ctx)
+    snaps = w.top(AGG, "heap_snapshots_summary", "pid, timestamp_ns, instance", 1 << 30, "status = 'ok' AND blocks > 0")
+    rows = w.top(AGG, "heap_snapshot_by_function", "pid, timestamp_ns, instance, inclusive_bytes DESC", 1 << 62)
+    w.close()
+    key = {(s["pid"], s["instance"], s["timestamp_ns"]): k for k, s in enumerate(snaps)}
+    names: dict[str, int] = {}
+    kept: dict[int, int] = {}
+    out = []
+    for r in rows:
+        k = key.get((r["pid"], r["instance"], r["timestamp_ns"]))
+        if k is None or kept.get(k, 0) >= HEAP_PAGE_FUNCTIONS:
+            continue
+        kept[k] = kept.get(k, 0) + 1
+        f = names.setdefault(f"{r['module'] or '?'}!{r['function']}", len(names))
+        out.append([k, f, int(r["inclusive_bytes"]), int(r["inclusive_blocks"])])
+    data = {"snapshots": [{"label": f"{s['image_name'] or '?'} {s['crate'] or ''} pid {s['pid']} #{s['instance']} at "
+                                    f"{fmt_ms(s['timestamp_ns'])}: {fmt_bytes(s['bytes'])}"} for s in snaps],
+            "functions": list(names), "rows": out}
+    js = (STATIC / "heap.js").read_text()
+    body = f"""<header><h1>Heap snapshots</h1><p class="meta"><a href="index.html">report</a> &middot; busy heap
+bytes by allocating function (inclusive: every stack through it), at a snapshot or between two</p></header>
+<main><p><label>snapshot <select id="heap-a"></select></label>
+<label>compare with <select id="heap-b"></select></label></p>
+<table id="heap-table" class="heap"></table></main>
+<script type="application/json" id="heap-data">{inline_json(data)}</script>
+<script>{js}</script>"""
+    return page("heap snapshots", body)
