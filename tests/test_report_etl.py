@@ -46,6 +46,22 @@ def flame_data(path) -> dict:
     return json.loads(re.search(r'<script type="application/json" id="flame-data">(.*?)</script>', text, re.S).group(1))
 
 
+def drive(page, script: str, tmp_path) -> dict[str, str]:
+    """Load ``page`` in Chromium with ``script`` (a ``<script>…</script></body>`` that stores what it sees in the
+    body's data attributes) in place of its ``</body>``; returns those attributes, unescaped. The driven copy sits
+    beside the page, so that its links to static/ work, and is removed afterwards."""
+    import html as htmlmod
+
+    driven = page.with_name(f"driven-{page.name}")
+    driven.write_text(page.read_text().replace("</body>", script))
+    try:
+        dom = dump_dom(driven.as_uri(), tmp_path / "chrome")
+    finally:
+        driven.unlink()
+    return {k: htmlmod.unescape(v) for k, v in re.findall(r'data-([a-z-]+)="([^"]*)"',
+                                                         re.search(r"<body([^>]*)>", dom).group(1))}
+
+
 def test_build_tree_layout():
     tree = build_tree([("a;b;c", 3), ("a;b", 1), ("a;d", 2), ("e", 4), ("a;b;c", 1)])
     names = [tree["names"][i] for i in tree["n"]]
@@ -170,10 +186,7 @@ def test_flamegraph_click_search_and_reset_handlers(report_run, tmp_path):
     page = report_run / "report" / "flamegraph_cpu.html"
     data = flame_data(page)
     target = [data["names"][i] for i in data["n"]].index("rustc.exe core")
-    driven = tmp_path / "driven.html"
-    driven.write_text(page.read_text().replace("</body>", CLICKS % {"target": target}))
-    dom = dump_dom(driven.as_uri(), tmp_path / "chrome")
-    body = dict(re.findall(r'data-([a-z-]+)="([^"]*)"', re.search(r"<body([^>]*)>", dom).group(1)))
+    body = drive(page, CLICKS % {"target": target}, tmp_path)
     assert body["after-click"] == f"{target}|#zoom={target}|0.0"
     assert body["after-second-click"] == "0|"
     matched, hash_ = body["after-search"].split("|")
@@ -262,10 +275,7 @@ def test_flamegraph_hides_idle_and_labels_functions_first(report_run, tmp_path):
     idle = sum(r["samples"] for r in read_table(report_run, "aggregated", "cpu_folded").to_pylist()
                if r["stack"].split(";")[0] == "Idle")
     data = flame_data(page)
-    driven = tmp_path / "idle.html"
-    driven.write_text(page.read_text().replace("</body>", IDLE))
-    dom = dump_dom(driven.as_uri(), tmp_path / "chrome")
-    body = dict(re.findall(r'data-([a-z-]+)="([^"]*)"', re.search(r"<body([^>]*)>", dom).group(1)))
+    body = drive(page, IDLE, tmp_path)
     assert idle > 0 and body["before"].split("|")[0] == str(data["w"][0])
     assert body["after"] == f"{data['w'][0] - idle}|#idle=0"
     assert body["idle-titles"] == "0" and body["labels"] == "0" and int(body["named"]) > 0
@@ -321,14 +331,7 @@ TABLE_CLICKS = """<script>
 
 
 def test_report_tables_sort_and_filter_in_chromium(report_run, tmp_path):
-    index = report_run / "report" / "index.html"
-    driven = report_run / "report" / "driven-tables.html"
-    driven.write_text(index.read_text().replace("</body>", TABLE_CLICKS))
-    try:
-        dom = dump_dom(driven.as_uri(), tmp_path / "chrome")
-    finally:
-        driven.unlink()
-    body = dict(re.findall(r'data-([a-z-]+)="([^"]*)"', re.search(r"<body([^>]*)>", dom).group(1)))
+    body = drive(report_run / "report" / "index.html", TABLE_CLICKS, tmp_path)
     up = [int(v) for v in body["up"].split(",")]
     assert len(up) > 5 and up == sorted(up) and [int(v) for v in body["down"].split(",")] == sorted(up, reverse=True)
     shown, every = body["filtered"].split("|")
@@ -385,15 +388,9 @@ def test_commit_tree_drills_down_largest_first_from_the_keyboard(report_run, tmp
     for _ in range(depth):
         kids = [(v, p) for p, v in inclusive.items() if len(p) == len(path) + 1 and p[:len(path)] == path]
         path = max(kids, key=lambda vp: (vp[0], [-ord(c) for c in vp[1][-1]]))[1]
-    page = report_run / "report" / "commit_tree.html"
-    driven = tmp_path / "keys.html"
-    driven.write_text(page.read_text().replace("</body>", KEYS % {"depth": depth}))
-    dom = dump_dom(driven.as_uri(), tmp_path / "chrome")
-    body = dict(re.findall(r'data-([a-z-]+)="([^"]*)"', re.search(r"<body([^>]*)>", dom).group(1)))
-    import html as htmlmod
-
-    assert htmlmod.unescape(body["path"]).split(";") == list(path)
-    assert htmlmod.unescape(body["back"]).split(";") == list(path[:-1]) and int(body["rows"]) > depth
+    body = drive(report_run / "report" / "commit_tree.html", KEYS % {"depth": depth}, tmp_path)
+    assert body["path"].split(";") == list(path)
+    assert body["back"].split(";") == list(path[:-1]) and int(body["rows"]) > depth
 
 
 HEAP_PICK = """<script>
@@ -414,8 +411,6 @@ HEAP_PICK = """<script>
 def test_heap_snapshots_pick_and_compare_in_chromium(report_run, tmp_path):
     """Pick a snapshot: its largest function by busy bytes first; pick a second: the largest growth first, with
     the bytes of heap_snapshot_by_function at both."""
-    import html as htmlmod
-
     snaps = [s for s in read_table(report_run, "aggregated", "heap_snapshots_summary").to_pylist()
              if s["status"] == "ok" and s["blocks"]]
     snaps.sort(key=lambda s: (s["pid"], s["timestamp_ns"], s["instance"]))
@@ -423,14 +418,7 @@ def test_heap_snapshots_pick_and_compare_in_chromium(report_run, tmp_path):
     for r in read_table(report_run, "aggregated", "heap_snapshot_by_function").to_pylist():
         by.setdefault((r["pid"], r["instance"], r["timestamp_ns"]), {})[f"{r['module']}!{r['function']}"] = r["inclusive_bytes"]
     first, second = (by[(s["pid"], s["instance"], s["timestamp_ns"])] for s in snaps[:2])
-    page = report_run / "report" / "heap_snapshots.html"
-    driven = report_run / "report" / "driven-heap.html"
-    driven.write_text(page.read_text().replace("</body>", HEAP_PICK))
-    try:
-        dom = dump_dom(driven.as_uri(), tmp_path / "chrome")
-    finally:
-        driven.unlink()
-    body = {k: htmlmod.unescape(v) for k, v in re.findall(r'data-([a-z-]+)="([^"]*)"', re.search(r"<body([^>]*)>", dom).group(1))}
+    body = drive(report_run / "report" / "heap_snapshots.html", HEAP_PICK, tmp_path)
     name, value = body["one"].rsplit("|", 1)
     assert int(value) == first[name] == max(first.values())
     name, x, y, growth = body["two"].rsplit("|", 3)
