@@ -343,3 +343,26 @@ def test_out_of_memory_names_the_setting_and_keeps_the_previous_output(tmp_path)
         aggregate_run(run, cfg, Pool(None))
     assert read_manifest(run, "aggregated") == before
     assert sorted(p.name for p in run.iterdir()) == ["aggregated", "decoded"]
+
+
+def test_commit_over_time(aggregated_run):
+    """Per time bin, the level at its end and its highest level: a process's own peaks are those of
+    commit_by_process; all processes together peak at the manifest's peak (a process counts while it runs), and
+    end with what the processes still running hold."""
+    run, truth = aggregated_run
+    series = defaultdict(list)
+    for r in rows(run, "commit_over_time"):
+        series[r["process_key"]].append(r)
+    procs = {r["process_key"]: r for r in rows(run, "commit_by_process")}
+    tree = {r["process_key"]: r for r in rows(run, "process_tree")}
+    for key, rs in series.items():
+        assert [r["bin"] for r in rs] == sorted(r["bin"] for r in rs) and all(0 <= r["bin"] < 200 for r in rs)
+        if key is not None:
+            assert max(r["peak_bytes"] for r in rs) == procs[key]["peak_commit_bytes"]
+            if tree[key]["end_ns"] is not None:
+                assert rs[-1]["end_bytes"] == 0          # (it gave its commit back when it ended)
+    memory = read_manifest(run, "aggregated")["sections"]["memory"]
+    assert max(r["peak_bytes"] for r in series[None]) == memory["peak_commit_bytes"]
+    running = sum(p["outstanding_bytes"] for k, p in procs.items() if tree[k]["end_ns"] is None)
+    assert series[None][-1]["end_bytes"] == running
+    assert len([k for k in series if k is not None]) == min(20, len(procs))

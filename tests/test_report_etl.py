@@ -239,6 +239,7 @@ def test_memory_section_answers_by_function(report_run):
     memory = index[i:index.index("</section>", i)]
     assert "Commit per compiled crate" in memory and "The commit of all processes together peaked at" in memory
     assert "Functions holding the most heap at the largest snapshot" in memory
+    assert "<h3>Commit over time</h3>" in memory and memory.count("<polyline") == 11   # all, and 10 processes
     assert "Largest heap growth from one snapshot of a process to the next" in memory
     cells = [htmlmod.unescape(c) for c in re.findall(r'<td class="txt">([^<]*)</td>', memory)]
     assert "rustc_codegen_llvm::back::write::codegen" in cells

@@ -37,6 +37,9 @@ COMMIT_BY_FUNCTION = "commit_by_function"
 COMMIT_BY_PROCESS = "commit_by_process"
 COMMIT_BY_CRATE = "commit_by_crate"
 COMMIT_BY_CODE_CRATE = "commit_by_code_crate"
+COMMIT_OVER_TIME = "commit_over_time"
+#: Time bins of commit_over_time across the trace, and the processes it follows one by one (largest peaks).
+COMMIT_BINS, COMMIT_PROCESSES = 200, 20
 COMMIT_FOLDED = "commit_folded"
 HEAP_BY_STACK = "heap_snapshot_by_stack"
 HEAP_BY_FUNCTION = "heap_snapshot_by_function"
@@ -145,10 +148,38 @@ def _commit(ctx) -> dict[str, Any]:
                sum(returned_bytes)::BIGINT AS returned_bytes, sum(outstanding_bytes)::BIGINT AS outstanding_bytes,
                max(peak_commit_bytes)::BIGINT AS peak_commit_bytes
         FROM by_process WHERE crate IS NOT NULL GROUP BY crate""", "peak_commit_bytes DESC, crate")
-    # The whole trace's commit level (every process together) and its peak.
+    # A process that ends gives back what it still had committed: the commit of all processes together counts a
+    # process only while it runs (its own tables keep what no VirtualFree returned during the trace).
+    con.execute("""
+        CREATE TABLE levels AS
+        SELECT process_key, event, timestamp_ns, delta FROM deltas
+        UNION ALL
+        SELECT b.process_key, NULL, p.end_ns, -b.outstanding_bytes FROM by_process b JOIN procs p USING (process_key)
+        WHERE p.end_ns IS NOT NULL AND b.outstanding_bytes > 0""")
+    # Commit over time: per bin of the trace's span, the level at its end and the highest level inside it, for the
+    # processes with the largest peaks one by one and for all of them together (process_key NULL).
+    _copy(ctx, con, COMMIT_OVER_TIME, f"""
+        WITH top AS (SELECT process_key FROM by_process ORDER BY peak_commit_bytes DESC, process_key
+                     LIMIT {COMMIT_PROCESSES}),
+        lv AS (SELECT process_key, row_number() OVER (ORDER BY timestamp_ns, event NULLS LAST) AS event, timestamp_ns,
+                      sum(delta) OVER (PARTITION BY process_key ORDER BY timestamp_ns, event NULLS LAST) AS level
+               FROM levels WHERE process_key IN (SELECT process_key FROM top)
+               UNION ALL
+               SELECT NULL, row_number() OVER (ORDER BY timestamp_ns, event NULLS LAST), timestamp_ns,
+                      sum(delta) OVER (ORDER BY timestamp_ns, event NULLS LAST) FROM levels),
+        span AS (SELECT min(timestamp_ns) AS lo, greatest(max(timestamp_ns) - min(timestamp_ns), 1) AS width FROM deltas),
+        b AS (SELECT lv.*, least({COMMIT_BINS - 1}, ((timestamp_ns - lo) * {COMMIT_BINS} // width))::INTEGER AS bin
+              FROM lv, span)
+        SELECT b.process_key, p.pid, p.image_name, p.crate, b.bin,
+               (any_value(span.lo) + (b.bin + 1) * any_value(span.width) // {COMMIT_BINS})::BIGINT AS t_ns,
+               max(b.level)::BIGINT AS peak_bytes, arg_max(b.level, b.event)::BIGINT AS end_bytes
+        FROM b, span LEFT JOIN procs p ON p.process_key = b.process_key
+        GROUP BY b.process_key, p.pid, p.image_name, p.crate, b.bin""", "process_key NULLS FIRST, bin")
+    # The whole trace's commit level (every process together, each while it runs) and its peak.
     peak, peak_ns = con.execute("""
         SELECT coalesce(max(level), 0), arg_max(timestamp_ns, level)
-        FROM (SELECT timestamp_ns, sum(delta) OVER (ORDER BY event) AS level FROM deltas)""").fetchone()
+        FROM (SELECT timestamp_ns, sum(delta) OVER (ORDER BY timestamp_ns, event NULLS LAST) AS level FROM levels)
+        """).fetchone()
     commits, frees, unmatched, total, returned = con.execute("""
         SELECT (SELECT count(*) FROM commits), (SELECT count(*) FROM frees),
                (SELECT count(*) FROM frees WHERE commit_event IS NULL),

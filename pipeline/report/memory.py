@@ -13,7 +13,8 @@ from pipeline.runs import read_manifest
 from pipeline.report.flame import STATIC, Writer, count, flame_page, fmt_bytes, fmt_ms, table, tree_page
 
 AGG = "aggregated"
-COMMIT_TABLES = ["commit_by_process", "commit_by_crate", "commit_by_function", "commit_by_code_crate", "commit_by_stack"]
+COMMIT_TABLES = ["commit_by_process", "commit_by_crate", "commit_by_function", "commit_by_code_crate", "commit_by_stack",
+                 "commit_over_time"]
 HEAP_TABLES = ["heap_snapshots_summary", "heap_snapshot_by_stack", "heap_snapshot_by_function", "heap_snapshot_growth"]
 
 
@@ -57,6 +58,7 @@ the end of the trace.{peak} <a href="flamegraph_commit.html"><b>Commit flame gra
                        ("peak_commit_bytes", "peak commit", fmt_bytes), ("peak_ns", "peak at", fmt_ms),
                        ("commit_bytes", "committed", fmt_bytes), ("outstanding_bytes", "outstanding at end", fmt_bytes),
                        ("allocs", "commits", count), ("frees", "frees", count)], 'commit-processes')}
+{_commit_chart(ctx, w)}
 {_crates(ctx, w, top_n)}
 <h3>Functions holding the most outstanding commit (inclusive)</h3>
 {table(by_outstanding[:top_n], [("module", "module", None), ("function", "function", None),
@@ -171,3 +173,55 @@ bytes by allocating function (inclusive: every stack through it), at a snapshot 
 <script type="application/json" id="heap-data">{inline_json(data)}</script>
 <script>{js}</script>"""
     return page("heap snapshots", body)
+
+
+#: Colours of the processes in the commit chart (the total is black).
+PALETTE = ["#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f"]
+
+
+def _commit_chart(ctx, w, width: int = 1000, height: int = 240, processes: int = 10) -> str:
+    """Commit over time (``commit_over_time``) as an SVG chart: all processes together, and the processes with
+    the largest peaks, each a step line of its level at the end of each time bin."""
+    if not ctx.has(AGG, "commit_over_time"):
+        return ""
+    rows = w.top(AGG, "commit_over_time", "process_key NULLS FIRST, bin", 1 << 30)
+    if not rows:
+        return ""
+    t0 = min(r["t_ns"] for r in rows)
+    t1 = max(r["t_ns"] for r in rows)
+    top = max(r["peak_bytes"] for r in rows) or 1
+    series: dict = {}
+    for r in rows:
+        series.setdefault(r["process_key"], []).append(r)
+    peaks = sorted((k for k in series if k is not None), key=lambda k: -max(r["peak_bytes"] for r in series[k]))
+
+    def x(t):
+        return 50 + (width - 60) * (t - t0) / max(t1 - t0, 1)
+
+    def y(v):
+        return 10 + (height - 40) * (1 - v / top)
+
+    def line(rs, colour, stroke, tip):
+        pts = []
+        for r in rs:
+            pts += [f"{x(r['t_ns']):.1f},{y(r['end_bytes']):.1f}"]
+        return (f'<polyline fill="none" stroke="{colour}" stroke-width="{stroke}" points="{" ".join(pts)}">'
+                f'<title>{html.escape(tip)}</title></polyline>')
+
+    parts = [line(series[None], "#000", 2, f"all processes: peak {fmt_bytes(max(r['peak_bytes'] for r in series[None]))}")
+             ] if None in series else []
+    legend = []
+    for k, key in enumerate(peaks[:processes]):
+        rs = series[key]
+        who = " ".join(str(v) for v in (rs[0]["image_name"], rs[0]["crate"]) if v) + f" (pid {rs[0]['pid']})"
+        peak = max(r["peak_bytes"] for r in rs)
+        parts.append(line(rs, PALETTE[k % len(PALETTE)], 1.2, f"{who}: peak {fmt_bytes(peak)}"))
+        legend.append(f'<span style="color:{PALETTE[k % len(PALETTE)]}">&#9632;</span> {html.escape(who)} '
+                      f'{fmt_bytes(peak)}')
+    axis = (f'<text x="4" y="18" font-size="10">{fmt_bytes(top)}</text><text x="4" y="{height - 30}" font-size="10">0</text>'
+            f'<text x="50" y="{height - 8}" font-size="10">{fmt_ms(t0)}</text>'
+            f'<text x="{width - 10}" y="{height - 8}" font-size="10" text-anchor="end">{fmt_ms(t1)}</text>'
+            f'<line x1="50" y1="{height - 30}" x2="{width - 10}" y2="{height - 30}" stroke="#999"/>')
+    return (f'<h3>Commit over time</h3><svg class="commit-chart" xmlns="http://www.w3.org/2000/svg" width="{width}" '
+            f'height="{height}" style="font: 10px system-ui, sans-serif">{axis}{"".join(parts)}</svg>'
+            f'<p class="legend">black: all processes together; {" &middot; ".join(legend)}</p>')
