@@ -22,7 +22,8 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 # Debian packages the tests drive for real (headless Chromium for the HTML report, clang-cl and
-# lld-link to build PE+PDB test images, cabextract for LZX-compressed .pd_ files). Installed only when missing.
+# lld-link to build PE+PDB test images, cabextract for LZX-compressed .pd_ files, npm for speedscope). Installed
+# only when missing.
 system-deps:
 	@bash scripts/system-deps.sh
 
@@ -37,7 +38,16 @@ $(DUCKDB1): | $(STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check --target $(VENV)/duckdb1 'duckdb>=1.5,<2'
 	@touch $(DUCKDB1)
 
-test: install system-deps $(DUCKDB1)
+# speedscope from npm (pinned), the consumer the report's exports are loaded into in headless Chromium
+# (tests/test_exports_in_speedscope.py). Installed once, into .venv/speedscope.
+SPEEDSCOPE_VERSION := 1.25.0
+SPEEDSCOPE := $(VENV)/speedscope/.installed
+
+$(SPEEDSCOPE): | $(STAMP) system-deps
+	npm install --silent --no-audit --no-fund --prefix $(VENV)/speedscope speedscope@$(SPEEDSCOPE_VERSION)
+	@touch $(SPEEDSCOPE)
+
+test: install system-deps $(DUCKDB1) $(SPEEDSCOPE)
 	$(PY) -m pytest
 
 bench: install

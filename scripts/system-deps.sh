@@ -6,6 +6,7 @@ declare -A want=(
   [clang-16]=clang-16
   [lld-link-16]=lld-16
   [cabextract]=cabextract
+  [npm]=npm
 )
 missing=()
 for cmd in "${!want[@]}"; do

@@ -426,3 +426,47 @@ def test_heap_snapshots_pick_and_compare_in_chromium(report_run, tmp_path):
     growths = {f: second.get(f, 0) - first.get(f, 0) for f in set(first) | set(second)}
     assert (int(x), int(y), int(growth)) == (first.get(name, 0), second.get(name, 0), max(growths.values()))
     assert body["compared"] == "0-1"
+
+
+def test_etl_chrome_trace_against_truth(report_run):
+    """``processes.chrome_trace.json``: every process instance of the synthesized build with its lifetime to the
+    nanosecond, its threads, and a CPU counter whose bins add up to its samples in the truth; intervals nest."""
+    from pipeline.report.processes import CHROME_TRACE
+    from tests.test_report_queries import nesting_errors
+
+    truth = json.loads((report_run.parent / "input" / "trace.truth.json").read_text())
+    doc = json.loads((report_run / "report" / CHROME_TRACE).read_text())
+    events = doc["traceEvents"]
+    assert CHROME_TRACE in (report_run / "report" / "index.html").read_text()
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    lifetimes = {e["pid"]: e for e in events if e["ph"] == "X" and e["cat"] == "process"}
+    assert set(names) == set(lifetimes)
+    key_of = {(e["args"]["pid"], None if e["args"]["running_at_trace_start"] else round(e["ts"] * 1000)): k
+              for k, e in lifetimes.items()}
+    counters: dict[int, int] = {}
+    for e in events:
+        if e["ph"] == "C":
+            counters[e["pid"]] = counters.get(e["pid"], 0) + e["args"]["samples"]
+    threads = {(e["pid"], e["tid"]) for e in events if e["ph"] == "X" and e["cat"] == "thread"}
+    for p in truth["processes"]:
+        key = key_of[(p["pid"], None if p["rundown"] else p["start_ns"])]
+        assert names[key].startswith(p["image_name"]) and f"(pid {p['pid']})" in names[key]
+        if p["kind"] == "rustc":
+            assert f" {p['crate']} " in names[key]
+        if p["end_ns"] is not None and not p["rundown"]:
+            assert round((lifetimes[key]["ts"] + lifetimes[key]["dur"]) * 1000) == p["end_ns"]
+        assert counters.get(key, 0) == p["samples"], p["pid"]
+        assert {tid for k, tid in threads if k == key} >= set(p["threads"])
+    assert sum(counters.values()) == truth["samples"]["total"]
+    assert nesting_errors([e for e in events if e["ph"] == "X"]) == 0
+    assert all(e["args"]["samples"] >= 0 for e in events if e["ph"] == "C")
+
+
+def test_etl_exports_load_in_speedscope(report_run, tmp_path):
+    """CPU speedscope JSON, folded stacks of samples and of bytes, and the processes' Chrome trace import in the
+    real speedscope."""
+    from tests.test_report_queries import speedscope_titles
+
+    names = ["cpu.speedscope.json", "cpu_folded.txt", "commit_folded.bytes.txt", "processes.chrome_trace.json"]
+    titles = speedscope_titles([report_run / "report" / n for n in names], tmp_path)
+    assert titles == {**{n: f"{n} - speedscope" for n in names}, "cpu.speedscope.json": "CPU samples - speedscope"}

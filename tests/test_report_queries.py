@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import html
 import json
 import os
 import re
@@ -223,6 +224,53 @@ def dump_dom(url: str, profile: Path) -> str:
                            "--dump-dom", url], capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout
+
+
+SPEEDSCOPE = Path(__file__).resolve().parents[1] / ".venv" / "speedscope" / "node_modules" / "speedscope" / "dist" / "release"
+
+
+def speedscope_titles(files: list[Path], tmp_path: Path) -> dict[str, str | None]:
+    """Open each file in speedscope (the npm package, which ``make test`` installs) in headless Chromium, both
+    served over HTTP on loopback (``#profileURL=``); returns the page title per file name. speedscope titles the
+    page ``<profile name> - speedscope`` once it has imported the file; a file it cannot import raises an alert,
+    which holds the page until ``dump_dom`` times out and fails."""
+    import functools
+    import http.server
+    import threading
+
+    if not (SPEEDSCOPE / "index.html").exists():
+        pytest.fail(f"speedscope is not installed at {SPEEDSCOPE} (make test installs it with npm)")
+    root = tmp_path / "served"
+    root.mkdir()
+    (root / "speedscope").symlink_to(SPEEDSCOPE, target_is_directory=True)
+    for f in files:
+        shutil.copyfile(f, root / f.name)
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    handler = functools.partial(Quiet, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        titles = {}
+        for f in files:
+            dom = dump_dom(f"{base}/speedscope/index.html#profileURL={base}/{f.name}", tmp_path / f"profile-{f.name}")
+            m = re.search(r"<title>([^<]*)</title>", dom)
+            titles[f.name] = html.unescape(m.group(1)) if m else None
+        return titles
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_exports_load_in_speedscope(report_run, tmp_path):
+    """The self-profile exports import in the real speedscope."""
+    out = report_run / "report"
+    titles = speedscope_titles([out / "chrome_trace.json", out / "query_stacks.folded"], tmp_path)
+    assert titles == {"chrome_trace.json": "chrome_trace.json - speedscope",
+                      "query_stacks.folded": "query_stacks.folded - speedscope"}
 
 
 def body_data(dom: str) -> dict[str, str]:

@@ -7,7 +7,9 @@ and function crates have *self* samples (the leaf, innermost inlined frame) and 
 samples (every sample whose stack holds it, counted once per stack even when recursive).
 ``cpu_folded`` holds the folded stacks (``process;module!function;...``, root first) a flamegraph
 is drawn from; the process frame is ``image_name`` or ``image_name crate`` so that instances of
-the same program merge.
+the same program merge. ``cpu_over_time`` counts the samples of each process instance in ``CPU_BINS``
+bins of one width across the samples' span (bins without samples have no row): the CPU lanes of the
+Chrome trace export and the time bins a report view can be filtered by.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ BY_MODULE = "cpu_by_module"
 BY_FUNCTION = "cpu_by_function"
 BY_CODE_CRATE = "cpu_by_code_crate"
 FOLDED = "cpu_folded"
+OVER_TIME = "cpu_over_time"
+#: Time bins of cpu_over_time across the span of the samples (one width for every process).
+CPU_BINS = 500
 
 #: Frame at the root of each folded stack: the program, plus the compiled crate for rustc; events whose process
 #: is not known (no process id, e.g. a sample without a stack in a damaged trace) go under one root of their own.
@@ -61,6 +66,7 @@ def aggregate(ctx) -> dict[str, Any] | None:
         SELECT {PROCESS_FRAME_SQL} || coalesce(';' || st.folded, '') AS stack, sum(n)::BIGINT AS samples
         FROM per s LEFT JOIN procs p USING (process_key) LEFT JOIN {UNITS}_stacks st USING (unit_id)
         GROUP BY 1""", "stack")
+    _over_time(ctx, con)
     with_stack, resolved = con.execute(f"""
         SELECT coalesce(sum(n) FILTER (stack_id IS NOT NULL), 0),
                coalesce(sum(n) FILTER (unit_id IN (SELECT unit_id FROM {UNITS}_funcs WHERE module IS NOT NULL AND pos = 0)), 0)
@@ -69,6 +75,23 @@ def aggregate(ctx) -> dict[str, Any] | None:
             "processes": int(con.execute(f"SELECT count(DISTINCT process_key) FROM {UNITS}").fetchone()[0]),
             "units": int(con.execute(f"SELECT count(*) FROM {UNITS}_units").fetchone()[0]),
             "symbolized": resolve.has_frames(ctx)}
+
+
+def _over_time(ctx, con) -> None:
+    """``cpu_over_time``: samples per process instance (the one current at each sample) and time bin."""
+    join = resolve.current_at("procs", "start_key", "p", by_hash=True, left=True, tie="process_key")
+    con.execute(f"""COPY (
+        WITH span AS (SELECT min(timestamp_ns) AS lo, greatest(max(timestamp_ns) - min(timestamp_ns), 1) AS width
+                      FROM samples),
+        s AS (SELECT coalesce(pid::BIGINT, -1) AS pid, timestamp_ns FROM samples),
+        b AS (SELECT p.process_key, least({CPU_BINS - 1}, (s.timestamp_ns - span.lo) * {CPU_BINS} // span.width)::INTEGER AS bin
+              FROM s {join}, span)
+        SELECT b.process_key, p.pid, p.image_name, p.crate, b.bin,
+               (any_value(span.lo) + b.bin * any_value(span.width) // {CPU_BINS})::BIGINT AS t_ns,
+               (any_value(span.width) // {CPU_BINS})::BIGINT AS bin_ns, count(*)::BIGINT AS samples
+        FROM b, span LEFT JOIN procs p ON p.process_key = b.process_key
+        GROUP BY b.process_key, p.pid, p.image_name, p.crate, b.bin
+        ORDER BY process_key NULLS LAST, bin) TO {sql_path(ctx.out.table_path(OVER_TIME))} (FORMAT parquet, COMPRESSION zstd)""")
 
 
 def _writer(ctx, con, total: int):

@@ -3,11 +3,16 @@
 Applies when ``aggregated/`` has ``process_tree``. The timeline is an SVG drawn here (one row per
 process in start order, a bar from start to end, open ends drawn to the trace's edge, hover for the
 command line); ``process_tree.html`` holds the whole indented tree, ``process_tree.csv`` the table.
+``processes.chrome_trace.json`` is the same build in Chrome's Trace Event Format (chrome://tracing,
+Perfetto, speedscope): one track group per process instance with its lifetime, its threads' lifetimes
+and a "CPU samples" counter from ``cpu_over_time``.
 """
 
 from __future__ import annotations
 
+import bisect
 import html
+import json
 import re
 
 from pipeline.report.flame import Writer, count, fmt_bytes, fmt_ms, table
@@ -80,6 +85,72 @@ def build_processes(rows: list[dict], peaks: dict[int, int]) -> list[dict]:
     return sorted(out, key=lambda r: -(r["duration_ns"] or 0))
 
 
+#: Name of the ETL run's Chrome trace (a self-profile run writes ``chrome_trace.json`` beside it).
+CHROME_TRACE = "processes.chrome_trace.json"
+
+
+def _us(ns: int) -> float:
+    """Trace Event Format time: microseconds, with the nanoseconds kept as 3 decimals."""
+    return round(ns / 1000, 3)
+
+
+def chrome_trace(rows: list[dict], threads: list[dict], cpu: list[dict]) -> dict:
+    """The processes of ``process_tree`` as a Trace Event Format document: Chrome "pid" is the process instance
+    (``process_key``: Windows reuses pids), named ``image crate (pid N)``; track 0 holds the process's lifetime
+    (open ends drawn to the trace's edges, and said in its args), one track per thread its lifetime, and a
+    counter its CPU samples per time bin. Times are microseconds since the trace start."""
+    ends = [v for r in rows for v in (r["end_ns"], r["last_seen_ns"]) if v is not None]
+    ends += [t["end_ns"] or t["last_seen_ns"] or 0 for t in threads]
+    ends += [c["t_ns"] + c["bin_ns"] for c in cpu]
+    t_end = max(ends, default=0)
+    events: list[dict] = []
+    by_pid: dict[int, list[tuple[int, int]]] = {}
+    order = sorted(rows, key=lambda r: (r["start_ns"] if r["start_ns"] is not None else -1, r["process_key"]))
+    for i, r in enumerate(order):
+        key = r["process_key"]
+        start = r["start_ns"] if r["start_ns"] is not None else 0
+        end = r["end_ns"] if r["end_ns"] is not None else t_end
+        by_pid.setdefault(r["pid"], []).append((start if r["start_ns"] is not None else -(1 << 62), key))
+        name = f"{r['image_name'] or '?'}{' ' + r['crate'] if r['crate'] else ''} (pid {r['pid']})"
+        events += [{"ph": "M", "name": "process_name", "pid": key, "tid": 0, "args": {"name": name}},
+                   {"ph": "M", "name": "process_sort_index", "pid": key, "tid": 0, "args": {"sort_index": i}},
+                   {"ph": "M", "name": "thread_name", "pid": key, "tid": 0, "args": {"name": "process"}},
+                   {"ph": "X", "name": r["image_name"] or "?", "cat": "process", "pid": key, "tid": 0,
+                    "ts": _us(start), "dur": _us(max(end - start, 0)),
+                    "args": {"pid": r["pid"], "parent_pid": r["parent_pid"], "crate": r["crate"],
+                             "command_line": r["command_line"], "exit_status": r["exit_status"],
+                             "samples": r["samples"], "running_at_trace_start": r["start_ns"] is None,
+                             "running_at_trace_end": r["end_ns"] is None}}]
+    for starts in by_pid.values():
+        starts.sort()
+    for t in threads:
+        starts = by_pid.get(t["pid"])
+        first = t["start_ns"] if t["start_ns"] is not None else t["first_seen_ns"]
+        if not starts or first is None:
+            continue
+        at = bisect.bisect_right(starts, (first, 1 << 62)) - 1
+        key = starts[max(at, 0)][1]
+        start = t["start_ns"] if t["start_ns"] is not None else 0
+        end = t["end_ns"] if t["end_ns"] is not None else t_end
+        events += [{"ph": "M", "name": "thread_name", "pid": key, "tid": t["tid"],
+                    "args": {"name": t["thread_name"] or f"thread {t['tid']}"}},
+                   {"ph": "X", "name": t["thread_name"] or "thread", "cat": "thread", "pid": key, "tid": t["tid"],
+                    "ts": _us(start), "dur": _us(max(end - start, 0)),
+                    "args": {"tid": t["tid"], "running_at_trace_start": t["start_ns"] is None,
+                             "running_at_trace_end": t["end_ns"] is None}}]
+    cpu = sorted((c for c in cpu if c["process_key"] is not None), key=lambda c: (c["process_key"], c["bin"]))
+    label = f"CPU samples per {cpu[0]['bin_ns'] / 1e6:.3g} ms" if cpu else "CPU samples"
+    for i, c in enumerate(cpu):
+        events.append({"ph": "C", "name": label, "pid": c["process_key"], "tid": 0, "ts": _us(c["t_ns"]),
+                       "args": {"samples": c["samples"]}})
+        nxt = cpu[i + 1] if i + 1 < len(cpu) else None
+        if nxt is None or nxt["process_key"] != c["process_key"] or nxt["bin"] != c["bin"] + 1:
+            events.append({"ph": "C", "name": label, "pid": c["process_key"], "tid": 0,
+                           "ts": _us(c["t_ns"] + c["bin_ns"]), "args": {"samples": 0}})
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"source": "bootprof", "times": "microseconds since the trace start"}}
+
+
 def section(ctx):
     if not ctx.has(AGG, "process_tree"):
         return None
@@ -107,6 +178,10 @@ def section(ctx):
     peaks = ({r["process_key"]: r["peak_commit_bytes"] for r in ctx.read(AGG, "commit_by_process").to_pylist()}
              if ctx.has(AGG, "commit_by_process") else {})
     builds = build_processes(rows, peaks)
+    threads = (ctx.read("decoded", "threads", ["pid", "tid", "start_ns", "end_ns", "thread_name", "first_seen_ns",
+                                               "last_seen_ns"]).to_pylist() if ctx.has("decoded", "threads") else [])
+    cpu = ctx.read(AGG, "cpu_over_time").to_pylist() if ctx.has(AGG, "cpu_over_time") else []
+    w.text(CHROME_TRACE, json.dumps(chrome_trace(rows, threads, cpu), separators=(",", ":")))
     body = f"""<p>{len(rows)} processes, {sum(1 for r in rows if r['parent_key'] is None)} roots.</p>
 {w.links()}
 <h3>Build processes ({len(builds)} rustc, longest first)</h3>
