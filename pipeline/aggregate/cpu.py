@@ -81,13 +81,13 @@ def _over_time(ctx, con) -> None:
     """``cpu_over_time``: samples per process instance (the one current at each sample) and time bin."""
     join = resolve.current_at("procs", "start_key", "p", by_hash=True, left=True, tie="process_key")
     con.execute(f"""COPY (
-        WITH span AS (SELECT min(timestamp_ns) AS lo, greatest(max(timestamp_ns) - min(timestamp_ns), 1) AS width
+        WITH span AS (SELECT min(timestamp_ns) AS lo, greatest(max(timestamp_ns)::HUGEINT - min(timestamp_ns), 1) AS width
                       FROM samples),
         s AS (SELECT coalesce(pid::BIGINT, -1) AS pid, timestamp_ns FROM samples),
-        b AS (SELECT p.process_key, least({CPU_BINS - 1}, (s.timestamp_ns - span.lo) * {CPU_BINS} // span.width)::INTEGER AS bin
+        b AS (SELECT p.process_key, least({CPU_BINS - 1}, (s.timestamp_ns - span.lo)::HUGEINT * {CPU_BINS} // span.width)::INTEGER AS bin
               FROM s {join}, span)
         SELECT b.process_key, p.pid, p.image_name, p.crate, b.bin,
-               (any_value(span.lo) + b.bin * any_value(span.width) // {CPU_BINS})::BIGINT AS t_ns,
+               (any_value(span.lo) + b.bin * any_value(span.width)::HUGEINT // {CPU_BINS})::BIGINT AS t_ns,
                (any_value(span.width) // {CPU_BINS})::BIGINT AS bin_ns, count(*)::BIGINT AS samples
         FROM b, span LEFT JOIN procs p ON p.process_key = b.process_key
         GROUP BY b.process_key, p.pid, p.image_name, p.crate, b.bin

@@ -167,11 +167,11 @@ def _commit(ctx) -> dict[str, Any]:
                UNION ALL
                SELECT NULL, row_number() OVER (ORDER BY timestamp_ns, event NULLS LAST), timestamp_ns,
                       sum(delta) OVER (ORDER BY timestamp_ns, event NULLS LAST) FROM levels),
-        span AS (SELECT min(timestamp_ns) AS lo, greatest(max(timestamp_ns) - min(timestamp_ns), 1) AS width FROM deltas),
-        b AS (SELECT lv.*, least({COMMIT_BINS - 1}, ((timestamp_ns - lo) * {COMMIT_BINS} // width))::INTEGER AS bin
+        span AS (SELECT min(timestamp_ns) AS lo, greatest(max(timestamp_ns)::HUGEINT - min(timestamp_ns), 1) AS width FROM deltas),
+        b AS (SELECT lv.*, least({COMMIT_BINS - 1}, ((timestamp_ns - lo)::HUGEINT * {COMMIT_BINS} // width))::INTEGER AS bin
               FROM lv, span)
         SELECT b.process_key, p.pid, p.image_name, p.crate, b.bin,
-               (any_value(span.lo) + (b.bin + 1) * any_value(span.width) // {COMMIT_BINS})::BIGINT AS t_ns,
+               (any_value(span.lo) + (b.bin + 1) * any_value(span.width)::HUGEINT // {COMMIT_BINS})::BIGINT AS t_ns,
                max(b.level)::BIGINT AS peak_bytes, arg_max(b.level, b.event)::BIGINT AS end_bytes
         FROM b, span LEFT JOIN procs p ON p.process_key = b.process_key
         GROUP BY b.process_key, p.pid, p.image_name, p.crate, b.bin""", "process_key NULLS FIRST, bin")
