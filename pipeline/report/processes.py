@@ -27,6 +27,11 @@ COLORS = {"rustc.exe": "#d9822b", "cargo.exe": "#4a90d9", "build-script-build.ex
           "link.exe": "#3aa676", "python.exe": "#c5b33a"}
 
 
+def process_name(r: dict) -> str:
+    """A process as the timeline, the tree and the Chrome trace name it: its image, and the crate for rustc."""
+    return f"{r['image_name'] or '?'}{' ' + r['crate'] if r['crate'] else ''}"
+
+
 def timeline_svg(rows: list[dict]) -> str:
     shown = [r for r in rows if r["first_seen_ns"] is not None]
     if not shown:
@@ -44,7 +49,7 @@ def timeline_svg(rows: list[dict]) -> str:
         x = LABEL + (start - t0) * scale
         w = max((end - start) * scale, 1.0)
         y = 4 + i * ROW
-        name = f"{r['image_name'] or '?'}{' ' + r['crate'] if r['crate'] else ''}"
+        name = process_name(r)
         tip = (f"{name} (pid {r['pid']}): {fmt_ms(start - t0)} to {fmt_ms(end - t0)}"
                f"{' (running at trace start)' if r['start_ns'] is None else ''}"
                f"{' (running at trace end)' if r['end_ns'] is None else ''}, {r['samples']:,} samples\n"
@@ -111,7 +116,7 @@ def chrome_trace(rows: list[dict], threads: list[dict], cpu: list[dict]) -> dict
         start = r["start_ns"] if r["start_ns"] is not None else 0
         end = r["end_ns"] if r["end_ns"] is not None else t_end
         by_pid.setdefault(r["pid"], []).append((start if r["start_ns"] is not None else -(1 << 62), key))
-        name = f"{r['image_name'] or '?'}{' ' + r['crate'] if r['crate'] else ''} (pid {r['pid']})"
+        name = f"{process_name(r)} (pid {r['pid']})"
         events += [{"ph": "M", "name": "process_name", "pid": key, "tid": 0, "args": {"name": name}},
                    {"ph": "M", "name": "process_sort_index", "pid": key, "tid": 0, "args": {"sort_index": i}},
                    {"ph": "M", "name": "thread_name", "pid": key, "tid": 0, "args": {"name": "process"}},
@@ -168,7 +173,7 @@ def section(ctx):
     todo = [(r, 0) for r in reversed(kids.get(None, []))]
     while todo:
         r, depth = todo.pop()
-        ordered.append({**r, "name": "\u2003" * depth + f"{r['image_name'] or '?'}{' ' + r['crate'] if r['crate'] else ''}"})
+        ordered.append({**r, "name": "\u2003" * depth + process_name(r)})
         todo.extend((c, depth + 1) for c in reversed(kids.get(r["process_key"], [])) if depth < 64)
     cols = [("name", "process", None), ("pid", "pid", None), ("duration_ns", "duration", fmt_ms),
             ("samples", "samples", count), ("tree_samples", "with children", count), ("threads", "threads", count),
