@@ -1,11 +1,11 @@
 # bootprof: two commands set up a fresh machine.
-#   make pipeline [TRACE=path/to/trace.etl]   install, then run jobs/demo.yaml (demo trace without TRACE)
+#   make pipeline [TRACE=path/to/trace.etl]   install, then run jobs/single-trace.yaml (demo trace without TRACE)
 #   make test                                 install, then the whole test suite
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-JOB    ?= jobs/demo.yaml
+JOB    ?= jobs/single-trace.yaml
 RUN    ?=
 
 FUZZ_BUDGET ?= 1800

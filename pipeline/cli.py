@@ -14,14 +14,12 @@ import logging
 import os
 import sys
 import threading
-import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from pipeline import __version__
-from pipeline.config import Config, load_config, load_job
+from pipeline.config import Config, load_config
 from pipeline.errors import BootprofError
-from pipeline.progress import Status
 
 #: subcommand -> (module, one-line help). Order is the order of the pipeline.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -56,69 +54,22 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         mod.add_arguments(p)
         p.set_defaults(_module=mod)
-    run = sub.add_parser("run", help="run a job from jobs/ (all its stages) on one trace",
-                         description="Run a job file's stages in order on one trace.")
-    run.add_argument("job", type=Path, help="job file, e.g. jobs/demo.yaml")
-    run.add_argument("--trace", type=Path, help="ETL trace or self-profile directory (default: synthesize the demo trace)")
+    run = sub.add_parser("run", help="run a job from jobs/ (all its stages) on a trace, or on each of many",
+                         description="Run a job file's stages in order. A stage whose output is up to date (same "
+                         "inputs by content hash, same settings) is skipped.")
+    run.add_argument("job", type=Path, help="job file, e.g. jobs/single-trace.yaml")
+    run.add_argument("--trace", type=Path, action="append", help="ETL trace or self-profile directory; repeatable "
+                     "(one run holds one ETL trace and its self-profiles; a backfill job runs each one). Default: "
+                     "what `bootprof capture` left in --run, else the synthesized demo trace")
     run.add_argument("--run", dest="run_dir", type=Path, help="run directory (default: <runs_dir>/<job>-<time>)")
     run.add_argument("--symbol-path", dest="symbol_path", help="symbol path for the symbolize stage "
                      "(_NT_SYMBOL_PATH syntax: DIR;srv*CACHE*URL;cache*DIR; overrides symbolize.symbol_path)")
+    run.add_argument("--set", dest="sets", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                     help="override a config value (read as YAML), e.g. --set synth.size=20MB or "
+                     "--set warehouse.labels.workload=stage2; repeatable")
+    run.add_argument("--force", action="store_true", help="run every stage, even those that are up to date")
     run.set_defaults(_module=None)
     return parser
-
-
-def run_job(job_path: Path, trace: Path | None, run_dir: Path | None, config_path: Path | None,
-            symbol_path: str | None = None) -> int:
-    """Run every stage of a job on one trace; with no trace and a 'synth' stage, make the demo trace."""
-    job = load_job(job_path)
-    config = load_config(config_path or job.config)
-    if symbol_path is not None:
-        config.symbolize.symbol_path = symbol_path
-    # Runs of one job are compared with each other in the warehouse, whatever their directory is called.
-    config.warehouse.labels = {"job": job.name, **config.warehouse.labels}
-    if run_dir is None:
-        run_dir = job.runs_dir / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    print(f"run directory: {run_dir}")
-    stages = list(job.stages)
-    if trace is None:
-        if "synth" not in stages:
-            raise BootprofError(f"{job_path}: job has no 'synth' stage, so --trace is required")
-        synth = importlib.import_module("pipeline.synth")
-        trace = run_dir / "input" / "demo.etl"
-        t0 = time.perf_counter()
-        with Status("synth", 0) as status:
-            status.say(f"writing the demo trace ({config.synth.size})")
-            synth.run(trace, config.synth)
-        print(f"  synth      {time.perf_counter() - t0:7.2f} s  {trace}")
-        symbols = trace.parent / "symbols"
-        if symbols.exists() and not config.symbolize.symbol_path:
-            config.symbolize.symbol_path = str(symbols.resolve())
-    stages = [s for s in stages if s != "synth"]
-    from pipeline.cluster import connect
-
-    modules = {stage: importlib.import_module(f"pipeline.{stage}") for stage in stages}
-    from pipeline.cluster import input_bytes
-
-    summaries: dict[str, Any] = {}
-    with connect(config.cluster, warm_up=[m for mod in modules.values() for m in getattr(mod, "WARM_UP", ())],
-                 size=input_bytes([trace])) as pool:
-        for stage, mod in modules.items():
-            t0 = time.perf_counter()
-            # (on a terminal: which stage runs, until its line is printed; a stage may show its own progress)
-            with Status(stage, 0) as status:
-                status.say("running")
-                summary = summaries[stage] = mod.run(run_dir, config, pool, inputs=[trace])
-            print(f"  {stage:<10} {time.perf_counter() - t0:7.2f} s  {summary or ''}")
-    index = run_dir / "report" / "index.html"
-    if "report" in stages and index.exists():
-        print(f"report: {index}")
-    if "compare" in stages:
-        past = summaries["compare"]["regressions_past_budget"]
-        print(f"compare: {run_dir / 'compare' / 'summary.md'}" + (
-            f" ({past} significant regressions of {config.warehouse.budget_pct:g}% or more)" if past else ""))
-        return 1 if past else 0
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,14 +83,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "run":
-            return run_job(args.job, args.trace, args.run_dir, args.config, args.symbol_path)
+            from pipeline.jobs import run_job
+
+            return run_job(args.job, args.trace, args.run_dir, args.config, args.symbol_path, args.sets, args.force)
         config: Config = load_config(args.config)
         return int(args._module.main(args, config) or 0)
     except BootprofError as exc:
         print(f"bootprof: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("bootprof: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        print(f"bootprof: interrupted{': ' + str(exc) if str(exc) else ''}", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # (whoever read the output went away, as `| head` does: nothing more to say; 128 + SIGPIPE, as a shell does)

@@ -214,6 +214,8 @@ class Job(Section):
         "'warehouse') compares the run with its baseline and fails the job on a regression past the budget."
     )
     runs_dir: Path = Field(Path("runs"), description="Where run directories are created.")
+    backfill: bool = Field(False, description="Each --trace (or each ETL trace in a --trace directory) is its own run, "
+                           "in <runs_dir>/<name>-<trace name>; a trace that fails is reported and the others still run.")
 
 
 def _line_of(node: yaml.Node | None, loc: tuple) -> int | None:

@@ -311,7 +311,7 @@ def test_a_job_on_a_terminal_shows_the_stage_that_runs(tmp_path):
     cfg = tmp_path / "job.yaml"
     cfg.write_text(json.dumps({"cluster": {"mode": "synchronous"}, "symbolize": {"cache_dir": str(tmp_path / "c")},
                                "warehouse": {"path": str(tmp_path / "wh.duckdb")}}))
-    lines, out = _on_a_terminal(["--config", str(cfg), "run", str(ROOT / "jobs" / "demo.yaml"), "--run",
+    lines, out = _on_a_terminal(["--config", str(cfg), "run", str(ROOT / "jobs" / "single-trace.yaml"), "--run",
                                  str(tmp_path / "run")])
     shown = [line.strip() for line in lines if line.strip()]
     stages = ["decode", "symbolize", "aggregate", "report", "warehouse"]

@@ -1,4 +1,4 @@
-"""`make pipeline` as a user runs it: jobs/demo.yaml through the CLI on a real dask LocalCluster,
+"""`make pipeline` as a user runs it: jobs/single-trace.yaml through the CLI on a real dask LocalCluster,
 once on the synthesized demo trace and once on a directory of real rustc self-profiles."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def _config(tmp_path) -> str:
 
 def test_demo_job_without_trace_runs_every_stage(tmp_path, capsys):
     run = tmp_path / "demo-run"
-    assert cli_main(["--config", _config(tmp_path), "run", str(ROOT / "jobs" / "demo.yaml"), "--run", str(run)]) == 0
+    assert cli_main(["--config", _config(tmp_path), "run", str(ROOT / "jobs" / "single-trace.yaml"), "--run", str(run)]) == 0
     assert f"report: {run / 'report' / 'index.html'}" in capsys.readouterr().out
     assert (run / "input" / "demo.etl").exists()
     manifests = {stage: read_manifest(run, stage) for stage in STAGES}
@@ -39,7 +39,7 @@ def test_demo_job_without_trace_runs_every_stage(tmp_path, capsys):
 def test_demo_job_on_a_self_profile_directory(tmp_path, capsys):
     run = tmp_path / "sp-run"
     profiles = fixture_path("selfprofile/workspace-incremental")
-    assert cli_main(["--config", _config(tmp_path), "run", str(ROOT / "jobs" / "demo.yaml"),
+    assert cli_main(["--config", _config(tmp_path), "run", str(ROOT / "jobs" / "single-trace.yaml"),
                      "--trace", str(profiles), "--run", str(run)]) == 0
     assert read_manifest(run, "symbolized")["skipped"].startswith("no ETL stacks")
     assert set(read_manifest(run, "aggregated")["sections"]) == {"queries"}
@@ -52,7 +52,101 @@ def test_run_takes_a_symbol_path(tmp_path, capsys):
     run = tmp_path / "demo-run"
     empty = tmp_path / "no-symbols"
     empty.mkdir()
-    assert cli_main(["--config", _config(tmp_path), "run", str(ROOT / "jobs" / "demo.yaml"), "--run", str(run),
+    assert cli_main(["--config", _config(tmp_path), "run", str(ROOT / "jobs" / "single-trace.yaml"), "--run", str(run),
                      "--symbol-path", str(empty)]) == 0
     m = read_manifest(run, "symbolized")
     assert m["symbol_path"] == str(empty) and m["resolution_rate"] == 0.0
+
+
+def _sync_config(tmp_path, **extra) -> str:
+    path = tmp_path / "sync.yaml"
+    path.write_text(json.dumps({"cluster": {"mode": "synchronous"}, "symbolize": {"cache_dir": str(tmp_path / "c")},
+                                "warehouse": {"path": str(tmp_path / "wh.duckdb")}, **extra}))
+    return str(path)
+
+
+def _stage_lines(out: str) -> dict[str, str]:
+    """stage -> "skipped" or its seconds, from the lines `bootprof run` prints per stage."""
+    return {line.split()[0]: line.split()[1] for line in out.splitlines() if line.startswith("  ")}
+
+
+def test_a_rerun_skips_what_is_up_to_date(tmp_path, capsys):
+    """Run a job twice on one trace: the second run skips every stage. Change the report's settings: the
+    report and the warehouse run again, nothing before them. A changed input reruns everything."""
+    from pipeline.runs import stage_dir
+
+    cfg, run = _sync_config(tmp_path), tmp_path / "run"
+    trace = fixture_path("etl/perfview-net452-x64/net.4.5.2.x64.etl")
+    job = str(ROOT / "jobs" / "single-trace.yaml")
+    assert cli_main(["--config", cfg, "run", job, "--trace", str(trace), "--run", str(run)]) == 0
+    first = _stage_lines(capsys.readouterr().out)
+    assert "skipped" not in first.values() and len(first) == 5
+    made = {s: read_manifest(run, s)["created_utc"] for s in STAGES}
+    decoded_mtime = (stage_dir(run, "decoded") / "_manifest.json").stat().st_mtime_ns
+
+    assert cli_main(["--config", cfg, "run", job, "--trace", str(trace), "--run", str(run)]) == 0
+    second = _stage_lines(capsys.readouterr().out)
+    assert list(second.values()) == ["skipped"] * 5, second
+    assert (stage_dir(run, "decoded") / "_manifest.json").stat().st_mtime_ns == decoded_mtime
+
+    assert cli_main(["--config", cfg, "run", job, "--trace", str(trace), "--run", str(run),
+                     "--set", "report.title=nightly x64"]) == 0
+    third = _stage_lines(capsys.readouterr().out)
+    assert [s for s, how in third.items() if how == "skipped"] == ["decode", "symbolize", "aggregate"]
+    assert read_manifest(run, "report")["config"]["report"]["title"] == "nightly x64"
+    assert read_manifest(run, "aggregated")["created_utc"] == made["aggregated"]
+
+    other = tmp_path / "other.etl"
+    other.write_bytes(trace.read_bytes())          # (the same bytes elsewhere: another input path)
+    assert cli_main(["--config", cfg, "run", job, "--trace", str(other), "--run", str(run)]) == 0
+    assert "skipped" not in _stage_lines(capsys.readouterr().out).values()
+
+    assert cli_main(["--config", cfg, "run", job, "--trace", str(other), "--run", str(run), "--force"]) == 0
+    assert "skipped" not in _stage_lines(capsys.readouterr().out).values()
+
+
+def test_set_overrides_and_errors(tmp_path, capsys):
+    from pipeline.config import load_config
+    from pipeline.jobs import apply_sets
+
+    config = apply_sets(load_config(None), ["synth.size=20MB", "cluster.n_workers=3", "warehouse.labels.workload=s2",
+                                            "synth.inject=[crate:core:1.5]"])
+    assert (config.synth.size, config.cluster.n_workers) == ("20MB", 3)
+    assert config.warehouse.labels == {"workload": "s2"} and config.synth.inject == ["crate:core:1.5"]
+    job = str(ROOT / "jobs" / "single-trace.yaml")
+    for bad, says in [("synth.sise=1", "--set 'synth.sise=1': synth.sise: Extra inputs are not permitted"),
+                      ("cluster.n_workers=0", "cluster.n_workers: Input should be greater than or equal to 1"),
+                      ("synth.size=huge", "not a size: 'huge'"), ("size", "expected SECTION.KEY=VALUE")]:
+        assert cli_main(["run", job, "--run", str(tmp_path / "r"), "--set", bad]) == 2
+        assert says in capsys.readouterr().err
+
+
+def test_backfill_puts_each_trace_into_the_warehouse(tmp_path, capsys):
+    """jobs/backfill.yaml on a directory of two real traces, one more trace and a damaged file: each good
+    trace is its own run in the warehouse, the damaged one is reported and fails the job; run again, every
+    stage of the good ones is skipped."""
+    import duckdb
+    import shutil
+
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    shutil.copyfile(fixture_path("etl/perfview-net452-x64/net.4.5.2.x64.etl"), traces / "night1.etl")
+    shutil.copyfile(fixture_path("etl/perfview-small/smallEtlFile.etl"), traces / "night2.etl")
+    bad = tmp_path / "damaged.etl"
+    bad.write_bytes(b"\0" * 100)
+    job = tmp_path / "backfill.yaml"
+    job.write_text((ROOT / "jobs" / "backfill.yaml").read_text().replace("runs_dir: runs", f"runs_dir: {tmp_path / 'runs'}"))
+    cfg = _sync_config(tmp_path)
+    assert cli_main(["--config", cfg, "run", str(job), "--trace", str(traces), "--trace", str(bad),
+                     "--set", "warehouse.labels.workload=fixtures"]) == 1
+    out = capsys.readouterr().out
+    assert f"[3/3] {bad} -> {tmp_path / 'runs' / 'backfill-damaged'}" in out
+    assert "failed: " in out and "damaged.etl" in out and "backfill: 2 of 3 traces" in out
+    con = duckdb.connect(str(tmp_path / "wh.duckdb"), read_only=True)
+    rows = con.execute("SELECT run_id, job, workload FROM runs ORDER BY run_id").fetchall()
+    con.close()
+    assert rows == [("backfill-night1", "backfill", "fixtures"), ("backfill-night2", "backfill", "fixtures")]
+    assert cli_main(["--config", cfg, "run", str(job), "--trace", str(traces),
+                     "--set", "warehouse.labels.workload=fixtures"]) == 0
+    lines = [line.split()[1] for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
+    assert lines == ["skipped"] * 8

@@ -1,4 +1,4 @@
-"""``bootprof capture --self-profile [--events LIST] [--run RUN_DIR] -- <build command...>``"""
+"""``bootprof capture (--self-profile | --wpr | --xperf)... [--run RUN_DIR] -- <build command...>``"""
 
 from __future__ import annotations
 
@@ -7,13 +7,35 @@ import time
 from pathlib import Path
 
 
+def _period(text: str) -> float:
+    try:
+        value = float(text.rstrip("s"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a period in seconds: {text!r} (e.g. 30 or 30s)") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"at least 1 second between heap snapshots, got {text!r}")
+    return value
+
+
 def add_arguments(p) -> None:
     p.add_argument("--self-profile", action="store_true",
-                   help="profile every rustc the command starts with -Z self-profile (the only mode on Linux)")
+                   help="profile every rustc the command starts with -Z self-profile (works anywhere)")
+    tool = p.add_mutually_exclusive_group()
+    tool.add_argument("--wpr", action="store_const", const="wpr", dest="etw",
+                      help="record the build with WPR (Windows; CPU samples and VirtualAlloc with stacks)")
+    tool.add_argument("--xperf", action="store_const", const="xperf", dest="etw",
+                      help="record the build with xperf's kernel logger (Windows Performance Toolkit)")
+    p.add_argument("--profile", action="append", metavar="FILE.wprp!NAME",
+                   help="with --wpr: a WPR profile to start instead of bootprof's CPU and VirtualAlloc "
+                   "(FILE.wprp!NAME or a built-in name such as GeneralProfile); repeatable")
+    p.add_argument("--heap-snapshots", type=_period, metavar="PERIOD",
+                   help="with --wpr: heap snapshot of every live rustc of the build every PERIOD seconds "
+                   "(very expensive; only when asked)")
     p.add_argument("--events", default="default",
                    help="-Z self-profile-events list, e.g. default,args or default,query-cache-hit (default: default)")
     p.add_argument("--run", dest="run_dir", type=Path,
-                   help="run directory (default: runs/capture-<time>); profiles go to RUN_DIR/selfprofile/")
+                   help="run directory (default: runs/capture-<time>); profiles go to RUN_DIR/selfprofile/, "
+                   "the trace to RUN_DIR/input/trace.etl")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the build command, after --")
 
 
@@ -21,13 +43,20 @@ def main(args, config) -> int:
     from pipeline import capture
     from pipeline.errors import BootprofError
 
-    if not args.self_profile:
-        raise BootprofError("capture: only --self-profile is supported on this platform (ETW capture needs Windows)")
+    if not args.self_profile and not args.etw:
+        raise BootprofError("capture: say what to record: --self-profile (works anywhere), --wpr or --xperf "
+                            "(Windows), or --self-profile with one of them")
+    if (args.profile or args.heap_snapshots) and args.etw != "wpr":
+        raise BootprofError("capture: --profile and --heap-snapshots go with --wpr")
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     run_dir = args.run_dir or Path("runs") / f"capture-{time.strftime('%Y%m%d-%H%M%S')}"
-    summary = capture.run(run_dir, config, None, inputs=command, events=args.events)
-    print(f"captured {summary['files']} self-profiles into {summary['profile_dir']} in {summary['elapsed_s']} s")
+    summary = capture.run(run_dir, config, None, inputs=command, events=args.events, self_profile=args.self_profile,
+                          etw_tool=args.etw, profiles=args.profile, heap_period_s=args.heap_snapshots)
     for warning in summary["warnings"]:
-        print(f"  rustc: {warning}")
-    print(f"next: bootprof decode {summary['profile_dir']} --run {run_dir}")
+        print(f"  warning: {warning}")
+    if args.self_profile:
+        print(f"captured {summary['files']} self-profiles into {summary['profile_dir']}")
+    if summary["trace"]:
+        print(f"captured {summary['trace']} ({summary['trace_size'] / 1e6:.1f} MB)")
+    print(f"build took {summary['elapsed_s']} s; next: bootprof run jobs/single-trace.yaml --run {run_dir}")
     return 0

@@ -251,6 +251,29 @@ def _manifests(run_dir: Path) -> dict[str, dict]:
     return out
 
 
+def holds(db: Path, run_dir: Path, labels: dict[str, str], lock_timeout_s: float = 300.0) -> bool:
+    """Whether the warehouse holds ``run_dir`` as it is now: the same directory, labels and stage manifests
+    (what ``ingest`` would write again)."""
+    run_dir = Path(run_dir).resolve()
+    if not Path(db).expanduser().exists():
+        return False
+    try:
+        manifests = _manifests(run_dir)
+    except ManifestError:
+        return False
+    con = connect(db, read_only=True, lock_timeout_s=lock_timeout_s)
+    try:
+        row = con.execute("SELECT run_dir, labels FROM runs WHERE run_id = ?", [run_dir.name]).fetchone()
+        stored = dict(con.execute("SELECT stage, manifest FROM stage_manifests WHERE run_id = ?",
+                                  [run_dir.name]).fetchall())
+    finally:
+        con.close()
+    if row is None or row[0] != str(run_dir) or dict(row[1] or {}) != {str(k): str(v) for k, v in labels.items()}:
+        return False
+    now = {stage: json.loads(json.dumps(m, sort_keys=True, default=str)) for stage, m in manifests.items()}
+    return {stage: json.loads(m) for stage, m in stored.items()} == now
+
+
 def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: str | None = None,
            lock_timeout_s: float = 300.0) -> dict[str, Any]:
     """Put one run into the warehouse (replacing an earlier ingestion of the same run_id)."""

@@ -1,0 +1,232 @@
+"""Jobs: ``bootprof run JOB`` runs a job file's stages in order, on one trace or (backfill) on each of many.
+
+A job file (``jobs/*.yaml``, :class:`pipeline.config.Job`) names its stages and config. Before each stage the
+run directory is checked: a stage whose output exists and was made by this bootprof version from the same
+inputs (content hashes) with the same settings is skipped, so a rerun of a job does only what changed:
+
+- ``decoded``: its manifest's inputs (path, size, sha256) equal the inputs now, and ``decode`` settings
+  are the same;
+- ``symbolized``, ``aggregated``, ``report``: their own config section is the same and the outputs they were
+  made from (the ``upstream`` manifest hashes) have not been written again since;
+- ``warehouse``: the warehouse holds this run with the same stage manifests and labels;
+- ``compare`` always runs: its answer depends on the other runs in the warehouse.
+
+A stage rerun rewrites its manifest, so every stage after it is stale and runs too.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline import __version__
+from pipeline.config import Config, Job, load_config, load_job
+from pipeline.errors import BootprofError, ConfigError, ManifestError
+from pipeline.progress import Status
+from pipeline.runs import MANIFEST, canonical_hash, fingerprint, read_manifest, stage_dir
+
+#: job stage -> (its output directory in the run, the config section its output depends on)
+OUTPUTS = {"decode": ("decoded", "decode"), "symbolize": ("symbolized", "symbolize"),
+           "aggregate": ("aggregated", "aggregate"), "report": ("report", "report")}
+
+
+def apply_sets(config: Config, sets: list[str]) -> Config:
+    """``--set section.key=value`` (value read as YAML: 4, true, 20MB, [a, b]) over ``config``, validated."""
+    from pydantic import ValidationError
+
+    data = config.resolved()
+    for item in sets:
+        key, sep, text = item.partition("=")
+        path = [p for p in key.strip().split(".") if p]
+        if not sep or not path:
+            raise ConfigError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. --set synth.size=20MB")
+        try:
+            value = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--set {item!r}: the value is not valid YAML: {exc}") from None
+        node = data
+        for part in path[:-1]:
+            if not isinstance(node.get(part), dict):
+                if part in node and node[part] is not None:
+                    raise ConfigError(f"--set {item!r}: {part} is not a section")
+                node[part] = {}
+            node = node[part]
+        node[path[-1]] = value
+        try:
+            Config.model_validate(data)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            raise ConfigError(f"--set {item!r}: {where}: {err['msg'].removeprefix('Value error, ')}") from None
+    return Config.model_validate(data)
+
+
+def captured_inputs(run_dir: Path) -> list[Path]:
+    """What ``bootprof capture`` left in ``run_dir``: its trace and its self-profile directory."""
+    try:
+        manifest = read_manifest(run_dir, "capture")
+    except ManifestError:
+        return []
+    found = []
+    trace = (manifest.get("recording") or {}).get("path")
+    if trace and Path(trace).exists():
+        found.append(Path(trace))
+    if manifest.get("files") and manifest.get("profile_dir"):
+        found.append(Path(manifest["profile_dir"]))
+    return found
+
+
+def _input_files(inputs: list[Path]) -> list[Path]:
+    """The files the decode stage reads from ``inputs`` (directories: their self-profiles)."""
+    files = []
+    for path in inputs:
+        path = Path(path)
+        files.extend(sorted(path.rglob("*.mm_profdata")) if path.is_dir() else [path])
+    return files
+
+
+def stale_reason(run_dir: Path, stage: str, config: Config, inputs: list[Path]) -> str | None:
+    """Why ``stage`` must run in ``run_dir``; None when its output is up to date."""
+    if stage == "compare":
+        return "always (its baseline may have changed)"
+    if stage == "warehouse":
+        from pipeline import warehouse
+
+        same = warehouse.holds(config.warehouse.path, run_dir, dict(config.warehouse.labels),
+                               config.warehouse.lock_timeout_s)
+        return None if same else "the warehouse does not hold this version of the run"
+    out, section = OUTPUTS[stage]
+    if not (stage_dir(run_dir, out) / MANIFEST).exists():
+        return "no output yet"
+    try:
+        manifest = read_manifest(run_dir, out)
+    except ManifestError as exc:
+        return str(exc).split(": ", 1)[-1]
+    if manifest.get("project_version") != __version__:
+        return f"made by bootprof {manifest.get('project_version')}"
+    if canonical_hash((manifest.get("config") or {}).get(section)) != canonical_hash(config.resolved()[section]):
+        return f"the {section} settings changed"
+    if stage == "decode":
+        before = sorted((i["path"], i["size"], i["sha256"]) for i in manifest.get("inputs") or [])
+        now = sorted((f["path"], f["size"], f["sha256"]) for f in map(fingerprint, _input_files(inputs)))
+        if before != now:
+            return "the inputs changed"
+    return None
+
+
+def run_stages(job: Job, config: Config, inputs: list[Path], run_dir: Path, force: bool = False) -> dict[str, Any]:
+    """Every stage of ``job`` (but synth) on ``inputs`` in ``run_dir``; their summaries, by stage."""
+    from pipeline.cluster import connect, input_bytes
+
+    stages = [s for s in job.stages if s != "synth"]
+    modules = {stage: importlib.import_module(f"pipeline.{stage}") for stage in stages}
+    summaries: dict[str, Any] = {}
+    # (no cluster starts for a job whose stages are all up to date)
+    first = next((s for s in stages if force or stale_reason(run_dir, s, config, inputs) is not None), None)
+    for stage in stages[:stages.index(first) if first else len(stages)]:
+        print(f"  {stage:<10} {'skipped':>7}  (up to date)")
+        summaries[stage] = None
+    if first is None:
+        return summaries
+    todo = stages[stages.index(first):]
+    with connect(config.cluster, warm_up=[m for s in todo for m in getattr(modules[s], "WARM_UP", ())],
+                 size=input_bytes(inputs)) as pool:
+        for stage in todo:
+            if not force and stage != first and stale_reason(run_dir, stage, config, inputs) is None:
+                print(f"  {stage:<10} {'skipped':>7}  (up to date)")
+                summaries[stage] = None
+                continue
+            t0 = time.perf_counter()
+            with Status(stage, 0) as status:
+                status.say("running")
+                summary = summaries[stage] = modules[stage].run(run_dir, config, pool, inputs=list(inputs))
+            print(f"  {stage:<10} {time.perf_counter() - t0:7.2f} s  {summary or ''}")
+    return summaries
+
+
+def _synth_demo(config: Config, run_dir: Path) -> Path:
+    synth = importlib.import_module("pipeline.synth")
+    trace = run_dir / "input" / "demo.etl"
+    t0 = time.perf_counter()
+    with Status("synth", 0) as status:
+        status.say(f"writing the demo trace ({config.synth.size})")
+        synth.run(trace, config.synth)
+    print(f"  synth      {time.perf_counter() - t0:7.2f} s  {trace}")
+    symbols = trace.parent / "symbols"
+    if symbols.exists() and not config.symbolize.symbol_path:
+        config.symbolize.symbol_path = str(symbols.resolve())
+    return trace
+
+
+def run_job(job_path: Path, traces: list[Path] | None, run_dir: Path | None, config_path: Path | None,
+            symbol_path: str | None = None, sets: list[str] | None = None, force: bool = False) -> int:
+    """``bootprof run``: the job on its inputs; the exit status (1: a regression past budget or a failed trace)."""
+    job = load_job(job_path)
+    config = apply_sets(load_config(config_path or job.config), sets or [])
+    if symbol_path is not None:
+        config.symbolize.symbol_path = symbol_path
+    # Runs of one job are compared with each other in the warehouse, whatever their directory is called.
+    config.warehouse.labels = {"job": job.name, **config.warehouse.labels}
+    traces = [Path(t) for t in traces or []]
+    if job.backfill:
+        return backfill(job, config, traces, force)
+    if run_dir is None:
+        run_dir = job.runs_dir / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    print(f"run directory: {run_dir}")
+    inputs = traces or captured_inputs(run_dir)
+    if not inputs:
+        if "synth" not in job.stages:
+            raise BootprofError(f"{job_path}: job has no 'synth' stage and {run_dir} holds no capture, "
+                                "so --trace is required")
+        inputs = [_synth_demo(config, run_dir)]
+    summaries = run_stages(job, config, inputs, run_dir, force)
+    index = run_dir / "report" / "index.html"
+    if "report" in job.stages and index.exists():
+        print(f"report: {index}")
+    if "compare" in job.stages:
+        past = summaries["compare"]["regressions_past_budget"]
+        print(f"compare: {run_dir / 'compare' / 'summary.md'}" + (
+            f" ({past} significant regressions of {config.warehouse.budget_pct:g}% or more)" if past else ""))
+        return 1 if past else 0
+    return 0
+
+
+def backfill_inputs(traces: list[Path]) -> list[Path]:
+    """Each trace of a backfill: files as given; a directory holding ETL traces gives each of them (sorted),
+    any other directory is one run's self-profiles."""
+    found = []
+    for path in traces:
+        etls = sorted(p for p in path.glob("*.etl") if p.is_file()) if path.is_dir() else []
+        found.extend(etls or [path])
+    return found
+
+
+def backfill(job: Job, config: Config, traces: list[Path], force: bool = False) -> int:
+    """Each trace into its own run (``<runs_dir>/<job>-<trace stem>``) and the warehouse. A trace that fails
+    is reported and the others still run; the exit status is 1 when any failed."""
+    inputs = backfill_inputs(traces)
+    if not inputs:
+        raise BootprofError(f"job {job.name} is a backfill: give its traces with --trace (files or directories)")
+    names: dict[str, int] = {}
+    failed = []
+    for n, trace in enumerate(inputs, 1):
+        stem = trace.stem if trace.is_file() else trace.name
+        names[stem] = names.get(stem, 0) + 1
+        run_dir = job.runs_dir / (f"{job.name}-{stem}" + ("" if names[stem] == 1 else f"-{names[stem]}"))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        print(f"[{n}/{len(inputs)}] {trace} -> {run_dir}")
+        try:
+            if not trace.exists():
+                raise BootprofError(f"{trace}: no such file or directory")
+            run_stages(job, config, [trace], run_dir, force)
+        except BootprofError as exc:
+            failed.append((trace, str(exc)))
+            print(f"  failed: {exc}")
+    print(f"backfill: {len(inputs) - len(failed)} of {len(inputs)} traces in {config.warehouse.path}"
+          + (f"; failed: {', '.join(str(t) for t, _ in failed)}" if failed else ""))
+    return 1 if failed else 0
