@@ -88,6 +88,11 @@ class Pool:
             late = [w for w, done in self.client.run(warmup.ready).items() if not done]
             if late:
                 log.warning("worker warm-up still running after %.0f s on %s", warmup.READY_TIMEOUT_S, ", ".join(late))
+        # Arguments shared by every task go to the workers once, as data: distributed 2026.8 turns a keyword
+        # argument of 64 kB or more into a task of that name that it then fails to send ("Error
+        # transitioning 'files'", the self-profile metadata of a build with 88 rustc processes).
+        kwargs = {k: v if isinstance(v, (int, float, bool, type(None))) or (isinstance(v, str) and len(v) < 4096)
+                  else self.client.scatter([v], broadcast=True, hash=False)[0] for k, v in kwargs.items()}
         futures = self.client.map(fn, items, pure=False, **kwargs)
         if on_result is None:
             return self.client.gather(futures)

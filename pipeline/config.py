@@ -100,6 +100,9 @@ class SynthConfig(Section):
         None, ge=1, le=100_000, description="How many call-stack templates the simulated processes draw from, as "
         "a multiple of the smallest set (null: 1 to 8 by size, ~1,100 distinct stacks at 1 GB; 2000: ~250,000, "
         "nearer a real rustc build's).")
+    self_profiles: bool = Field(True, description="Also write a rustc self-profile (.mm_profdata) of every rustc "
+                                "process into selfprofile/ beside the trace, with query timelines that agree with "
+                                "its samples (the truth says which query each sample belongs to).")
     rerun: int = Field(0, ge=0, description="Re-run of the same build: 0 is the build as the seed makes it; any other "
                        "number is that build run again, with run-to-run noise (`noise`) and new sampling.")
     noise: float = Field(0.03, ge=0, le=0.5, description="Relative standard deviation of each process's work from one "

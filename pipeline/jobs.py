@@ -148,18 +148,19 @@ def run_stages(job: Job, config: Config, inputs: list[Path], run_dir: Path, forc
     return summaries
 
 
-def _synth_demo(config: Config, run_dir: Path) -> Path:
+def _synth_demo(config: Config, run_dir: Path) -> list[Path]:
+    """The demo trace, and the self-profiles of its rustc processes when ``synth.self_profiles``."""
     synth = importlib.import_module("pipeline.synth")
     trace = run_dir / "input" / "demo.etl"
     t0 = time.perf_counter()
     with Status("synth", 0) as status:
         status.say(f"writing the demo trace ({config.synth.size})")
-        synth.run(trace, config.synth)
+        summary = synth.run(trace, config.synth)
     print(f"  synth      {time.perf_counter() - t0:7.2f} s  {trace}")
     symbols = trace.parent / "symbols"
     if symbols.exists() and not config.symbolize.symbol_path:
         config.symbolize.symbol_path = str(symbols.resolve())
-    return trace
+    return [trace] + ([Path(summary["self_profiles"])] if summary.get("self_profiles") else [])
 
 
 def run_job(job_path: Path, traces: list[Path] | None, run_dir: Path | None, config_path: Path | None,
@@ -183,7 +184,7 @@ def run_job(job_path: Path, traces: list[Path] | None, run_dir: Path | None, con
         if "synth" not in job.stages:
             raise BootprofError(f"{job_path}: job has no 'synth' stage and {run_dir} holds no capture, "
                                 "so --trace is required")
-        inputs = [_synth_demo(config, run_dir)]
+        inputs = _synth_demo(config, run_dir)
     summaries = run_stages(job, config, inputs, run_dir, force)
     index = run_dir / "report" / "index.html"
     if "report" in job.stages and index.exists():

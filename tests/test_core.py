@@ -152,6 +152,18 @@ def test_pool_runs_tasks_on_real_worker_processes(dask_pool):
     assert dask_pool.n_workers == 2
 
 
+def _size_of(x, shared):
+    return x + sum(len(v["text"]) for v in shared.values())
+
+
+def test_pool_passes_large_shared_arguments(dask_pool):
+    """A keyword argument shared by every task may be large (the metadata of a build's self-profiles): 200 kB
+    here, past the 64 kB where distributed would make it a task of its own and fail to send it."""
+    shared = {i: {"text": "x" * 2000, "n": i} for i in range(100)}
+    assert dask_pool.map(_size_of, [1, 2, 3], shared=shared) == [200_001, 200_002, 200_003]
+    assert dask_pool.map(_square, [3], offset="y" * 10_000 and 2)[0][0] == 11
+
+
 def test_a_lazy_pool_starts_its_cluster_when_a_task_needs_it():
     """``connect(lazy=True)``: no cluster until the first task (or the worker count) needs one; then a real
     one, closed with the context. A bad scheduler address fails at that first need, and again at the next:

@@ -87,13 +87,16 @@ def test_cli_overrides_config(tmp_path):
     out = tmp_path / "cli.etl"
     r = subprocess.run([sys.executable, "-c", "from pipeline.cli import main; raise SystemExit(main())",
                         "synth", "--out", str(out), "--seed", "2", "--size", "1MB", "--cpus", "2",
-                        "--compress", "--pointer-size", "4", "--stack-caching", "--stack-variety", "3"],
+                        "--compress", "--pointer-size", "4", "--stack-caching", "--stack-variety", "3",
+                        "--no-self-profiles"],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
     truth = json.loads((tmp_path / "cli.truth.json").read_text())
     assert truth["config"] == {"seed": 2, "size": "1MB", "cpus": 2, "compress": True, "pointer_size": 4,
-                               "stack_caching": True, "stack_variety": 3, "rerun": 0, "noise": 0.03, "inject": []}
+                               "stack_caching": True, "stack_variety": 3, "self_profiles": False, "rerun": 0, "noise": 0.03,
+                               "inject": []}
+    assert summary["self_profiles"] is None and not (tmp_path / "selfprofile").exists()
     assert summary["bytes"] == out.stat().st_size
     bad = subprocess.run([sys.executable, "-c", "from pipeline.cli import main; raise SystemExit(main())",
                           "synth", "--out", str(out), "--cpus", "0"], cwd=ROOT, capture_output=True, text=True)

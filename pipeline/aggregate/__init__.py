@@ -13,14 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from pipeline.aggregate import cpu, memory, processes, queries
+from pipeline.aggregate import cpu, memory, processes, queries, query_cpu
 from pipeline.errors import out_of_memory
 from pipeline.runs import has_table, read_manifest, stage_dir, stage_output, table_path
 
 STAGE = "aggregated"
 SOURCE = "decoded"
 
-SECTIONS: list[Callable[["Context"], dict[str, Any] | None]] = [queries.aggregate, cpu.aggregate, memory.aggregate, processes.aggregate]
+SECTIONS: list[Callable[["Context"], dict[str, Any] | None]] = [queries.aggregate, cpu.aggregate, memory.aggregate, processes.aggregate,
+                                                                query_cpu.aggregate]
 
 
 @dataclass

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pipeline import __version__
-from pipeline.report import coverage, cpu, memory, processes, queries, sysconfig
+from pipeline.report import coverage, cpu, memory, processes, queries, query_cpu, sysconfig
 from pipeline.runs import atomic_write_text, has_table, read_manifest, read_table, stage_dir, stage_output
 
 STAGE = "report"
@@ -36,7 +36,7 @@ class Section:
 
 
 SECTIONS: list[Callable[["Context"], Section | None]] = [coverage.section, sysconfig.section, queries.section,
-                                                        cpu.section, memory.section, processes.section]
+                                                        cpu.section, query_cpu.section, memory.section, processes.section]
 
 
 @dataclass

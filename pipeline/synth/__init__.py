@@ -13,6 +13,10 @@ from typing import Any
 
 import numpy as np
 
+#: Where the self-profiles of the build's rustc processes go, beside the trace.
+PROFILE_DIR = "selfprofile"
+FILETIME_UNIX_EPOCH = 116_444_736_000_000_000
+
 
 def run(out: Path, cfg) -> dict[str, Any]:
     """Synthesize the trace described by ``cfg`` (a SynthConfig) into ``out``; returns a summary."""
@@ -65,18 +69,32 @@ def run(out: Path, cfg) -> dict[str, Any]:
     structure = writer.Structure(w, blobs)
     events = writer.EventTables(w, heaps, virtuals)
     counter = truth.SampleCounter(w)
+    on_samples, queries = counter, None
+    if cfg.self_profiles:
+        from pipeline.synth import selfprofile
+
+        unix_ns_at_t0 = (writer.FILETIME_START - FILETIME_UNIX_EPOCH) * 100
+        profiles = selfprofile.write_profiles(w, out.parent / PROFILE_DIR, cfg.seed, unix_ns_at_t0)
+        queries = selfprofile.QueryCounter(w, profiles, truth.func_key)
+
+        def on_samples(s):
+            counter(s)
+            queries(s)
     tmp = out.with_name(f".{out.name}.tmp")
     with open(tmp, "wb") as f:
         written = writer.write_trace(f, w, events, structure, seed=cfg.seed, compress=cfg.compress,
-                                     stack_caching=cfg.stack_caching, target_bytes=target, on_samples=counter,
+                                     stack_caching=cfg.stack_caching, target_bytes=target, on_samples=on_samples,
                                      rerun=cfg.rerun)
     tmp.replace(out)
     symbols = out.parent / "symbols"
     n_sym = truth.write_symbols(w, symbols)
     config = cfg.model_dump(mode="json")
     t = truth.build_truth(w, counter, heaps, virtuals, snap_truth, written, config, structure.image_times)
+    if queries is not None:
+        t["query_cpu"] = queries.truth()
     truth_path = out.with_name(out.name.rsplit(".", 1)[0] + ".truth.json")
     atomic_write_text(truth_path, __import__("json").dumps(t, indent=1, sort_keys=True) + "\n")
     return {"trace": str(out), "truth": str(truth_path), "symbols": str(symbols), "symbol_files": n_sym,
             "bytes": written["bytes"], "buffers": written["buffers"], "events": sum(written["kinds"].values()),
-            "samples": counter.total, "seconds": round(time.perf_counter() - started, 2)}
+            "samples": counter.total, "self_profiles": str(out.parent / PROFILE_DIR) if cfg.self_profiles else None,
+            "seconds": round(time.perf_counter() - started, 2)}

@@ -1,5 +1,5 @@
 """``bootprof synth --out demo.etl [--seed N] [--size 1GB] [--cpus 16] [--compress] [--pointer-size 4|8] [--stack-caching]
-[--stack-variety N] [--rerun K [--noise X]] [--inject KIND:NAME:FACTOR ...]``
+[--stack-variety N] [--[no-]self-profiles] [--rerun K [--noise X]] [--inject KIND:NAME:FACTOR ...]``
 
 Flags override the ``synth`` section of the config. ``--rerun K`` writes the same build run again (K > 0) with
 run-to-run noise; ``--inject`` adds known changes (a slower crate, a function sampled more, a stack committing
@@ -25,6 +25,8 @@ def add_arguments(p) -> None:
                    "1-8 by size, ~1,100 distinct stacks at 1 GB; 2000: ~250,000)")
     p.add_argument("--stack-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="stack keys (StackKeyUser/Kernel + KeyDelete/KeyRundown) instead of full StackWalk events")
+    p.add_argument("--self-profiles", action=argparse.BooleanOptionalAction, default=None,
+                   help="also write a rustc self-profile of every rustc process into selfprofile/ beside the trace")
     p.add_argument("--rerun", type=int, help="re-run K of the same build (0: the original), with run-to-run noise")
     p.add_argument("--noise", type=float, help="relative standard deviation of each process's work between re-runs")
     p.add_argument("--inject", action="append", metavar="KIND:NAME:FACTOR",
@@ -39,7 +41,7 @@ def main(args, config) -> int:
     overrides = {k: v for k, v in (("seed", args.seed), ("size", args.size), ("cpus", args.cpus),
                                    ("compress", args.compress), ("pointer_size", args.pointer_size),
                                    ("stack_caching", args.stack_caching), ("stack_variety", args.stack_variety),
-                                   ("rerun", args.rerun), ("noise", args.noise), ("inject", args.inject))
+                                   ("self_profiles", args.self_profiles), ("rerun", args.rerun), ("noise", args.noise), ("inject", args.inject))
                  if v is not None}
     from pydantic import ValidationError
 

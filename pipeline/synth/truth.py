@@ -44,7 +44,7 @@ class SampleCounter:
         self.total += len(s.ts)
 
 
-def _func_key(w: Workload, fid: int) -> str:
+def func_key(w: Workload, fid: int) -> str:
     f = w.catalog.funcs
     return f"{w.catalog.images[f.image[fid]].name}!{f.name[fid]}"
 
@@ -62,12 +62,12 @@ def build_truth(w: Workload, counter: SampleCounter, heaps: list[HeapBlocks], vi
         n = int(per_t[t])
         funcs = w.stacks.funcs[t]
         leaf = int(funcs[0])
-        per_function[_func_key(w, leaf)]["self"] += n
+        per_function[func_key(w, leaf)]["self"] += n
         per_module[cat.images[f.image[leaf]].name]["self"] += n
         if f.crate[leaf]:
             per_crate[f.crate[leaf]]["self"] += n
         for fid in sorted(set(funcs.tolist())):
-            per_function[_func_key(w, fid)]["inclusive"] += n
+            per_function[func_key(w, fid)]["inclusive"] += n
         for mod in sorted({cat.images[f.image[x]].name for x in funcs.tolist()}):
             per_module[mod]["inclusive"] += n
         for crate in sorted({f.crate[x] for x in funcs.tolist() if f.crate[x]}):
@@ -133,7 +133,7 @@ def build_truth(w: Workload, counter: SampleCounter, heaps: list[HeapBlocks], vi
                          "rundown": pi < 0 or w.procs[pi].rundown}
                         for (pi, ii), (lo, un) in sorted(image_times.items())],
         "stacks": {str(t): {"frames": [hex(int(x)) for x in w.stacks.frames[t]],
-                            "functions": [_func_key(w, int(x)) for x in w.stacks.funcs[t]],
+                            "functions": [func_key(w, int(x)) for x in w.stacks.funcs[t]],
                             "images": [f.image[int(x)] for x in w.stacks.funcs[t]]}
                    for t in sorted(stacks_used)},
     }
