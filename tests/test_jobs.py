@@ -150,3 +150,27 @@ def test_backfill_puts_each_trace_into_the_warehouse(tmp_path, capsys):
                      "--set", "warehouse.labels.workload=fixtures"]) == 0
     lines = [line.split()[1] for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
     assert lines == ["skipped"] * 8
+
+
+def test_backfilled_runs_are_ordered_by_when_they_were_recorded(tmp_path, capsys):
+    """Three nights of one build (synth re-runs 0, 1, 2: recorded a day apart) backfilled newest first: each
+    night's baseline is still the night before, because runs are ordered by their recording time."""
+    import duckdb
+
+    from pipeline import synth
+    from pipeline.config import SynthConfig
+
+    traces = tmp_path / "traces"
+    for rerun, name in ((0, "c"), (1, "b"), (2, "a")):
+        synth.run(traces / f"{name}.etl", SynthConfig(seed=5, size="1MB", cpus=2, rerun=rerun, self_profiles=False))
+    job = tmp_path / "backfill.yaml"
+    job.write_text((ROOT / "jobs" / "backfill.yaml").read_text().replace("runs_dir: runs", f"runs_dir: {tmp_path / 'runs'}"))
+    assert cli_main(["--config", _sync_config(tmp_path), "run", str(job), "--trace", str(traces),
+                     "--set", "warehouse.labels.workload=stage2"]) == 0
+    out = capsys.readouterr().out
+    assert out.index("a.etl ->") < out.index("b.etl ->") < out.index("c.etl ->")
+    con = duckdb.connect(str(tmp_path / "wh.duckdb"), read_only=True)
+    rows = con.execute("SELECT run_id, baseline_run_id, run_time::VARCHAR FROM run_baselines ORDER BY run_time").fetchall()
+    con.close()
+    assert [r[:2] for r in rows] == [("backfill-c", None), ("backfill-b", "backfill-c"), ("backfill-a", "backfill-b")]
+    assert [r[2][:10] for r in rows] == ["2025-12-12", "2025-12-13", "2025-12-14"]

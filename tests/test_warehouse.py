@@ -373,8 +373,10 @@ def test_a_warehouse_of_an_older_bootprof_takes_new_runs(etl_run, tmp_path):
         cpu_samples BIGINT, commit_bytes BIGINT, query_total_ns BIGINT)""")
     con.execute("CREATE TABLE query_summary (run_id VARCHAR, scope VARCHAR, file_id INTEGER, crate VARCHAR, "
                 "label VARCHAR, self_ns BIGINT, time_ns BIGINT)")
+    # (an old run, recorded before the new one's synthesized trace of 2025-12-12: its workload and metrics come from
+    # its tables)
     con.execute("""INSERT INTO runs (run_id, job, run_time) VALUES ('nightly-20251231-010000', 'nightly',
-                   '2025-12-31 01:00:00')""")     # (an old run: its workload and metrics come from its tables)
+                   '2025-12-01 01:00:00')""")
     con.execute("CREATE TABLE cpu_by_crate (run_id VARCHAR, crate VARCHAR, processes BIGINT, samples BIGINT)")
     con.execute("INSERT INTO cpu_by_crate SELECT 'nightly-20251231-010000', crate, processes, samples "
                 "FROM read_parquet(?)", [str(etl_run / "aggregated" / "cpu_by_crate.parquet")])

@@ -73,7 +73,7 @@ def run(out: Path, cfg) -> dict[str, Any]:
     if cfg.self_profiles:
         from pipeline.synth import selfprofile
 
-        unix_ns_at_t0 = (writer.FILETIME_START - FILETIME_UNIX_EPOCH) * 100
+        unix_ns_at_t0 = (writer.start_filetime(cfg.rerun) - FILETIME_UNIX_EPOCH) * 100
         profiles = selfprofile.write_profiles(w, out.parent / PROFILE_DIR, cfg.seed, unix_ns_at_t0)
         queries = selfprofile.QueryCounter(w, profiles, truth.func_key)
 

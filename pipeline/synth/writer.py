@@ -25,7 +25,13 @@ from pipeline.synth.records import (KINDS, RANK_DBGID, RANK_IMAGE_ID, RANK_KEY_D
                                     ansiz, fixed_batch, stack_batch, utf16z)
 from pipeline.synth.workload import Workload
 
-FILETIME_START = 134_100_000_000_000_000     # 2025-12-11 UTC in 100 ns units since 1601
+FILETIME_START = 134_100_000_000_000_000     # 2025-12-12 08:00 UTC in 100 ns units since 1601
+FILETIME_DAY = 864_000_000_000
+
+
+def start_filetime(rerun: int) -> int:
+    """When the build was recorded: re-run K a day after re-run K - 1, as nightly builds are."""
+    return FILETIME_START + rerun * FILETIME_DAY
 WINDOW_BYTES = 24 << 20                      # target bytes of one generation window
 
 
@@ -304,19 +310,20 @@ class EventTables:
         return {k: v[i0:i1] for k, v in t.items()}
 
 
-def logfile_header_record(w: Workload, *, compress: bool, buffers: int, end_ts: int) -> bytes:
+def logfile_header_record(w: Workload, *, compress: bool, buffers: int, end_ts: int, rerun: int = 0) -> bytes:
     p = w.pointer_size
+    start = start_filetime(rerun)
     h = np.zeros(1, L.logfile_header(p))
     h["BufferSize"] = L.SESSION_BUFFER_SIZE
     h["VersionMajor"], h["VersionMinor"], h["SubVersion"], h["SubMinorVersion"] = 10, 0, 2, 0
     h["ProviderVersion"], h["NumberOfProcessors"] = 19045, w.cpus
-    h["EndTime"] = FILETIME_START + (end_ts - w.t0)
+    h["EndTime"] = start + (end_ts - w.t0)
     h["TimerResolution"] = 156250
     h["LogFileMode"] = L.LOG_MODE_SEQUENTIAL | L.LOG_MODE_RELOG | (L.LOG_MODE_COMPRESSED if compress else 0)
     h["BuffersWritten"], h["StartBuffers"], h["PointerSize"] = buffers, 1, p
     h["CpuSpeedInMHz"] = 3000
-    h["BootTime"] = FILETIME_START - 36_000_000_000
-    h["PerfFreq"], h["StartTime"], h["ReservedFlags"] = L.PERF_FREQ, FILETIME_START, L.CLOCK_TYPE_QPC
+    h["BootTime"] = start - 36_000_000_000
+    h["PerfFreq"], h["StartTime"], h["ReservedFlags"] = L.PERF_FREQ, start, L.CLOCK_TYPE_QPC
     payload = h.tobytes() + utf16z("Relogger") + utf16z("[multiple files]")
     rec = OneOff(p)
     rec.system("EventTrace.Header", L.HOOK_LOGFILE_HEADER, 2, 0, w.t0, 0, 0, payload)
@@ -345,7 +352,7 @@ def write_trace(f, w: Workload, events: EventTables, structure: Structure, *, se
     for t, (k, u) in w.stacks.halves.items():
         half_k[t], half_u[t] = k, u
     rng = np.random.default_rng([seed, 3] + ([rerun] if rerun else []))      # (a re-run samples anew)
-    f.write(header_buffer(logfile_header_record(w, compress=compress, buffers=0, end_ts=w.t_end)))
+    f.write(header_buffer(logfile_header_record(w, compress=compress, buffers=0, end_ts=w.t_end, rerun=rerun)))
     n_win = max(3, -(-target_bytes // WINDOW_BYTES))
     span = w.t_end - w.t0
     width = max(1, -(-span // (n_win * 10_000))) * 10_000
@@ -413,7 +420,7 @@ def write_trace(f, w: Workload, events: EventTables, structure: Structure, *, se
         compressed_buffers += ncomp
     end = f.tell()
     f.seek(0)
-    f.write(header_buffer(logfile_header_record(w, compress=compress, buffers=buffers, end_ts=w.t_end + 3000)))
+    f.write(header_buffer(logfile_header_record(w, compress=compress, buffers=buffers, end_ts=w.t_end + 3000, rerun=rerun)))
     f.seek(end)
     return {"buffers": buffers, "compressed_buffers": compressed_buffers, "bytes": end,
             "kinds": {name: int(kinds[i]) for i, name in enumerate(KINDS) if name != "EventTrace.Header"}

@@ -251,6 +251,25 @@ def _manifests(run_dir: Path) -> dict[str, dict]:
     return out
 
 
+#: Recording times before this (1990-01-01, µs since the Unix epoch) are a damaged header, not a build's time.
+PLAUSIBLE_SINCE_US = 631_152_000_000_000
+
+
+def recorded_us(con, run_dir: Path, trace_start_us: int | None) -> int | None:
+    """When the run's build was recorded (µs since the Unix epoch): the ETL trace's start, else the earliest
+    self-profile's start; None when neither is known (then the run's decode time stands for it). Runs of a
+    job are ordered by it, so traces backfilled later still fall in place among the nights."""
+    if trace_start_us is not None and trace_start_us >= PLAUSIBLE_SINCE_US:
+        return int(trace_start_us)
+    profiles = stage_dir(run_dir, "decoded") / "self_profiles.parquet"
+    if profiles.exists():
+        first = con.execute("SELECT min(start_time_ns) // 1000 FROM read_parquet($1) WHERE status = 'ok'",
+                            [parquet_glob(profiles)]).fetchone()[0]
+        if first is not None and first >= PLAUSIBLE_SINCE_US:
+            return int(first)
+    return None
+
+
 def holds(db: Path, run_dir: Path, labels: dict[str, str], lock_timeout_s: float = 300.0) -> bool:
     """Whether the warehouse holds ``run_dir`` as it is now: the same directory, labels and stage manifests
     (what ``ingest`` would write again)."""
@@ -317,6 +336,7 @@ def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: s
             trace = parquet_glob(stage_dir(run_dir, "decoded") / "trace.parquet")
             # epoch microseconds: a TIMESTAMPTZ would need pytz on the way through Python
             trace_start = con.execute("SELECT epoch_us(min(start_utc)) FROM read_parquet($1)", [trace]).fetchone()[0]
+        recorded = recorded_us(con, run_dir, trace_start)
         sections = manifests[AGGREGATED].get("sections", {})
         query_total = con.execute("SELECT sum(total_ns) FROM query_totals WHERE run_id = ? AND scope = 'build'",
                                   [run_id]).fetchone()[0]
@@ -324,11 +344,12 @@ def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: s
         con.execute("""INSERT INTO runs (run_id, job, workload, run_dir, run_time, trace_start_utc, trace_sha256, trace_files,
                                          trace_bytes, labels, stages, project_version, ingested_utc, cpu_samples,
                                          commit_bytes, query_total_ns, peak_commit_bytes)
-                       VALUES (?, ?, ?, ?, ?::TIMESTAMP, make_timestamp(?::BIGINT), ?, ?, ?, MAP(?::VARCHAR[], ?::VARCHAR[]),
+                       VALUES (?, ?, ?, ?, coalesce(make_timestamp(?::BIGINT), ?::TIMESTAMP), make_timestamp(?::BIGINT), ?, ?, ?,
+                               MAP(?::VARCHAR[], ?::VARCHAR[]),
                                ?, ?, ?::TIMESTAMP, ?, ?, ?, ?)""", [
             run_id, job or labels.get("job") or job_of(run_dir),
             labels.get("workload") or workload_of(con, run_id, inputs, trace_sha),
-            str(run_dir), run_time.replace("T", " ").rstrip("Z"), trace_start,
+            str(run_dir), recorded, run_time.replace("T", " ").rstrip("Z"), trace_start,
             trace_sha, len(inputs), sum(i.get("size") or 0 for i in inputs),
             list(labels), [labels[k] for k in labels], list(manifests), manifests[AGGREGATED].get("project_version"),
             time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
