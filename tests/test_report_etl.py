@@ -470,3 +470,61 @@ def test_etl_exports_load_in_speedscope(report_run, tmp_path):
     names = ["cpu.speedscope.json", "cpu_folded.txt", "commit_folded.bytes.txt", "processes.chrome_trace.json"]
     titles = speedscope_titles([report_run / "report" / n for n in names], tmp_path)
     assert titles == {**{n: f"{n} - speedscope" for n in names}, "cpu.speedscope.json": "CPU samples - speedscope"}
+
+
+BUTTERFLY = """<script>
+(function () {
+  const svg = document.getElementById("flame"), out = document.body.dataset;
+  const panel = document.getElementById("flame-butterfly");
+  const click = (el) => el.dispatchEvent(new MouseEvent("click", {bubbles: true, cancelable: true, view: window}));
+  click(svg.querySelector(`g.frame[data-i="%(target)d"] rect`));
+  out.fn = panel.dataset.fn; out.inclusive = panel.dataset.inclusive; out.self = panel.dataset.self;
+  out.callers = panel.dataset.callers; out.callees = panel.dataset.callees;
+  click(panel.querySelector("table.callers tr[data-n] td"));
+  out.next = panel.dataset.fn + "|" + svg.dataset.zoom;
+  click(document.getElementById("flame-reset"));
+  out.reset = panel.dataset.fn + "|" + panel.innerHTML.length;
+})();
+</script>
+</body>"""
+
+
+def butterfly_truth(stacks, fn):
+    """Callers and callees of ``fn`` from folded stacks: per stack, its outermost occurrence of ``fn``, the
+    frame before it (``all`` at the root) and the frame after it; self = stacks that end in ``fn``."""
+    callers, callees, incl, self_ = {}, {}, 0, 0
+    for stack, value in stacks:
+        frames = stack.split(";")
+        if fn not in frames:
+            continue
+        k = frames.index(fn)
+        incl += value
+        self_ += value if frames[-1] == fn else 0
+        caller = frames[k - 1] if k else "all"
+        callers[caller] = callers.get(caller, 0) + value
+        if k + 1 < len(frames):
+            callees[frames[k + 1]] = callees.get(frames[k + 1], 0) + value
+    lines = lambda d: "\n".join(sorted(f"{n}={v}" for n, v in d.items()))
+    return {"fn": fn, "inclusive": str(incl), "self": str(self_), "callers": lines(callers), "callees": lines(callees)}
+
+
+def test_flamegraph_callers_and_callees(tmp_path):
+    """Click a frame: below the graph, its function merged over every place it occurs (a recursive one once
+    per stack), what calls it and what it calls, equal to the same sums over the folded stacks; a caller's row
+    goes to that function; reset clears the panel."""
+    from pipeline.report.flame import flame_page
+
+    stacks = [("p;main;parse;lex", 40), ("p;main;parse", 10), ("p;main;check;parse;lex", 25),
+              ("p;main;check;parse;parse;alloc", 15), ("p;worker;parse;alloc", 30), ("q;parse", 5),
+              ("p;main;check;typeck", 50), ("p;main;check", 5)]
+    page = tmp_path / "flame.html"
+    page.write_text(flame_page("t", stacks, "samples"))
+    data = flame_data(page)
+    target = [data["names"][i] for i in data["n"]].index("parse")
+    body = drive(page, BUTTERFLY % {"target": target}, tmp_path)
+    want = butterfly_truth(stacks, "parse")
+    assert {k: body[k] for k in want} == want
+    assert want["callers"] == "check=40\nmain=50\nq=5\nworker=30" and want["self"] == "15"
+    main = [i for i, n in enumerate(data["n"]) if data["names"][n] == "main"][0]     # (the largest caller, first)
+    assert body["next"] == f"main|{main}"
+    assert body["reset"] == "|0"

@@ -110,11 +110,12 @@ def flame_page(title: str, stacks: Iterable[tuple[str, int]], unit: str, note: s
 <label>search <input id="flame-search" placeholder="regex, e.g. rustc_middle|hashbrown"></label>
 <button id="flame-reset">reset zoom</button><label><input type="checkbox" id="flame-hide-idle"> hide Idle</label>
 <span id="flame-matched"></span></div>
-<p class="flame-note">Click a frame to zoom in, click it again to zoom out.{"" if unit == "ppm" else f" Total {tree['w'][0] if tree['w'] else 0:,} {html.escape(unit)}."}
+<p class="flame-note">Click a frame to zoom in (its callers and callees show below the graph), click it again to zoom out.{"" if unit == "ppm" else f" Total {tree['w'][0] if tree['w'] else 0:,} {html.escape(unit)}."}
 {html.escape(note)}</p>
 {intro_html}
 <div id="flame-box"><svg id="flame" xmlns="http://www.w3.org/2000/svg" width="1200" height="20"></svg></div>
 <div id="flame-status"></div>
+<div id="flame-butterfly"></div>
 <script type="application/json" id="flame-data">{data}</script>
 <script>{js}</script>
 </body></html>

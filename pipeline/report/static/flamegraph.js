@@ -11,6 +11,10 @@
  * frames only one run has.
  * Labels show the function first (what follows "module!"; the module stays in the tooltip). "hide Idle"
  * leaves out the Idle process (pid 0, often most of a trace's samples) and widens the rest to the page.
+ * Callers and callees (WPA's butterfly): the zoomed frame's function, merged over every place it occurs,
+ * with the frames that call it and that it calls, each with the inclusive value that passes through them.
+ * A recursive function counts once per stack (its outermost occurrences); click a row to go to that
+ * function (its largest occurrence).
  */
 (function () {
   "use strict";
@@ -33,6 +37,10 @@
   function X(i) { return hideIdle && idle >= 0 && data.x[i] >= data.x[idle] + data.w[idle] ? data.x[i] - data.w[idle] : data.x[i]; }
   function W(i) { return hideIdle && idle >= 0 && i === 0 ? data.w[0] - data.w[idle] : data.w[i]; }
   let total = N ? data.w[0] : 0;
+  // parent of each node (depth-first order: the last node one level up before it)
+  const parent = new Int32Array(N).fill(-1);
+  { const last = []; for (let i = 0; i < N; i++) { last[data.d[i]] = i; if (data.d[i] > 0) parent[i] = last[data.d[i] - 1]; } }
+  const panel = document.getElementById("flame-butterfly");
 
   const diff = data.unit === "ppm" && data.a && data.b;
   function fmt(v) {
@@ -108,6 +116,7 @@
     svg.dataset.shown = total;
     svg.dataset.zoom = zoom;
     reportMatches();
+    butterfly(zoom);
   }
 
   function reportMatches() {
@@ -120,6 +129,54 @@
     const pct = total ? (100 * sum / total).toFixed(2) : "0.00";
     matched.textContent = `matched ${fmt(sum)} (${pct}%)`;
     svg.dataset.matched = pct;
+  }
+
+  // Callers and callees of the function of node ``sel``, over every node of that name.
+  function butterfly(sel) {
+    if (!panel) return;
+    if (!sel || diff) { panel.innerHTML = ""; panel.dataset.fn = ""; return; }
+    const fn = data.n[sel];
+    const callers = new Map(), callees = new Map();
+    let incl = 0, self = 0, sites = 0, largest = sel;
+    for (let i = 1; i < N; i++) {
+      if (data.n[i] !== fn || hidden(i)) continue;
+      self += data.s[i];
+      let outer = true;
+      for (let p = parent[i]; p > 0; p = parent[p]) if (data.n[p] === fn) { outer = false; break; }
+      if (!outer) continue;
+      sites++;
+      incl += data.w[i];
+      if (data.w[i] > data.w[largest]) largest = i;
+      const p = parent[i];
+      callers.set(data.n[p], (callers.get(data.n[p]) || 0) + data.w[i]);
+      for (let c = i + 1; c < N && data.d[c] > data.d[i]; c++) {
+        if (data.d[c] === data.d[i] + 1 && !hidden(c)) callees.set(data.n[c], (callees.get(data.n[c]) || 0) + data.w[c]);
+      }
+    }
+    const rows = (m) => [...m.entries()].sort((a, b) => b[1] - a[1] || (data.names[a[0]] < data.names[b[0]] ? -1 : 1)).slice(0, 20)
+      .map(([n, v]) => `<tr data-n="${n}"><td>${label(data.names[n])}</td><td class="num">${fmt(v)}</td>` +
+        `<td class="num">${(100 * v / (incl || 1)).toFixed(1)}%</td></tr>`).join("");
+    const head = (t) => `<tr><th>${t}</th><th class="num">${data.unit}</th><th class="num">% of it</th></tr>`;
+    panel.innerHTML = `<h2>${esc(data.names[fn])}</h2><p>inclusive ${fmt(incl)} (${(100 * incl / (total || 1)).toFixed(2)}% ` +
+      `of all), self ${fmt(self)}, at ${sites} place${sites === 1 ? "" : "s"} in the graph</p>` +
+      `<div class="bf"><table class="callers">${head("called by")}${rows(callers) || "<tr><td>(none)</td></tr>"}</table>` +
+      `<table class="callees">${head("calls")}${rows(callees) || "<tr><td>(none: a leaf)</td></tr>"}</table></div>`;
+    panel.dataset.fn = data.names[fn];
+    panel.dataset.inclusive = incl;
+    panel.dataset.self = self;
+    panel.dataset.callers = [...callers.entries()].map(([n, v]) => data.names[n] + "=" + v).sort().join("\n");
+    panel.dataset.callees = [...callees.entries()].map(([n, v]) => data.names[n] + "=" + v).sort().join("\n");
+  }
+
+  function label(name) {       // the function first, its module after it in grey
+    const bang = name.indexOf("!");
+    return bang < 0 ? esc(name) : `${esc(name.slice(bang + 1))} <span class="mod">${esc(name.slice(0, bang))}</span>`;
+  }
+
+  function largestOf(fn) {
+    let best = -1;
+    for (let i = 1; i < N; i++) if (data.n[i] === fn && !hidden(i) && (best < 0 || data.w[i] > data.w[best])) best = i;
+    return best;
   }
 
   function setHash() {
@@ -155,6 +212,12 @@
     status.textContent = diff ? `${data.names[data.n[i]]}: baseline ${fmt(data.a[i])} of its samples, run ` +
       `${fmt(data.b[i])}, change ${((data.b[i] - data.a[i]) / 10000).toFixed(2)} points`
       : `${data.names[data.n[i]]}: ${fmt(data.w[i])} (${(100 * data.w[i] / total).toFixed(2)}%), self ${fmt(data.s[i])}`;
+  });
+  if (panel) panel.addEventListener("click", function (ev) {
+    const tr = ev.target.closest("tr[data-n]");
+    if (!tr) return;
+    const i = largestOf(parseInt(tr.dataset.n, 10));
+    if (i > 0) { zoom = i; setHash(); render(); window.scrollTo(0, 0); }
   });
   input.addEventListener("input", function () {
     try { pattern = input.value ? new RegExp(input.value) : null; input.classList.remove("bad"); }
