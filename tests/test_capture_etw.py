@@ -82,6 +82,18 @@ def checkout(tmp_path: Path, debuginfo: int | None) -> Path:
     return src, commit
 
 
+def run_the_capture(run: Path, tmp_path: Path) -> dict:
+    """`bootprof run jobs/single-trace.yaml --run RUN` (no --trace) on a captured run; the decoded manifest."""
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(json.dumps({"cluster": {"mode": "synchronous"}, "symbolize": {"cache_dir": str(tmp_path / "c")},
+                               "warehouse": {"path": str(tmp_path / "wh.duckdb")}}))
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "--config", str(cfg), "run",
+                           str(ROOT / "jobs" / "single-trace.yaml"), "--run", str(run)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return read_manifest(run, "decoded")
+
+
 def test_wpr_capture_runs_the_documented_commands_and_keeps_the_trace(tools, tmp_path):
     env, log, bin_dir = tools
     src, commit = checkout(tmp_path, debuginfo=1)
@@ -119,14 +131,7 @@ def test_captured_run_is_ready_for_bootprof_run(tools, tmp_path):
     src, _ = checkout(tmp_path, debuginfo=1)
     run = tmp_path / "run"
     assert capture(["--xperf", "--run", str(run), "--", "true"], env, src).returncode == 0
-    cfg = tmp_path / "config.yaml"
-    cfg.write_text(json.dumps({"cluster": {"mode": "synchronous"}, "symbolize": {"cache_dir": str(tmp_path / "c")},
-                               "warehouse": {"path": str(tmp_path / "wh.duckdb")}}))
-    proc = subprocess.run([sys.executable, "-m", "pipeline", "--config", str(cfg), "run",
-                           str(ROOT / "jobs" / "single-trace.yaml"), "--run", str(run)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    decoded = read_manifest(run, "decoded")
+    decoded = run_the_capture(run, tmp_path)
     assert [i["path"] for i in decoded["inputs"]] == [str((run / "input" / "trace.etl").resolve())]
     assert decoded["tables"]["samples"] == 79_528
 
@@ -289,12 +294,5 @@ def test_self_profile_and_wpr_together_give_one_run_with_both(tools, tmp_path):
     m = read_manifest(run, "capture")
     assert m["toolchain"]["version"].startswith("rustc ") and m["recording"]["tool"] == "wpr"
     assert sorted(Path(i["path"]).suffix for i in m["inputs"]) == [".etl"] + [".mm_profdata"] * 4
-    cfg = tmp_path / "config.yaml"
-    cfg.write_text(json.dumps({"cluster": {"mode": "synchronous"}, "symbolize": {"cache_dir": str(tmp_path / "c")},
-                               "warehouse": {"path": str(tmp_path / "wh.duckdb")}}))
-    done = subprocess.run([sys.executable, "-m", "pipeline", "--config", str(cfg), "run",
-                           str(ROOT / "jobs" / "single-trace.yaml"), "--run", str(run)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    decoded = read_manifest(run, "decoded")
+    decoded = run_the_capture(run, tmp_path)
     assert decoded["tables"]["samples"] == 79_528 and decoded["self_profile"]["decoded"] == 3
