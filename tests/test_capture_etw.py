@@ -165,9 +165,12 @@ def test_an_interrupt_ends_the_build_and_stops_the_recording(tools, tmp_path, si
     env, log, _ = tools
     src, _ = checkout(tmp_path, debuginfo=1)
     run = tmp_path / "run"
+    # (SIGINT back to its default in the child: a shell runs background jobs with it ignored, and Python then
+    # never turns it into KeyboardInterrupt)
     proc = subprocess.Popen([sys.executable, "-m", "pipeline", "capture", "--wpr", "--run", str(run), "--",
                              "sh", "-c", "echo $$ > build.pid; exec sleep 120"], env=env, cwd=src,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while not (src / "build.pid").exists() or not (src / "build.pid").read_text().strip():
         assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else "slow"
