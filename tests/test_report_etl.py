@@ -105,7 +105,8 @@ def test_flamegraph_renders_in_chromium(report_run, tmp_path):
     dom = dump_dom(page.as_uri(), tmp_path / "chrome")
     svg = re.search(r'<svg id="flame"[^>]*>', dom).group(0)
     drawn = int(re.search(r'data-drawn="(\d+)"', svg).group(1))
-    drawing = dom[dom.index('<svg id="flame"'):dom.index("</svg>")]
+    start = dom.index('<svg id="flame"')
+    drawing = dom[start:dom.index("</svg>", start)]
     assert drawn == drawing.count('<g class="frame"') and drawn > 100
     assert "rustc.exe core (" in dom and "Idle (" in dom
 
@@ -528,3 +529,108 @@ def test_flamegraph_callers_and_callees(tmp_path):
     main = [i for i, n in enumerate(data["n"]) if data["names"][n] == "main"][0]     # (the largest caller, first)
     assert body["next"] == f"main|{main}"
     assert body["reset"] == "|0"
+
+
+RANGE = """<script>
+(function () {
+  const svg = document.getElementById("flame"), out = document.body.dataset;
+  const top = document.getElementById("flame-top"), strip = document.getElementById("flame-range");
+  out.whole = svg.dataset.shown + "|" + top.dataset.first;
+  location.hash = "%(hash)s";
+  setTimeout(function () {
+    out.picked = svg.dataset.shown + "|" + top.dataset.first + "|" + strip.dataset.range;
+    const r = strip.getBoundingClientRect(), at = (f) => ({clientX: r.left + f * r.width, clientY: r.top + 5, bubbles: true});
+    strip.dispatchEvent(new MouseEvent("mousedown", at(%(drag_from)s)));
+    window.dispatchEvent(new MouseEvent("mouseup", at(%(drag_to)s)));
+    out.dragged = strip.dataset.range + "|" + location.hash + "|" + svg.dataset.shown;
+    document.getElementById("flame-range-all").dispatchEvent(new MouseEvent("click", {bubbles: true}));
+    out.all = svg.dataset.shown + "|" + (strip.dataset.range || "none");
+  }, 100);
+})();
+</script>
+</body>"""
+
+
+def test_flamegraph_of_a_time_range(tmp_path):
+    """A flame graph with time bins: a range (as bins, or as ns from the process timeline) draws only the stacks of
+    those bins, and the top-functions table follows; dragging across the strip picks bins; "whole build" goes back."""
+    from pipeline.report.flame import add_bins, build_tree, flame_page
+
+    rows = [(0, "p;a;x", 10), (1, "p;a;y", 20), (2, "p;b;x", 30), (2, "p;a;y", 4), (3, "q;x", 5)]
+    stacks: dict[str, int] = {}
+    for _, stack, v in rows:
+        stacks[stack] = stacks.get(stack, 0) + v
+    tree = add_bins(build_tree(sorted(stacks.items())), rows, 4, 1000, 4000)
+    page = tmp_path / "flame.html"
+    page.write_text(flame_page("t", [], "samples", tree=tree))
+    body = drive(page, RANGE % {"hash": "range=1-3", "drag_from": "0.1", "drag_to": "0.3"}, tmp_path)
+    assert body["whole"] == "69|x=45"
+    assert body["picked"] == "54|x=30|1-3"                 # bins 1 and 2: y 24, x 30
+    assert body["dragged"] == "0-2|#range=0-2|30"           # bins 0 and 1: x 10, y 20
+    assert body["all"] == "69|none"
+    body = drive(page, RANGE % {"hash": "t=2000-3500", "drag_from": "0.9", "drag_to": "0.6"}, tmp_path)
+    assert body["picked"] == "54|x=30|1-3"                 # 2000-3500 ns: bins 1 to 2.5, drawn whole
+    assert body["dragged"].startswith("2-4|#range=2-4|39")
+
+
+def test_report_flamegraph_follows_a_time_range(report_run, tmp_path):
+    """The CPU flame graph of the report: the samples of a range of bins are exactly those of
+    cpu_folded_over_time in it."""
+    rows = read_table(report_run, "aggregated", "cpu_folded_over_time").to_pylist()
+    want = sum(r["samples"] for r in rows if 100 <= r["bin"] < 250)
+    body = drive(report_run / "report" / "flamegraph_cpu.html",
+                 RANGE % {"hash": "range=100-250", "drag_from": "0.5", "drag_to": "0.7"}, tmp_path)
+    assert body["picked"].split("|")[0] == str(want) and body["picked"].endswith("|100-250")
+    assert body["whole"].split("|")[0] == str(sum(r["samples"] for r in rows))
+    picked, hash_, shown = body["dragged"].split("|")
+    b0, b1 = map(int, picked.split("-"))
+    assert 240 <= b0 <= 260 and 340 <= b1 <= 360 and hash_ == f"#range={picked}"
+    assert shown == str(sum(r["samples"] for r in rows if b0 <= r["bin"] < b1))
+
+
+TIMELINE = """<script>
+window.addEventListener("load", function () {
+  const svg = document.querySelector("svg.timeline"), out = document.body.dataset;
+  out.before = svg.dataset.visible;
+  const fold = svg.querySelector('g.proc[data-key="%(key)s"] text.fold');
+  fold.dispatchEvent(new MouseEvent("click", {bubbles: true}));
+  out.folded = svg.dataset.visible + "|" + fold.textContent.slice(0, 1);
+  fold.dispatchEvent(new MouseEvent("click", {bubbles: true}));
+  out.unfolded = svg.dataset.visible;
+  const r = svg.getBoundingClientRect(), label = +svg.dataset.label, width = +svg.getAttribute("width");
+  const at = (f) => ({clientX: r.left + (label + f * (width - label)) * r.width / width, clientY: r.top + 20, bubbles: true});
+  svg.dispatchEvent(new MouseEvent("mousedown", at(0.25)));
+  window.dispatchEvent(new MouseEvent("mouseup", at(0.5)));
+  out.view = svg.dataset.view + "|" + document.getElementById("cpu-flame").getAttribute("src");
+  document.querySelector(".timeline-reset").dispatchEvent(new MouseEvent("click", {bubbles: true}));
+  out.reset = svg.dataset.view + "|" + document.getElementById("cpu-flame").getAttribute("src");
+});
+</script>
+</body>"""
+
+
+def test_process_timeline_folds_and_zooms(report_run, tmp_path):
+    """The report's process timeline: folding a cargo hides its descendants; dragging across a quarter of the
+    build zooms there and points the CPU flame graph at that time; "whole build" undoes both."""
+    procs = read_table(report_run, "aggregated", "process_tree").to_pylist()
+    cargo = min((r for r in procs if r["image_name"] == "cargo.exe"), key=lambda r: r["start_ns"])
+    kids: dict = {}
+    for r in procs:
+        kids.setdefault(r["parent_key"], []).append(r["process_key"])
+    todo, below = list(kids.get(cargo["process_key"], [])), 0
+    while todo:
+        below += 1
+        todo.extend(kids.get(todo.pop(), []))
+    body = drive(report_run / "report" / "index.html", TIMELINE % {"key": cargo["process_key"]}, tmp_path)
+    shown = sum(1 for r in procs if r["first_seen_ns"] is not None)
+    assert body["before"] == str(shown) and body["unfolded"] == str(shown)
+    assert body["folded"] == f"{shown - below}|\u25b8" and below > 10
+    t0 = min(min(r["start_ns"] if r["start_ns"] is not None else r["first_seen_ns"], r["first_seen_ns"])
+             for r in procs if r["first_seen_ns"] is not None)
+    t1 = max(max(r["end_ns"] if r["end_ns"] is not None else r["last_seen_ns"], r["last_seen_ns"])
+             for r in procs if r["first_seen_ns"] is not None)
+    view, src = body["view"].split("|")
+    a, b = map(int, view.split("-"))
+    assert abs(a - (t0 + (t1 - t0) / 4)) < (t1 - t0) / 500 and abs(b - (t0 + (t1 - t0) / 2)) < (t1 - t0) / 500
+    assert src == f"flamegraph_cpu.html#t={a}-{b}"
+    assert body["reset"] == f"{t0}-{t1}|flamegraph_cpu.html"

@@ -29,6 +29,7 @@ BY_FUNCTION = "cpu_by_function"
 BY_CODE_CRATE = "cpu_by_code_crate"
 FOLDED = "cpu_folded"
 OVER_TIME = "cpu_over_time"
+FOLDED_OVER_TIME = "cpu_folded_over_time"
 #: Time bins of cpu_over_time across the span of the samples (one width for every process).
 CPU_BINS = 500
 
@@ -42,8 +43,12 @@ def aggregate(ctx) -> dict[str, Any] | None:
     if not ctx.has(SAMPLES):
         return None
     con = resolve.connect(ctx, "samples", "stacks", "processes", "images")
-    # (one row per unit with its samples, n: no query here needs the samples one by one)
-    resolve.assign_units(con, ctx, "(SELECT pid, stack_id, ip, timestamp_ns FROM samples)", UNITS, per_row=False)
+    # (one row per unit and time bin with its samples, n: no query here needs the samples one by one)
+    lo, width = con.execute("SELECT min(timestamp_ns), greatest(max(timestamp_ns)::HUGEINT - min(timestamp_ns), 1) "
+                            "FROM samples").fetchone()
+    bin_sql = f"least({CPU_BINS - 1}, (s.timestamp_ns - {int(lo or 0)})::HUGEINT * {CPU_BINS} // {int(width or 1)})::INTEGER"
+    resolve.assign_units(con, ctx, "(SELECT pid, stack_id, ip, timestamp_ns FROM samples)", UNITS, per_row=False,
+                         bin_sql=bin_sql)
     weights = f"SELECT unit_id, n AS samples FROM {UNITS}"
     total = con.execute(f"SELECT coalesce(sum(n), 0) FROM {UNITS}").fetchone()[0]
 
@@ -66,7 +71,11 @@ def aggregate(ctx) -> dict[str, Any] | None:
         SELECT {PROCESS_FRAME_SQL} || coalesce(';' || st.folded, '') AS stack, sum(n)::BIGINT AS samples
         FROM per s LEFT JOIN procs p USING (process_key) LEFT JOIN {UNITS}_stacks st USING (unit_id)
         GROUP BY 1""", "stack")
-    _over_time(ctx, con)
+    _over_time(ctx, con, int(lo or 0), int(width or 1))
+    write(FOLDED_OVER_TIME, f"""
+        SELECT s.bin, {PROCESS_FRAME_SQL} || coalesce(';' || st.folded, '') AS stack, sum(s.n)::BIGINT AS samples
+        FROM {UNITS} s LEFT JOIN procs p USING (process_key) LEFT JOIN {UNITS}_stacks st USING (unit_id)
+        GROUP BY ALL""", "bin, stack")
     with_stack, resolved = con.execute(f"""
         SELECT coalesce(sum(n) FILTER (stack_id IS NOT NULL), 0),
                coalesce(sum(n) FILTER (unit_id IN (SELECT unit_id FROM {UNITS}_funcs WHERE module IS NOT NULL AND pos = 0)), 0)
@@ -74,23 +83,18 @@ def aggregate(ctx) -> dict[str, Any] | None:
     return {"samples": int(total), "samples_with_stack": int(with_stack), "samples_leaf_in_image": int(resolved),
             "processes": int(con.execute(f"SELECT count(DISTINCT process_key) FROM {UNITS}").fetchone()[0]),
             "units": int(con.execute(f"SELECT count(*) FROM {UNITS}_units").fetchone()[0]),
-            "symbolized": resolve.has_frames(ctx)}
+            "symbolized": resolve.has_frames(ctx),
+            "time_bins": {"count": CPU_BINS, "t0_ns": int(lo or 0), "span_ns": int(width or 1)}}
 
 
-def _over_time(ctx, con) -> None:
-    """``cpu_over_time``: samples per process instance (the one current at each sample) and time bin."""
-    join = resolve.current_at("procs", "start_key", "p", by_hash=True, left=True, tie="process_key")
+def _over_time(ctx, con, lo: int, width: int) -> None:
+    """``cpu_over_time``: samples per process instance and time bin (the bins of the units)."""
     con.execute(f"""COPY (
-        WITH span AS (SELECT min(timestamp_ns) AS lo, greatest(max(timestamp_ns)::HUGEINT - min(timestamp_ns), 1) AS width
-                      FROM samples),
-        s AS (SELECT coalesce(pid::BIGINT, -1) AS pid, timestamp_ns FROM samples),
-        b AS (SELECT p.process_key, least({CPU_BINS - 1}, (s.timestamp_ns - span.lo)::HUGEINT * {CPU_BINS} // span.width)::INTEGER AS bin
-              FROM s {join}, span)
-        SELECT b.process_key, p.pid, p.image_name, p.crate, b.bin,
-               (any_value(span.lo) + b.bin * any_value(span.width)::HUGEINT // {CPU_BINS})::BIGINT AS t_ns,
-               (any_value(span.width) // {CPU_BINS})::BIGINT AS bin_ns, count(*)::BIGINT AS samples
-        FROM b, span LEFT JOIN procs p ON p.process_key = b.process_key
-        GROUP BY b.process_key, p.pid, p.image_name, p.crate, b.bin
+        SELECT s.process_key, p.pid, p.image_name, p.crate, s.bin,
+               ({lo} + s.bin * {width}::HUGEINT // {CPU_BINS})::BIGINT AS t_ns, ({width} // {CPU_BINS})::BIGINT AS bin_ns,
+               sum(s.n)::BIGINT AS samples
+        FROM {UNITS} s LEFT JOIN procs p ON p.process_key = s.process_key
+        GROUP BY s.process_key, p.pid, p.image_name, p.crate, s.bin
         ORDER BY process_key NULLS LAST, bin) TO {sql_path(ctx.out.table_path(OVER_TIME))} (FORMAT parquet, COMPRESSION zstd)""")
 
 

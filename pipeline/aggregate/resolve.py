@@ -145,14 +145,15 @@ def current_at(table: str, start: str, alias: str, by_hash: bool, left: bool = F
        AND ({alias}.next_start IS NULL OR s.timestamp_ns < {alias}.next_start)"""
 
 
-def assign_units(con, ctx, source: str, name: str, per_row: bool = True) -> None:
+def assign_units(con, ctx, source: str, name: str, per_row: bool = True, bin_sql: str | None = None) -> None:
     """``{name}``: rows of ``source`` (pid, stack_id, ip, timestamp_ns, ...) plus process_key and unit_id;
     ``{name}_units``: one row per unit (unit_id, pid, stack_id, ip, t).
 
     Without ``per_row`` (a section that only counts its rows, as the cpu section counts samples), ``{name}``
     has one row per unit instead (unit_id, pid, stack_id, ip, epoch, process_key, t) with ``n``, its number of rows:
     the rows are counted as they are joined to their epochs, never stored one by one (6 M samples of the 1 GB
-    synth trace: 41,151 units)."""
+    synth trace: 41,151 units). ``bin_sql`` (with ``per_row=False``), an expression over the source's columns,
+    splits each unit's row further by its value, as column ``bin`` (a time bin): one row per unit and bin."""
     # One join gives both the process instance and the image epoch: the boundaries of a pid are its process
     # starts and the loads and unloads of images that overlap another of the same instance; at each, the
     # instance then current is looked up once (``BOUNDS_SQL``).
@@ -162,13 +163,16 @@ def assign_units(con, ctx, source: str, name: str, per_row: bool = True) -> None
     unit_id = "(row_number() OVER (ORDER BY pid, stack_id NULLS FIRST, ip NULLS FIRST, epoch) - 1)::BIGINT AS unit_id"
     if not per_row:
         # (an epoch has one process instance, so the process_key splits no unit)
+        unit_rank = "(dense_rank() OVER (ORDER BY pid, stack_id NULLS FIRST, ip NULLS FIRST, epoch) - 1)::BIGINT AS unit_id"
         con.execute(f"""
             CREATE TABLE {name} AS
-            SELECT {unit_id}, * FROM (
+            SELECT {unit_rank if bin_sql else unit_id}, * FROM (
                 SELECT s.pid, s.stack_id, s.ip, coalesce(e.epoch, 0) AS epoch, e.process_key,
+                       {f"{bin_sql} AS bin," if bin_sql else ""}
                        min(s.timestamp_ns) AS t, count(*)::BIGINT AS n
                 FROM {rows} s {epoch_join} GROUP BY ALL)""")
-        con.execute(f"CREATE TABLE {name}_units AS SELECT unit_id, pid, stack_id, ip, epoch, t FROM {name}")
+        con.execute(f"CREATE TABLE {name}_units AS SELECT unit_id, any_value(pid) AS pid, any_value(stack_id) AS stack_id, "
+                    f"any_value(ip) AS ip, any_value(epoch) AS epoch, min(t) AS t FROM {name} GROUP BY unit_id")
         resolve_units(con, ctx, name)
         return
     con.execute(f"""

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 
-from pipeline.report.flame import Writer, count, flame_page, pct, speedscope, table
+from pipeline.report.flame import Writer, add_bins, build_tree, count, flame_page, pct, speedscope, table
+from pipeline.runs import read_manifest
 
 AGG = "aggregated"
 TABLES = ["cpu_by_process", "cpu_by_crate", "cpu_by_module", "cpu_by_function", "cpu_by_code_crate"]
@@ -26,8 +27,13 @@ def section(ctx):
     if total == 0:
         return None     # (a trace recorded without CPU samples: the coverage section says how to record them)
     w = Writer(ctx)
+    tree = build_tree(folded)
+    bins = read_manifest(ctx.run_dir, AGG)["sections"]["cpu"].get("time_bins")
+    if bins and ctx.has(AGG, "cpu_folded_over_time"):
+        rows = ctx.read(AGG, "cpu_folded_over_time", ["bin", "stack", "samples"]).to_pydict()
+        add_bins(tree, zip(rows["bin"], rows["stack"], rows["samples"]), bins["count"], bins["t0_ns"], bins["span_ns"])
     w.text("flamegraph_cpu.html", flame_page("CPU samples", folded, "samples",
-                                             "Root frames are programs (rustc with the crate it compiles)."))
+                                             "Root frames are programs (rustc with the crate it compiles).", tree=tree))
     w.text("cpu_folded.txt", "".join(f"{s} {v}\n" for s, v in folded))
     w.text("cpu.speedscope.json", json.dumps(speedscope("CPU samples", folded, "none"), separators=(",", ":")))
     for t in TABLES:
@@ -45,7 +51,7 @@ def section(ctx):
     body = f"""<p><b>{total:,}</b> samples in {len(procs)} processes.
 <a href="flamegraph_cpu.html"><b>Open the flame graph</b></a> (click to zoom, search by regex).</p>
 {w.links()}
-<iframe class="flame" src="flamegraph_cpu.html" title="CPU flame graph" style="width:100%;height:480px;border:1px solid #dde3e8"></iframe>
+<iframe class="flame" id="cpu-flame" src="flamegraph_cpu.html" title="CPU flame graph" style="width:100%;height:480px;border:1px solid #dde3e8"></iframe>
 <h3>Top {min(top_n, len(functions))} functions by self samples</h3>
 {table(functions[:top_n], fn_cols, 'cpu-functions')}
 <h3>Top {min(top_n, len(functions))} functions by inclusive samples</h3>

@@ -71,6 +71,41 @@ def build_tree(stacks: Iterable[tuple], columns: tuple[str, ...] = ()) -> dict[s
     return out
 
 
+def add_bins(tree: dict[str, list], rows: Iterable[tuple[int, str, int]], bins: int, t0_ns: int, span_ns: int) -> dict:
+    """Give each node of ``tree`` its value per time bin from ``rows`` (bin, folded stack, value), so that the page
+    can draw the flame graph of any range of bins: ``bo`` (offsets into ``bb``/``bv``, one per node and one more),
+    ``bb`` (bins, ascending per node) and ``bv`` (values). Frames the tree left out (too narrow) are left out here
+    too. Bin k holds the times from ``t0_ns + k * span_ns / bins`` (ns since the trace start) to the next."""
+    n = len(tree["n"])
+    kids: list[dict[int, int]] = [{} for _ in range(n)]
+    last: list[int] = []
+    for i in range(1, n):
+        d = tree["d"][i]
+        del last[d - 1:]
+        kids[last[-1] if last else 0][tree["n"][i]] = i
+        last.append(i)
+    index = {name: k for k, name in enumerate(tree["names"])}
+    per: list[dict[int, int]] = [{} for _ in range(n)]
+    for b, stack, value in rows:
+        if value <= 0:
+            continue
+        node = 0
+        per[0][b] = per[0].get(b, 0) + value
+        for frame in stack.split(";"):
+            node = kids[node].get(index.get(frame, -1), -1)
+            if node < 0:
+                break
+            per[node][b] = per[node].get(b, 0) + value
+    bo, bb, bv = [0], [], []
+    for d in per:
+        for b in sorted(d):
+            bb.append(b)
+            bv.append(d[b])
+        bo.append(len(bb))
+    tree.update(bo=bo, bb=bb, bv=bv, bins=bins, t0_ns=t0_ns, span_ns=span_ns)
+    return tree
+
+
 #: Shares in a differential flame graph are parts per million of each run's samples.
 PPM = 1_000_000
 
@@ -90,6 +125,13 @@ def diff_tree(baseline: Iterable[tuple[str, int]], run: Iterable[tuple[str, int]
     for key in ("x", "w", "s", "a", "b"):
         tree[key] = [round(v) for v in tree[key]]
     return tree
+
+
+#: The time strip of a flame graph whose nodes have time bins (``add_bins``): drag on it to draw the graph of that
+#: range only.
+RANGE_HTML = """<div id="flame-range-box"><svg id="flame-range" xmlns="http://www.w3.org/2000/svg" height="44"></svg>
+<div id="flame-range-text">Drag across the strip to draw only that part of the build. <button id="flame-range-all">whole
+build</button></div></div>"""
 
 
 def flame_page(title: str, stacks: Iterable[tuple[str, int]], unit: str, note: str = "", tree: dict | None = None,
@@ -112,10 +154,10 @@ def flame_page(title: str, stacks: Iterable[tuple[str, int]], unit: str, note: s
 <span id="flame-matched"></span></div>
 <p class="flame-note">Click a frame to zoom in (its callers and callees show below the graph), click it again to zoom out.{"" if unit == "ppm" else f" Total {tree['w'][0] if tree['w'] else 0:,} {html.escape(unit)}."}
 {html.escape(note)}</p>
-{intro_html}
+{intro_html}{RANGE_HTML if "bo" in tree else ""}
 <div id="flame-box"><svg id="flame" xmlns="http://www.w3.org/2000/svg" width="1200" height="20"></svg></div>
 <div id="flame-status"></div>
-<div id="flame-butterfly"></div>
+<div id="flame-butterfly"></div>{'<div id="flame-top"></div>' if "bo" in tree else ""}
 <script type="application/json" id="flame-data">{data}</script>
 <script>{js}</script>
 </body></html>

@@ -32,18 +32,35 @@ def process_name(r: dict) -> str:
     return f"{r['image_name'] or '?'}{' ' + r['crate'] if r['crate'] else ''}"
 
 
+def tree_order(rows: list[dict]) -> list[tuple[dict, int]]:
+    """(row, depth) of every process, parents before their children, children (and roots) by start."""
+    by_key = {r["process_key"]: r for r in rows}
+    kids: dict[int | None, list[dict]] = {}
+    for r in rows:
+        kids.setdefault(r["parent_key"] if r["parent_key"] in by_key else None, []).append(r)
+    start = lambda r: (r["start_ns"] if r["start_ns"] is not None else (r["first_seen_ns"] or 0), r["process_key"])
+    out: list[tuple[dict, int]] = []
+    todo = [(r, 0) for r in sorted(kids.get(None, []), key=start, reverse=True)]
+    while todo:
+        r, depth = todo.pop()
+        out.append((r, depth))
+        todo.extend((c, depth + 1) for c in sorted(kids.get(r["process_key"], []), key=start, reverse=True) if depth < 64)
+    return out
+
+
 def timeline_svg(rows: list[dict]) -> str:
-    shown = [r for r in rows if r["first_seen_ns"] is not None]
+    """The build's processes on one time axis, as a tree (``static/timeline.js``: click a parent's name to fold its
+    children, drag across the bars to zoom there and to draw the CPU flame graph of that time)."""
+    shown = [(r, d) for r, d in tree_order(rows) if r["first_seen_ns"] is not None]
     if not shown:
         return '<p class="empty">no process lifetimes</p>'
-    t0 = min(r["start_ns"] if r["start_ns"] is not None else r["first_seen_ns"] for r in shown)
-    t1 = max(r["end_ns"] if r["end_ns"] is not None else r["last_seen_ns"] for r in shown)
-    t0 = min(t0, min(r["first_seen_ns"] for r in shown))
-    t1 = max(t1, max(r["last_seen_ns"] for r in shown))
+    t0 = min(min(r["start_ns"] if r["start_ns"] is not None else r["first_seen_ns"], r["first_seen_ns"]) for r, _ in shown)
+    t1 = max(max(r["end_ns"] if r["end_ns"] is not None else r["last_seen_ns"], r["last_seen_ns"]) for r, _ in shown)
     span = max(t1 - t0, 1)
     scale = (WIDTH - LABEL) / span
+    parents = {r["parent_key"] for r, _ in shown}
     out = []
-    for i, r in enumerate(shown):
+    for i, (r, depth) in enumerate(shown):
         start = r["start_ns"] if r["start_ns"] is not None else t0
         end = r["end_ns"] if r["end_ns"] is not None else t1
         x = LABEL + (start - t0) * scale
@@ -55,18 +72,25 @@ def timeline_svg(rows: list[dict]) -> str:
                f"{' (running at trace end)' if r['end_ns'] is None else ''}, {r['samples']:,} samples\n"
                f"{r['command_line'] or ''}")
         color = COLORS.get((r["image_name"] or "").lower(), "#9aa5b1")
-        out.append(f'<g class="proc" data-pid="{r["pid"]}"><title>{html.escape(tip)}</title>'
-                   f'<text x="{LABEL - 4}" y="{y + ROW - 2}" text-anchor="end">{html.escape(name[:32])}</text>'
+        fold = "\u25be " if r["process_key"] in parents else ""
+        out.append(f'<g class="proc" data-key="{r["process_key"]}" data-parent="{r["parent_key"] if r["parent_key"] is not None else ""}" '
+                   f'data-start="{start}" data-end="{end}" data-row="{i}" data-pid="{r["pid"]}"><title>{html.escape(tip)}</title>'
+                   f'<text x="{4 + 8 * min(depth, 12)}" y="{y + ROW - 2}"{" class=fold" if fold else ""}>'
+                   f'{html.escape(fold + name[:30 - min(depth, 12)])}</text>'
                    f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{ROW - 2}" fill="{color}"></rect></g>')
     height = 4 + len(shown) * ROW + 18
     ticks = []
     for k in range(6):
         x = LABEL + k * (WIDTH - LABEL) / 5
-        ticks.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="0" y2="{height - 16}" stroke="#e3e7eb"></line>'
+        ticks.append(f'<g class="tick"><line x1="{x:.1f}" x2="{x:.1f}" y1="0" y2="{height - 16}" stroke="#e3e7eb"></line>'
                      f'<text x="{x:.1f}" y="{height - 4}" text-anchor="{"end" if k == 5 else "middle"}">'
-                     f'{span * k / 5 / 1e9:.2f} s</text>')
-    return (f'<svg class="timeline" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
-            f'style="font: 9px system-ui, sans-serif">{"".join(ticks)}{"".join(out)}</svg>')
+                     f'{span * k / 5 / 1e9:.2f} s</text></g>')
+    return (f'<div class="timeline-bar"><button class="timeline-reset">whole build</button> <span class="timeline-text">'
+            f'Drag across the bars to zoom in (the CPU flame graph follows); click a name with \u25be to fold its '
+            f'children.</span></div>'
+            f'<svg class="timeline" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" data-t0="{t0}" '
+            f'data-t1="{t1}" data-label="{LABEL}" data-row="{ROW}" style="font: 9px system-ui, sans-serif">'
+            f'{"".join(ticks)}<rect class="pick" x="0" y="0" width="0" height="{height - 16}"></rect>{"".join(out)}</svg>')
 
 
 #: What a rustc command line says about what it builds: the crate type, the target, and the bootstrap stage of
@@ -164,17 +188,7 @@ def section(ctx):
     rows = ctx.read(AGG, "process_tree").to_pylist()
     w = Writer(ctx)
     w.csv(AGG, "process_tree")
-    by_key = {r["process_key"]: r for r in rows}
-    kids: dict[int | None, list[dict]] = {}
-    for r in rows:
-        parent = r["parent_key"] if r["parent_key"] in by_key else None
-        kids.setdefault(parent, []).append(r)
-    ordered: list[dict] = []
-    todo = [(r, 0) for r in reversed(kids.get(None, []))]
-    while todo:
-        r, depth = todo.pop()
-        ordered.append({**r, "name": "\u2003" * depth + process_name(r)})
-        todo.extend((c, depth + 1) for c in reversed(kids.get(r["process_key"], [])) if depth < 64)
+    ordered = [{**r, "name": "\u2003" * depth + process_name(r)} for r, depth in tree_order(rows)]
     cols = [("name", "process", None), ("pid", "pid", None), ("duration_ns", "duration", fmt_ms),
             ("samples", "samples", count), ("tree_samples", "with children", count), ("threads", "threads", count),
             ("exit_status", "exit", None), ("command_line", "command line", None)]
@@ -196,6 +210,7 @@ def section(ctx):
                 ("command_line", "command line", None)], 'build-processes')}
 <h3>Timeline</h3>
 <div style="overflow-x:auto">{timeline_svg(rows)}</div>
+<script src="{ctx.copy_static("timeline.js")}"></script>
 <h3>Processes with the most CPU samples</h3>
 {table(top, [("pid", "pid", None), ("image_name", "image", None), ("crate", "crate", None),
              ("duration_ns", "duration", fmt_ms), ("samples", "samples", count), ("tree_samples", "with children", count),

@@ -26,6 +26,9 @@ from pipeline.warehouse.significance import (HISTORY_RUNS, MIN_HISTORY, signific
 
 STAGES = ("capture", "decoded", "symbolized", "aggregated", "report")
 AGGREGATED = "aggregated"
+#: Aggregated tables that only the report draws from, kept out of the warehouse: the CPU stacks per time bin
+#: are up to 500 times the rows of ``cpu_folded``, which the warehouse has.
+NOT_INGESTED = {"cpu_folded_over_time"}
 
 RUNS_DDL = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -307,7 +310,8 @@ def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: s
     trace_sha = shas[0] if len(shas) == 1 else (
         __import__("hashlib").sha256("".join(shas).encode()).hexdigest() if shas else None)
     run_time = (decoded or manifests[AGGREGATED])["created_utc"]
-    tables = sorted(p for p in stage_dir(run_dir, AGGREGATED).iterdir() if p.name.endswith(".parquet"))
+    tables = sorted(p for p in stage_dir(run_dir, AGGREGATED).iterdir()
+                    if p.name.endswith(".parquet") and p.name[: -len(".parquet")] not in NOT_INGESTED)
 
     import duckdb
 

@@ -15,6 +15,10 @@
  * with the frames that call it and that it calls, each with the inclusive value that passes through them.
  * A recursive function counts once per stack (its outermost occurrences); click a row to go to that
  * function (its largest occurrence).
+ * Time range (a graph whose nodes carry time bins: bo/bb/bv, see flame.py add_bins): a strip above the graph
+ * shows the value over time; drag across it to draw the graph, the callers and callees and the top functions
+ * of that range only (#range=<first bin>-<end bin>, or #t=<ns>-<ns> since the trace start, as the report's
+ * process timeline links to it).
  */
 (function () {
   "use strict";
@@ -41,6 +45,27 @@
   const parent = new Int32Array(N).fill(-1);
   { const last = []; for (let i = 0; i < N; i++) { last[data.d[i]] = i; if (data.d[i] > 0) parent[i] = last[data.d[i] - 1]; } }
   const panel = document.getElementById("flame-butterfly");
+  const topBox = document.getElementById("flame-top");
+  const strip = document.getElementById("flame-range");
+  const X0 = data.x, W0 = data.w, S0 = data.s;
+  let range = null;                  // [first bin, end bin) or null: everything
+  // The node values of the bins in ``range`` replace x, w and s (children keep their order).
+  function applyRange() {
+    if (!range || !data.bo) { data.x = X0; data.w = W0; data.s = S0; return; }
+    const [b0, b1] = range;
+    const w = new Array(N).fill(0), x = new Array(N).fill(0), s = new Array(N).fill(0), cursor = new Array(N).fill(0);
+    for (let i = 0; i < N; i++) {
+      let v = 0;
+      for (let j = data.bo[i]; j < data.bo[i + 1]; j++) if (data.bb[j] >= b0 && data.bb[j] < b1) v += data.bv[j];
+      w[i] = v;
+    }
+    for (let i = 0; i < N; i++) {
+      s[i] = w[i];
+      if (i > 0) { const p = parent[i]; x[i] = cursor[p]; cursor[p] += w[i]; s[p] -= w[i]; }
+      cursor[i] = x[i];
+    }
+    data.x = x; data.w = w; data.s = s;
+  }
 
   const diff = data.unit === "ppm" && data.a && data.b;
   function fmt(v) {
@@ -78,7 +103,7 @@
 
   function render() {
     const width = svg.parentNode.clientWidth || 1200;
-    if (hidden(zoom)) zoom = 0;
+    if (hidden(zoom) || !data.w[zoom]) zoom = 0;
     total = N ? W(0) : 0;
     const zx = X(zoom), zw = W(zoom) || 1, zd = data.d[zoom];
     const scale = width / zw;
@@ -117,6 +142,8 @@
     svg.dataset.zoom = zoom;
     reportMatches();
     butterfly(zoom);
+    drawStrip();
+    topFunctions();
   }
 
   function reportMatches() {
@@ -173,6 +200,76 @@
     return bang < 0 ? esc(name) : `${esc(name.slice(bang + 1))} <span class="mod">${esc(name.slice(0, bang))}</span>`;
   }
 
+  // The strip: the root's value per bin, the picked range shaded.
+  function drawStrip() {
+    if (!strip || !data.bo) return;
+    const width = strip.parentNode.clientWidth - 8 || 1200, H = 40, bins = data.bins;
+    const per = new Array(bins).fill(0);                 // the whole build per bin (without Idle when it is hidden)
+    for (let j = data.bo[0]; j < data.bo[1]; j++) per[data.bb[j]] += data.bv[j];
+    if (hideIdle && idle >= 0) for (let j = data.bo[idle]; j < data.bo[idle + 1]; j++) per[data.bb[j]] -= data.bv[j];
+    const top = Math.max(1, ...per), bw = width / bins, parts = [];
+    per.forEach((v, b) => {
+      if (v <= 0) return;
+      const h = Math.max(1, H * v / top);
+      parts.push(`<rect x="${(b * bw).toFixed(1)}" y="${(H - h).toFixed(1)}" width="${Math.max(bw - 0.2, 0.5).toFixed(1)}" height="${h.toFixed(1)}"></rect>`);
+    });
+    if (range) parts.push(`<rect class="sel" x="${(range[0] * bw).toFixed(1)}" y="0" width="${((range[1] - range[0]) * bw).toFixed(1)}" height="${H}"></rect>`);
+    strip.setAttribute("width", width);
+    strip.innerHTML = parts.join("");
+    const text = document.getElementById("flame-range-text");
+    const secs = (b) => ((data.t0_ns + b * data.span_ns / bins) / 1e9).toFixed(2);
+    if (text) text.firstChild.textContent = range ? `${secs(range[0])} s to ${secs(range[1])} s of the trace: ${fmt(data.w[0])}. `
+      : "Drag across the strip to draw only that part of the build. ";
+    strip.dataset.range = range ? range.join("-") : "";
+  }
+  function binAt(ev) {
+    const r = strip.getBoundingClientRect();
+    return Math.max(0, Math.min(data.bins - 1, Math.floor((ev.clientX - r.left) / (r.width || 1) * data.bins)));
+  }
+  if (strip && data.bo) {
+    let from = null;
+    strip.addEventListener("mousedown", function (ev) { from = binAt(ev); ev.preventDefault(); });
+    window.addEventListener("mouseup", function (ev) {
+      if (from === null) return;
+      const to = binAt(ev);
+      range = [Math.min(from, to), Math.max(from, to) + 1];
+      from = null;
+      applyRange(); setHash(); render();
+    });
+    document.getElementById("flame-range-all").addEventListener("click", function () {
+      range = null; applyRange(); setHash(); render();
+    });
+  }
+
+  // The functions with the most self value in what is drawn (the range, Idle hidden or not).
+  function topFunctions() {
+    if (!topBox) return;
+    const self = new Map(), incl = new Map();
+    for (let i = 1; i < N; i++) {
+      if (data.d[i] < 2 || !data.w[i] || hidden(i)) continue;
+      const n = data.n[i];
+      self.set(n, (self.get(n) || 0) + data.s[i]);
+      let outer = true;
+      for (let p = parent[i]; p > 0; p = parent[p]) if (data.n[p] === n) { outer = false; break; }
+      if (outer) incl.set(n, (incl.get(n) || 0) + data.w[i]);
+    }
+    const all = W(0) || 1;
+    const rows = [...self.entries()].filter((e) => e[1] > 0)
+      .sort((a, b) => b[1] - a[1] || (data.names[a[0]] < data.names[b[0]] ? -1 : 1)).slice(0, 25);
+    topBox.innerHTML = `<h2>Top functions by self ${data.unit}${range ? " in the picked range" : ""}</h2><table>` +
+      `<tr><th>function</th><th class="num">self</th><th class="num">%</th><th class="num">inclusive</th></tr>` +
+      rows.map(([n, v]) => `<tr data-n="${n}"><td>${label(data.names[n])}</td><td class="num">${fmt(v)}</td>` +
+        `<td class="num">${(100 * v / all).toFixed(2)}%</td><td class="num">${fmt(incl.get(n) || 0)}</td></tr>`).join("") +
+      "</table>";
+    topBox.dataset.first = rows.length ? data.names[rows[0][0]] + "=" + rows[0][1] : "";
+  }
+  if (topBox) topBox.addEventListener("click", function (ev) {
+    const tr = ev.target.closest("tr[data-n]");
+    if (!tr) return;
+    const i = largestOf(parseInt(tr.dataset.n, 10));
+    if (i > 0) { zoom = i; setHash(); render(); window.scrollTo(0, 0); }
+  });
+
   function largestOf(fn) {
     let best = -1;
     for (let i = 1; i < N; i++) if (data.n[i] === fn && !hidden(i) && (best < 0 || data.w[i] > data.w[best])) best = i;
@@ -182,6 +279,7 @@
   function setHash() {
     const parts = [];
     if (zoom) parts.push("zoom=" + zoom);
+    if (range) parts.push("range=" + range.join("-"));
     if (hideIdle) parts.push("idle=0");
     if (pattern) parts.push("search=" + encodeURIComponent(pattern.source));
     history.replaceState(null, "", parts.length ? "#" + parts.join("&") : location.pathname);
@@ -193,6 +291,15 @@
     zoom = z >= 0 && z < N ? z : 0;
     hideIdle = params.get("idle") === "0" && idle >= 0;
     if (idleBox) idleBox.checked = hideIdle;
+    range = null;
+    const r = (params.get("range") || "").match(/^(\d+)-(\d+)$/), t = (params.get("t") || "").match(/^(-?\d+)-(-?\d+)$/);
+    if (data.bo && r) range = [Math.min(+r[1], data.bins), Math.min(+r[2], data.bins)];
+    else if (data.bo && t) {
+      const bin = (ns) => Math.max(0, Math.min(data.bins, (ns - data.t0_ns) * data.bins / data.span_ns));
+      range = [Math.floor(bin(+t[1])), Math.ceil(bin(+t[2]))];
+    }
+    if (range && range[1] <= range[0]) range = null;
+    applyRange();
     const s = params.get("search");
     if (s) { input.value = s; try { pattern = new RegExp(s); } catch (e) { pattern = null; } }
   }
@@ -230,6 +337,7 @@
   });
   if (idleBox) idleBox.addEventListener("change", function () { hideIdle = idleBox.checked; setHash(); render(); });
   window.addEventListener("resize", render);
+  window.addEventListener("hashchange", function () { readHash(); render(); });
   readHash();
   render();
 })();
