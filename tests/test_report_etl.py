@@ -11,7 +11,7 @@ import pytest
 from pipeline.report.flame import MIN_FRACTION, build_tree
 from pipeline.runs import read_table
 from tests.test_aggregate_etl import etl_config, synth_run
-from tests.test_report_queries import dump_dom
+from tests.test_report_queries import ARTIFACTS, dump_dom, pages_without_errors
 
 
 @pytest.fixture(scope="module")
@@ -634,3 +634,13 @@ def test_process_timeline_folds_and_zooms(report_run, tmp_path):
     assert abs(a - (t0 + (t1 - t0) / 4)) < (t1 - t0) / 500 and abs(b - (t0 + (t1 - t0) / 2)) < (t1 - t0) / 500
     assert src == f"flamegraph_cpu.html#t={a}-{b}"
     assert body["reset"] == f"{t0}-{t1}|flamegraph_cpu.html"
+
+
+def test_every_etl_report_page_loads_without_errors(report_run, tmp_path):
+    """Every page of an ETL run's report over the DevTools protocol: no exception, console error or failed load;
+    a full-page screenshot of each is kept in ARTIFACTS/report-etl/."""
+    found = pages_without_errors(report_run / "report", tmp_path, "report-etl")
+    assert {"index.html", "flamegraph_cpu.html", "flamegraph_commit.html", "commit_tree.html", "heap_snapshots.html",
+            "process_tree.html"} <= set(found)
+    assert {name: errors for name, errors in found.items() if errors} == {}
+    assert all((ARTIFACTS / "report-etl" / f"{n[:-5]}.png").stat().st_size > 1000 for n in found)

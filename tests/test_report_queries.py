@@ -333,12 +333,15 @@ class CDP:
 
     def __init__(self, ws):
         self.ws, self.next_id = ws, 0
+        self.events: list[dict] = []        # the events that came while waiting for answers
 
     async def call(self, method: str, **params):
         self.next_id += 1
         await self.ws.write_message(json.dumps({"id": self.next_id, "method": method, "params": params}))
         while True:
             msg = json.loads(await asyncio.wait_for(self.ws.read_message(), 60))
+            if "method" in msg:
+                self.events.append(msg)
             if msg.get("id") == self.next_id:
                 if "error" in msg:
                     raise RuntimeError(f"{method}: {msg['error']}")
@@ -371,12 +374,9 @@ class CDP:
             await self.call("Input.dispatchMouseEvent", type=kind, x=box[0], y=box[1], button="left", clickCount=1)
 
 
-def test_profile_queries_interaction_in_chromium(report_run, tmp_path):
-    """Open a box, zoom into it, go back to the whole process, close everything: real clicks."""
-    from tornado.websocket import websocket_connect
-
-    fid = file_ids(report_run)["app"]
-    page = (report_run / "report" / "profile_queries.html").as_uri()
+def devtools_page(tmp_path: Path, scenario) -> None:
+    """Start headless Chromium with its DevTools endpoint on loopback and run ``await scenario(ws_url)`` against
+    its page."""
     proc = subprocess.Popen([chromium(), *CHROME_FLAGS, f"--user-data-dir={tmp_path / 'chrome'}",
                              "--remote-debugging-port=0", "--remote-debugging-address=127.0.0.1", "about:blank"],
                             stderr=subprocess.PIPE, text=True)
@@ -389,35 +389,93 @@ def test_profile_queries_interaction_in_chromium(report_run, tmp_path):
                 break
         assert port, "chromium did not start its DevTools endpoint"
         targets = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=30).read())
-        ws_url = next(t["webSocketDebuggerUrl"] for t in targets if t["type"] == "page")
-
-        async def scenario():
-            cdp = CDP(await websocket_connect(ws_url, max_message_size=1 << 28))
-            await cdp.call("Page.enable")
-            await cdp.call("Page.navigate", url=f"{page}#file={fid}")
-            await cdp.wait_for(f"document.body.dataset.renderedFile === '{fid}'")
-            closed = "#trace .node.important:not(.open):not(.leaf)"
-            index = await cdp.js(f"document.querySelector('{closed}').dataset.i")
-            await cdp.click(f"{closed.replace(':not(.open)', '')}[data-i='{index}'] > .head .label")
-            assert await cdp.js(f"document.querySelector('.node[data-i=\"{index}\"]').classList.contains('open')")
-            assert await cdp.js(f"document.querySelector('.node[data-i=\"{index}\"] > .kids').children.length") > 0
-            await cdp.click(f".node[data-i='{index}'] > .head .zoom")
-            await cdp.wait_for(f"document.body.dataset.renderedZoom === '{index}'")
-            assert await cdp.js("document.querySelectorAll('#trace > .node').length") == 1
-            assert await cdp.js("location.hash") == f"#file={fid}&zoom={index}"
-            await cdp.click("#crumbs a")
-            await cdp.wait_for("document.body.dataset.renderedZoom === ''")
-            assert await cdp.js("document.querySelectorAll('#trace .node.open').length") > 0
-            await cdp.click("#collapse-all")
-            assert await cdp.js("document.querySelectorAll('#trace .node.open').length") == 0
-            await cdp.click("#expand-important")
-            assert await cdp.js("document.querySelectorAll('#trace .node.open').length") > 0
-            cdp.ws.close()
-
-        asyncio.run(scenario())
+        asyncio.run(scenario(next(t["webSocketDebuggerUrl"] for t in targets if t["type"] == "page")))
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+#: Where the tests keep what a person may want to look at after a run (screenshots of every report page).
+ARTIFACTS = Path(os.environ.get("BOOTPROF_TEST_ARTIFACTS", Path(__file__).resolve().parents[1] / "runs" / "test-artifacts"))
+
+
+def pages_without_errors(report_dir: Path, tmp_path: Path, shots: str) -> dict[str, list[str]]:
+    """Open every HTML page of a report over the DevTools protocol: the errors each logged (exceptions, console
+    errors, failed loads), by page; a full-page screenshot of each goes to ``ARTIFACTS/<shots>/<page>.png``."""
+    import base64
+
+    from tornado.websocket import websocket_connect
+
+    out = ARTIFACTS / shots
+    out.mkdir(parents=True, exist_ok=True)
+    found: dict[str, list[str]] = {}
+
+    async def scenario(ws_url):
+        cdp = CDP(await websocket_connect(ws_url, max_message_size=1 << 28))
+        for domain in ("Page", "Runtime", "Log"):
+            await cdp.call(f"{domain}.enable")
+        for page in sorted(report_dir.glob("*.html")):
+            cdp.events.clear()
+            await cdp.call("Page.navigate", url=page.as_uri())
+            await cdp.wait_for("document.readyState === 'complete'")
+            await asyncio.sleep(0.3)
+            await cdp.js("1")                   # (collects what the page logged meanwhile)
+            errors = []
+            for e in cdp.events:
+                p = e.get("params", {})
+                if e["method"] == "Runtime.exceptionThrown":
+                    errors.append(p["exceptionDetails"].get("exception", {}).get("description") or p["exceptionDetails"]["text"])
+                elif e["method"] == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
+                    errors.append(" ".join(str(a.get("value", a.get("description"))) for a in p.get("args", [])))
+                elif e["method"] == "Log.entryAdded" and p["entry"]["level"] == "error":
+                    errors.append(p["entry"]["text"])
+            found[page.name] = errors
+            shot = await cdp.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
+            (out / f"{page.stem}.png").write_bytes(base64.b64decode(shot["data"]))
+        cdp.ws.close()
+
+    devtools_page(tmp_path, scenario)
+    return found
+
+
+def test_every_query_report_page_loads_without_errors(report_run, tmp_path):
+    found = pages_without_errors(report_run / "report", tmp_path, "report-queries")
+    assert {"index.html", "profile_queries.html", "query_summary.html"} <= set(found)
+    assert {name: errors for name, errors in found.items() if errors} == {}
+    assert all((ARTIFACTS / "report-queries" / f"{Path(n).stem}.png").stat().st_size > 1000 for n in found)
+
+
+def test_profile_queries_interaction_in_chromium(report_run, tmp_path):
+    """Open a box, zoom into it, go back to the whole process, close everything: real clicks."""
+    from tornado.websocket import websocket_connect
+
+    fid = file_ids(report_run)["app"]
+    page = (report_run / "report" / "profile_queries.html").as_uri()
+
+    async def scenario(ws_url):
+        cdp = CDP(await websocket_connect(ws_url, max_message_size=1 << 28))
+        await cdp.call("Page.enable")
+        await cdp.call("Page.navigate", url=f"{page}#file={fid}")
+        await cdp.wait_for(f"document.body.dataset.renderedFile === '{fid}'")
+        closed = "#trace .node.important:not(.open):not(.leaf)"
+        index = await cdp.js(f"document.querySelector('{closed}').dataset.i")
+        await cdp.click(f"{closed.replace(':not(.open)', '')}[data-i='{index}'] > .head .label")
+        assert await cdp.js(f"document.querySelector('.node[data-i=\"{index}\"]').classList.contains('open')")
+        assert await cdp.js(f"document.querySelector('.node[data-i=\"{index}\"] > .kids').children.length") > 0
+        await cdp.click(f".node[data-i='{index}'] > .head .zoom")
+        await cdp.wait_for(f"document.body.dataset.renderedZoom === '{index}'")
+        assert await cdp.js("document.querySelectorAll('#trace > .node').length") == 1
+        assert await cdp.js("location.hash") == f"#file={fid}&zoom={index}"
+        await cdp.click("#crumbs a")
+        await cdp.wait_for("document.body.dataset.renderedZoom === ''")
+        assert await cdp.js("document.querySelectorAll('#trace .node.open').length") > 0
+        await cdp.click("#collapse-all")
+        assert await cdp.js("document.querySelectorAll('#trace .node.open').length") == 0
+        await cdp.click("#expand-important")
+        assert await cdp.js("document.querySelectorAll('#trace .node.open').length") > 0
+        cdp.ws.close()
+
+    devtools_page(tmp_path, scenario)
 
 
 def test_run_where_every_profile_is_broken(tmp_path, dask_pool):
@@ -455,3 +513,17 @@ def test_invocation_hits_sum_exactly_per_query():
     value = np.array([0, big, 2, 0, 3, 0, 0, 0], np.uint64)
     kind = pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), pa.array(names))
     assert invocation_hits(kind, ids, value).tolist() == [big + 2, 0, 0, 3, 0, 0, 0, 0]
+
+
+def test_page_errors_are_caught(tmp_path):
+    """The check of the report pages can fail: a thrown exception, a console error and a missing script."""
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    (pages / "ok.html").write_text("<!DOCTYPE html><html><body><p>fine</p></body></html>")
+    (pages / "bad.html").write_text("<!DOCTYPE html><html><body><script>console.error('broken view');"
+                                    "throw new Error('no data');</script><script src='static/none.js'></script>"
+                                    "</body></html>")
+    found = pages_without_errors(pages, tmp_path, "page-errors")
+    assert found["ok.html"] == []
+    assert any("broken view" in e for e in found["bad.html"]) and any("no data" in e for e in found["bad.html"])
+    assert any("ERR_FILE_NOT_FOUND" in e or "none.js" in e for e in found["bad.html"]), found["bad.html"]
