@@ -366,3 +366,33 @@ def test_commit_over_time(aggregated_run):
     running = sum(p["outstanding_bytes"] for k, p in procs.items() if tree[k]["end_ns"] is None)
     assert series[None][-1]["end_bytes"] == running
     assert len([k for k in series if k is not None]) == min(20, len(procs))
+
+
+def test_stacks_by_time_bin(aggregated_run):
+    """cpu_folded_over_time and commit_folded_over_time split cpu_folded and commit_folded by time bin: per stack
+    the bins add up to the whole; cpu_over_time's bins add up to each process's samples, and each lies within
+    the process's lifetime (the manifest's time_bins place them)."""
+    run, truth = aggregated_run
+    for binned, whole, measure, bins in (("cpu_folded_over_time", "cpu_folded", "samples", 500),
+                                         ("commit_folded_over_time", "commit_folded", "commit_bytes", 200)):
+        per = defaultdict(int)
+        for r in rows(run, binned):
+            assert 0 <= r["bin"] < bins
+            per[r["stack"]] += r[measure]
+        assert dict(per) == {r["stack"]: r[measure] for r in rows(run, whole) if r[measure]}, binned
+    sections = read_manifest(run, "aggregated")["sections"]
+    tb = sections["cpu"]["time_bins"]
+    procs = {r["process_key"]: r for r in rows(run, "cpu_by_process")}
+    per = defaultdict(int)
+    for r in rows(run, "cpu_over_time"):
+        per[r["process_key"]] += r["samples"]
+        lo = tb["t0_ns"] + r["bin"] * tb["span_ns"] // tb["count"]
+        hi = tb["t0_ns"] + (r["bin"] + 1) * tb["span_ns"] // tb["count"]
+        assert r["t_ns"] == lo
+        p = procs[r["process_key"]]
+        if p["start_ns"] is not None:
+            assert hi >= p["start_ns"]
+        if p["end_ns"] is not None:
+            assert lo <= p["end_ns"]
+    assert dict(per) == {k: p["samples"] for k, p in procs.items()}
+    assert sections["memory"]["commit_time_bins"]["count"] == 200

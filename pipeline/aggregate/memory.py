@@ -41,6 +41,7 @@ COMMIT_OVER_TIME = "commit_over_time"
 #: Time bins of commit_over_time across the trace, and the processes it follows one by one (largest peaks).
 COMMIT_BINS, COMMIT_PROCESSES = 200, 20
 COMMIT_FOLDED = "commit_folded"
+COMMIT_FOLDED_OVER_TIME = "commit_folded_over_time"
 HEAP_BY_STACK = "heap_snapshot_by_stack"
 HEAP_BY_FUNCTION = "heap_snapshot_by_function"
 HEAP_GROWTH = "heap_snapshot_growth"
@@ -113,6 +114,14 @@ def _commit(ctx) -> dict[str, Any]:
         SELECT {PROCESS_FRAME_SQL} || coalesce(';' || st.folded, '') AS stack, count(*)::BIGINT AS allocs,
                sum(c.size)::BIGINT AS commit_bytes, sum(c.size - c.returned_bytes)::BIGINT AS outstanding_bytes
         FROM cm c LEFT JOIN procs p USING (process_key) LEFT JOIN cm_stacks st USING (unit_id) GROUP BY 1""", "stack")
+    # The same by time bin of the commit (what the flame graph of a picked range is drawn from).
+    lo, width = con.execute("SELECT min(timestamp_ns), greatest(max(timestamp_ns)::HUGEINT - min(timestamp_ns), 1) "
+                            "FROM cm").fetchone()
+    lo, width = int(lo or 0), int(width or 1)
+    _copy(ctx, con, COMMIT_FOLDED_OVER_TIME, f"""
+        SELECT least({COMMIT_BINS - 1}, (c.timestamp_ns - {lo})::HUGEINT * {COMMIT_BINS} // {width})::INTEGER AS bin,
+               {PROCESS_FRAME_SQL} || coalesce(';' || st.folded, '') AS stack, sum(c.size)::BIGINT AS commit_bytes
+        FROM cm c LEFT JOIN procs p USING (process_key) LEFT JOIN cm_stacks st USING (unit_id) GROUP BY 1, 2""", "bin, stack")
     con.execute("""
         CREATE TABLE va_proc AS
         SELECT v.*, p.process_key FROM va v ASOF LEFT JOIN procs p ON v.pid = p.pid AND v.timestamp_ns >= p.start_key""")
@@ -187,7 +196,8 @@ def _commit(ctx) -> dict[str, Any]:
     return {"commits": int(commits), "frees": int(frees), "frees_unmatched": int(unmatched),
             "commit_bytes": int(total), "returned_bytes": int(returned), "outstanding_bytes": int(total - returned),
             "peak_commit_bytes": int(peak), "peak_ns": None if peak_ns is None else int(peak_ns),
-            "commit_frames_unresolved": _unresolved(con, "cm")}
+            "commit_frames_unresolved": _unresolved(con, "cm"),
+            "commit_time_bins": {"count": COMMIT_BINS, "t0_ns": lo, "span_ns": width}}
 
 
 def _unresolved(con, name: str) -> int:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import html
 
+from pipeline.report.flame import (STATIC, Writer, add_bins, build_tree, count, flame_page, fmt_bytes, fmt_ms, table,
+                                   tree_page)
 from pipeline.runs import read_manifest
-from pipeline.report.flame import STATIC, Writer, count, flame_page, fmt_bytes, fmt_ms, table, tree_page
 
 AGG = "aggregated"
 COMMIT_TABLES = ["commit_by_process", "commit_by_crate", "commit_by_function", "commit_by_code_crate", "commit_by_stack",
@@ -30,8 +31,15 @@ def section(ctx):
     parts, summary = [], {}
     if has_commit:
         folded = [(r["stack"], r["commit_bytes"]) for r in ctx.read(AGG, "commit_folded").to_pylist()]
+        tree = build_tree(folded)
+        bins = read_manifest(ctx.run_dir, AGG)["sections"].get("memory", {}).get("commit_time_bins")
+        if bins and ctx.has(AGG, "commit_folded_over_time"):
+            rows = ctx.read(AGG, "commit_folded_over_time", ["bin", "stack", "commit_bytes"]).to_pydict()
+            add_bins(tree, zip(rows["bin"], rows["stack"], rows["commit_bytes"]), bins["count"], bins["t0_ns"],
+                     bins["span_ns"])
         w.text("flamegraph_commit.html", flame_page("VirtualAlloc commit", folded, "bytes",
-                                                    "Width: bytes committed by each stack over the whole trace."))
+                                                    "Width: bytes committed by each stack (over the whole trace, or "
+                                                    "by the commits of the range picked on the strip).", tree=tree))
         w.text("commit_folded.bytes.txt", "".join(f"{s} {v}\n" for s, v in folded))
         w.text("commit_tree.html", tree_page("Commit stacks", folded, "bytes",
                                              "Bytes committed by VirtualAlloc, by process, then by call stack from the "
