@@ -161,7 +161,8 @@ def test_commit_frees_and_peak(run):
     memory = read_manifest(run, "aggregated")["sections"]["memory"]
     # the whole trace: A's levels below, then B's +40 at t=2100 (90): peak 180 at t=40, 90 still committed
     assert memory == {"commits": 4, "frees": 4, "frees_unmatched": 1, "commit_bytes": 270, "returned_bytes": 180,
-                      "outstanding_bytes": 90, "peak_commit_bytes": 180, "peak_ns": 40, "commit_frames_unresolved": 0}
+                      "outstanding_bytes": 90, "peak_commit_bytes": 180, "peak_ns": 40, "commit_frames_unresolved": 0,
+                      "commit_time_bins": {"count": 200, "t0_ns": 20, "span_ns": 2080}}     # (commits from 20 to 2100 ns)
     rows = read_table(run, "aggregated", "commit_by_process").to_pylist()
     a, b = sorted((r for r in rows if r["pid"] == 100), key=lambda r: r["process_key"])
     # A: +100 (100) +80 (180) -100 (80) +50 (130) -30 (100) -50 (50): peak 180 at t=40
