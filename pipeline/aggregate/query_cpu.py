@@ -69,11 +69,14 @@ def aggregate(ctx) -> dict[str, Any] | None:
         FROM read_parquet({sql_path(parquet_glob(ctx.source(queries.EVENTS)))})
         WHERE payload = 'interval' AND file_id IN (SELECT file_id FROM m)
         ORDER BY file_id, thread, start_ns, end_ns DESC, event_index""").to_arrow_table()
-    names = {c: events.column(c).to_numpy(zero_copy_only=False) for c in ("kind", "label")}
     ev = {c: events.column(c).to_numpy() for c in ("file_id", "thread", "event_index", "parent", "start_ns", "end_ns")}
+    con.register("ev_arrow", events.select(["kind", "label"]).append_column("row", pa.array(np.arange(len(events)))))
+    con.execute("CREATE TABLE ev_names AS SELECT row, kind, label FROM ev_arrow")
+    con.unregister("ev_arrow")
 
-    out = {"unit_id": [], "file_id": [], "tid": [], "event": [], "thread": []}
-    pairs_total = 0
+    # Per sample: the row of its innermost interval (-1: none) and whether its thread is profiled; then counted
+    # per (unit, file, row, profiled), so that no per-sample row and no string goes through Python.
+    parts, pairs_total = [], 0
     s_file = samples["file_id"]
     for f in np.unique(s_file):
         sel = np.nonzero(s_file == f)[0]
@@ -82,25 +85,19 @@ def aggregate(ctx) -> dict[str, Any] | None:
                                          ev["event_index"][rows], ev["parent"][rows], ev["start_ns"][rows],
                                          ev["end_ns"][rows])
         pairs_total += pairs
-        out["unit_id"].append(samples["unit_id"][sel])
-        out["file_id"].append(np.full(len(sel), f, np.int64))
-        out["tid"].append(samples["tid"][sel])
-        out["event"].append(np.where(event >= 0, rows[np.maximum(event, 0)], -1))
-        out["thread"].append(thread)
-    cat = {k: np.concatenate(v) if v else np.zeros(0, np.int64) for k, v in out.items()}
-    hit = cat["event"] >= 0
-    kind = np.where(hit, names["kind"][np.maximum(cat["event"], 0)] if len(names["kind"]) else None, None)
-    label = np.where(hit, names["label"][np.maximum(cat["event"], 0)] if len(names["label"]) else None, None)
-    how = np.where(hit, "query", np.where(cat["thread"] >= 0, "outside", "unprofiled"))
-    con.register("attributed_arrow", pa.table({
-        "unit_id": pa.array(cat["unit_id"], pa.int64()), "file_id": pa.array(cat["file_id"], pa.int32()),
-        "kind": pa.array(kind.tolist(), pa.string()), "label": pa.array(label.tolist(), pa.string()),
-        "attribution": pa.array(how.tolist(), pa.string())}))
-    con.execute("CREATE TABLE attributed AS SELECT * FROM attributed_arrow")
+        parts.append(np.stack([samples["unit_id"][sel], np.full(len(sel), f, np.int64),
+                               np.where(event >= 0, rows[np.maximum(event, 0)], -1), (thread >= 0).astype(np.int64)]))
+    keys = np.concatenate(parts, axis=1) if parts else np.zeros((4, 0), np.int64)
+    con.register("attributed_arrow", pa.table({"unit_id": keys[0], "file_id": keys[1], "row": keys[2], "profiled": keys[3]}))
+    con.execute("""CREATE TABLE attributed AS
+        SELECT a.unit_id, a.file_id::INTEGER AS file_id, e.kind, e.label,
+               CASE WHEN a.row >= 0 THEN 'query' WHEN a.profiled = 1 THEN 'outside' ELSE 'unprofiled' END AS attribution, a.n
+        FROM (SELECT unit_id, file_id, row, profiled, count(*)::BIGINT AS n FROM attributed_arrow GROUP BY ALL) a
+        LEFT JOIN ev_names e ON e.row = a.row""")
     con.unregister("attributed_arrow")
 
     con.execute(f"""COPY (
-        WITH per AS (SELECT a.file_id, m.crate, m.pid, a.kind, a.label, a.attribution, count(*)::BIGINT AS samples
+        WITH per AS (SELECT a.file_id, m.crate, m.pid, a.kind, a.label, a.attribution, sum(a.n)::BIGINT AS samples
                      FROM attributed a JOIN m USING (file_id) GROUP BY ALL),
         rows AS (SELECT 'process' AS scope, file_id, crate, pid, kind, label, attribution, samples,
                         round(100.0 * samples / sum(samples) OVER (PARTITION BY file_id), 3) AS pct FROM per
@@ -110,7 +107,7 @@ def aggregate(ctx) -> dict[str, Any] | None:
         SELECT scope, file_id::INTEGER AS file_id, crate, pid::BIGINT AS pid, kind, label, attribution, samples, pct
         FROM rows ORDER BY scope, file_id NULLS FIRST, samples DESC, label NULLS LAST, kind, attribution
         ) TO {sql_path(ctx.out.table_path(BY_QUERY))} (FORMAT parquet, COMPRESSION zstd)""")
-    weights = "SELECT unit_id, label, count(*)::BIGINT AS samples FROM attributed GROUP BY ALL"
+    weights = "SELECT unit_id, label, sum(n)::BIGINT AS samples FROM attributed GROUP BY ALL"
     con.execute(f"""COPY (SELECT * FROM ({resolve.by_frames(UNITS, weights, ['module', 'function', 'raw_name'],
                                                              ['samples'], 'crate', by=('label',))})
                           ORDER BY label NULLS LAST, self_samples DESC, inclusive_samples DESC, module, function, raw_name)
@@ -118,11 +115,11 @@ def aggregate(ctx) -> dict[str, Any] | None:
     con.execute(f"""COPY (
         SELECT CASE a.attribution WHEN 'query' THEN replace(a.label, ';', ':') WHEN 'outside' THEN '{OUTSIDE["outside"]}'
                     ELSE '{OUTSIDE["unprofiled"]}' END || coalesce(';' || st.folded, '') AS stack,
-               count(*)::BIGINT AS samples
+               sum(a.n)::BIGINT AS samples
         FROM attributed a LEFT JOIN {UNITS}_stacks st USING (unit_id) GROUP BY 1 ORDER BY 1
         ) TO {sql_path(ctx.out.table_path(FOLDED))} (FORMAT parquet, COMPRESSION zstd)""")
-    counts = dict(zip(*np.unique(how, return_counts=True))) if len(how) else {}
-    return {"processes": int(con.execute("SELECT count(*) FROM m").fetchone()[0]), "samples": int(len(how)),
+    counts = dict(con.execute("SELECT attribution, sum(n)::BIGINT FROM attributed GROUP BY 1").fetchall())
+    return {"processes": int(con.execute("SELECT count(*) FROM m").fetchone()[0]), "samples": int(sum(counts.values())),
             "in_queries": int(counts.get("query", 0)), "outside_queries": int(counts.get("outside", 0)),
             "unprofiled_threads": int(counts.get("unprofiled", 0)), "thread_pairs": int(pairs_total)}
 
