@@ -230,13 +230,15 @@ SPEEDSCOPE = Path(__file__).resolve().parents[1] / ".venv" / "speedscope" / "nod
 
 
 def speedscope_titles(files: list[Path], tmp_path: Path) -> dict[str, str | None]:
-    """Open each file in speedscope (the npm package, which ``make test`` installs) in headless Chromium, both
-    served over HTTP on loopback (``#profileURL=``); returns the page title per file name. speedscope titles the
-    page ``<profile name> - speedscope`` once it has imported the file; a file it cannot import raises an alert,
-    which holds the page until ``dump_dom`` times out and fails."""
+    """Open each file in speedscope (the npm package, which ``make test`` installs) in headless Chromium over the
+    DevTools protocol, both served over HTTP on loopback (``#profileURL=``); returns per file name the page title,
+    which speedscope sets to ``<profile name> - speedscope`` once it has imported the file, or ``alert: <message>``
+    when it raised an alert instead (a file it cannot import)."""
     import functools
     import http.server
     import threading
+
+    from tornado.websocket import websocket_connect
 
     if not (SPEEDSCOPE / "index.html").exists():
         pytest.fail(f"speedscope is not installed at {SPEEDSCOPE} (make test installs it with npm)")
@@ -245,6 +247,7 @@ def speedscope_titles(files: list[Path], tmp_path: Path) -> dict[str, str | None
     (root / "speedscope").symlink_to(SPEEDSCOPE, target_is_directory=True)
     for f in files:
         shutil.copyfile(f, root / f.name)
+
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def log_message(self, *args):
             pass
@@ -253,16 +256,40 @@ def speedscope_titles(files: list[Path], tmp_path: Path) -> dict[str, str | None
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
-        titles = {}
+    titles: dict[str, str | None] = {}
+
+    async def scenario(ws_url):
+        cdp = CDP(await websocket_connect(ws_url, max_message_size=1 << 28))
+        await cdp.call("Page.enable")
         for f in files:
-            dom = dump_dom(f"{base}/speedscope/index.html#profileURL={base}/{f.name}", tmp_path / f"profile-{f.name}")
-            m = re.search(r"<title>([^<]*)</title>", dom)
-            titles[f.name] = html.unescape(m.group(1)) if m else None
+            cdp.dialogs.clear()
+            await cdp.call("Page.navigate", url="about:blank")     # (a new document for each file, not a hash change)
+            await cdp.wait_for("location.href === 'about:blank'")
+            await cdp.call("Page.navigate", url=f"{base}/speedscope/index.html#profileURL={base}/{f.name}")
+            loop = asyncio.get_running_loop()
+            end, title = loop.time() + 120, None
+            while loop.time() < end and not cdp.dialogs:
+                title = await cdp.js("document.title")
+                if title and title.endswith(" - speedscope"):
+                    break
+                await asyncio.sleep(0.1)
+            titles[f.name] = f"alert: {cdp.dialogs[0]}" if cdp.dialogs else title
+        cdp.ws.close()
+
+    try:
+        devtools_page(tmp_path, scenario)
         return titles
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_speedscope_import_failures_are_caught(tmp_path):
+    """A file speedscope cannot import is reported with speedscope's own alert, at once."""
+    bad = tmp_path / "broken.json"
+    bad.write_text('{"traceEvents": [{"ph": "X", "ts": "not a number"')
+    title = speedscope_titles([bad], tmp_path)["broken.json"]
+    assert title.startswith("alert: "), title
 
 
 def test_exports_load_in_speedscope(report_run, tmp_path):
@@ -334,6 +361,7 @@ class CDP:
     def __init__(self, ws):
         self.ws, self.next_id = ws, 0
         self.events: list[dict] = []        # the events that came while waiting for answers
+        self.dialogs: list[str] = []        # the messages of alerts the page raised (each dismissed at once)
 
     async def call(self, method: str, **params):
         self.next_id += 1
@@ -342,6 +370,11 @@ class CDP:
             msg = json.loads(await asyncio.wait_for(self.ws.read_message(), 60))
             if "method" in msg:
                 self.events.append(msg)
+                if msg["method"] == "Page.javascriptDialogOpening":       # (an open alert would hold the page)
+                    self.dialogs.append(msg["params"].get("message", ""))
+                    await self.ws.write_message(json.dumps({"id": 10**9 + len(self.dialogs),
+                                                            "method": "Page.handleJavaScriptDialog",
+                                                            "params": {"accept": True}}))
             if msg.get("id") == self.next_id:
                 if "error" in msg:
                     raise RuntimeError(f"{method}: {msg['error']}")
