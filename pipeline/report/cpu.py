@@ -49,9 +49,11 @@ def section(ctx):
     fn_cols = [("module", "module", None), ("function", "function", None), ("self_samples", "self", count),
                ("pct", "self %", pct), ("inclusive_samples", "inclusive", count), ("inclusive_pct", "inclusive %", pct)]
     body = f"""<p><b>{total:,}</b> samples in {len(procs)} processes.
-<a href="flamegraph_cpu.html"><b>Open the flame graph</b></a> (click to zoom, search by regex).</p>
+<a href="flamegraph_cpu.html"><b>Open the flame graph</b></a> (click to zoom, search by regex). A time range dragged on
+its strip or on the process timeline redraws it, with its callers and callees and its top functions (scroll
+inside it); the tables below are for the whole build.</p>
 {w.links()}
-<iframe class="flame" id="cpu-flame" src="flamegraph_cpu.html" title="CPU flame graph" style="width:100%;height:480px;border:1px solid #dde3e8"></iframe>
+<iframe class="flame" id="cpu-flame" src="flamegraph_cpu.html" title="CPU flame graph" style="width:100%;height:640px;border:1px solid #dde3e8"></iframe>
 <h3>Top {min(top_n, len(functions))} functions by self samples</h3>
 {table(functions[:top_n], fn_cols, 'cpu-functions')}
 <h3>Top {min(top_n, len(functions))} functions by inclusive samples</h3>
