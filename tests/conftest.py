@@ -27,3 +27,35 @@ def dask_pool():
 
     with connect(ClusterConfig(mode="local", n_workers=2, memory_limit="3GiB")) as pool:
         yield pool
+
+
+#: Columns that differ between two decodes of the same input by design: how long a self-profile took, and which
+#: part of ``query_events`` holds its rows.
+RUN_SPECIFIC = ("decode_s", "part")
+
+
+def assert_same_tables(a_dir: Path, b_dir: Path) -> int:
+    """Every parquet table (file or dataset directory) of ``a_dir`` equals the one of ``b_dir``: same schema, same
+    rows in one order (the decoder's parts may cut them otherwise), dictionary columns as plain values,
+    ``RUN_SPECIFIC`` columns aside. Returns how many tables were compared."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    def plain(t):
+        t = t.unify_dictionaries().combine_chunks()
+        return pa.table({c: pc.cast(t[c], t.schema.field(c).type.value_type) if pa.types.is_dictionary(t.schema.field(c).type)
+                         else t[c] for c in t.column_names if c not in RUN_SPECIFIC})
+
+    compared = 0
+    names = sorted(p.name for p in Path(a_dir).glob("*.parquet"))
+    assert names == sorted(p.name for p in Path(b_dir).glob("*.parquet")), (a_dir, b_dir)
+    for name in names:
+        a, b = pq.read_table(Path(a_dir) / name), pq.read_table(Path(b_dir) / name)
+        assert a.schema == b.schema, name
+        a, b = plain(a), plain(b)
+        key = [(c, "ascending") for c in a.column_names
+               if not str(a.schema.field(c).type).startswith(("list", "large_list", "struct", "map"))]
+        assert a.sort_by(key).equals(b.sort_by(key)), name
+        compared += 1
+    return compared
