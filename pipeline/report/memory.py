@@ -11,6 +11,7 @@ import html
 
 from pipeline.report.flame import (STATIC, Writer, add_bins, build_tree, count, flame_page, fmt_bytes, fmt_ms, table,
                                    tree_page)
+from pipeline.report.processes import process_name
 from pipeline.runs import read_manifest
 
 AGG = "aggregated"
@@ -127,7 +128,7 @@ def _heap_functions(ctx, w, snaps: list[dict], top_n: int) -> str:
         rows = w.top(AGG, "heap_snapshot_by_function", "inclusive_bytes DESC, module, function",
                      top_n, f"pid = {int(big['pid'])} AND instance = {int(big['instance'])} "
                         f"AND timestamp_ns = {int(big['timestamp_ns'])}")
-        who = " ".join(str(x) for x in (big["image_name"], big["crate"]) if x)
+        who = process_name(big)
         parts.append(f"""<h3>Functions holding the most heap at the largest snapshot ({html.escape(who)}, pid {big['pid']},
 snapshot {big['instance']}, {fmt_bytes(big['bytes'])})</h3>
 {table(rows, [("module", "module", None), ("function", "function", None), ("inclusive_bytes", "bytes (inclusive)", fmt_bytes),
@@ -169,7 +170,7 @@ def _heap_page(ctx) -> str:
         kept[k] = kept.get(k, 0) + 1
         f = names.setdefault(f"{r['module'] or '?'}!{r['function']}", len(names))
         out.append([k, f, int(r["inclusive_bytes"]), int(r["inclusive_blocks"])])
-    data = {"snapshots": [{"label": f"{s['image_name'] or '?'} {s['crate'] or ''} pid {s['pid']} #{s['instance']} at "
+    data = {"snapshots": [{"label": f"{process_name(s)} pid {s['pid']} #{s['instance']} at "
                                     f"{fmt_ms(s['timestamp_ns'])}: {fmt_bytes(s['bytes'])}"} for s in snaps],
             "functions": list(names), "rows": out}
     js = (STATIC / "heap.js").read_text()
@@ -221,7 +222,7 @@ def _commit_chart(ctx, w, width: int = 1000, height: int = 240, processes: int =
     legend = []
     for k, key in enumerate(peaks[:processes]):
         rs = series[key]
-        who = " ".join(str(v) for v in (rs[0]["image_name"], rs[0]["crate"]) if v) + f" (pid {rs[0]['pid']})"
+        who = f"{process_name(rs[0])} (pid {rs[0]['pid']})"
         peak = max(r["peak_bytes"] for r in rs)
         parts.append(line(rs, PALETTE[k % len(PALETTE)], 1.2, f"{who}: peak {fmt_bytes(peak)}"))
         legend.append(f'<span style="color:{PALETTE[k % len(PALETTE)]}">&#9632;</span> {html.escape(who)} '
