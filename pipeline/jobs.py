@@ -80,15 +80,6 @@ def captured_inputs(run_dir: Path) -> list[Path]:
     return found
 
 
-def _input_files(inputs: list[Path]) -> list[Path]:
-    """The files the decode stage reads from ``inputs`` (directories: their self-profiles)."""
-    files = []
-    for path in inputs:
-        path = Path(path)
-        files.extend(sorted(path.rglob("*.mm_profdata")) if path.is_dir() else [path])
-    return files
-
-
 def stale_reason(run_dir: Path, stage: str, config: Config, inputs: list[Path]) -> str | None:
     """Why ``stage`` must run in ``run_dir``; None when its output is up to date."""
     if stage == "compare":
@@ -111,8 +102,11 @@ def stale_reason(run_dir: Path, stage: str, config: Config, inputs: list[Path]) 
     if canonical_hash((manifest.get("config") or {}).get(section)) != canonical_hash(config.resolved()[section]):
         return f"the {section} settings changed"
     if stage == "decode":
+        from pipeline.decode import classify
+
+        trace, profiles = classify(inputs)       # (the files the decode stage reads and fingerprints)
         before = sorted((i["path"], i["size"], i["sha256"]) for i in manifest.get("inputs") or [])
-        now = sorted((f["path"], f["size"], f["sha256"]) for f in map(fingerprint, _input_files(inputs)))
+        now = sorted((f["path"], f["size"], f["sha256"]) for f in map(fingerprint, ([trace] if trace else []) + profiles))
         if before != now:
             return "the inputs changed"
     return None

@@ -44,9 +44,7 @@ def aggregate(ctx) -> dict[str, Any] | None:
         return None
     con = resolve.connect(ctx, "samples", "stacks", "processes", "images")
     # (one row per unit and time bin with its samples, n: no query here needs the samples one by one)
-    lo, width = con.execute("SELECT min(timestamp_ns), greatest(max(timestamp_ns)::HUGEINT - min(timestamp_ns), 1) "
-                            "FROM samples").fetchone()
-    bin_sql = f"least({CPU_BINS - 1}, (s.timestamp_ns - {int(lo or 0)})::HUGEINT * {CPU_BINS} // {int(width or 1)})::INTEGER"
+    bin_sql, bins = resolve.time_bins(con, "samples", "s.timestamp_ns", CPU_BINS)
     resolve.assign_units(con, ctx, "(SELECT pid, stack_id, ip, timestamp_ns FROM samples)", UNITS, per_row=False,
                          bin_sql=bin_sql)
     weights = f"SELECT unit_id, n AS samples FROM {UNITS}"
@@ -71,7 +69,7 @@ def aggregate(ctx) -> dict[str, Any] | None:
         SELECT {PROCESS_FRAME_SQL} || coalesce(';' || st.folded, '') AS stack, sum(n)::BIGINT AS samples
         FROM per s LEFT JOIN procs p USING (process_key) LEFT JOIN {UNITS}_stacks st USING (unit_id)
         GROUP BY 1""", "stack")
-    _over_time(ctx, con, int(lo or 0), int(width or 1))
+    _over_time(ctx, con, bins["t0_ns"], bins["span_ns"])
     write(FOLDED_OVER_TIME, f"""
         SELECT s.bin, {PROCESS_FRAME_SQL} || coalesce(';' || st.folded, '') AS stack, sum(s.n)::BIGINT AS samples
         FROM {UNITS} s LEFT JOIN procs p USING (process_key) LEFT JOIN {UNITS}_stacks st USING (unit_id)
@@ -84,7 +82,7 @@ def aggregate(ctx) -> dict[str, Any] | None:
             "processes": int(con.execute(f"SELECT count(DISTINCT process_key) FROM {UNITS}").fetchone()[0]),
             "units": int(con.execute(f"SELECT count(*) FROM {UNITS}_units").fetchone()[0]),
             "symbolized": resolve.has_frames(ctx),
-            "time_bins": {"count": CPU_BINS, "t0_ns": int(lo or 0), "span_ns": int(width or 1)}}
+            "time_bins": bins}
 
 
 def _over_time(ctx, con, lo: int, width: int) -> None:

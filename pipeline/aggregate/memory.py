@@ -115,11 +115,9 @@ def _commit(ctx) -> dict[str, Any]:
                sum(c.size)::BIGINT AS commit_bytes, sum(c.size - c.returned_bytes)::BIGINT AS outstanding_bytes
         FROM cm c LEFT JOIN procs p USING (process_key) LEFT JOIN cm_stacks st USING (unit_id) GROUP BY 1""", "stack")
     # The same by time bin of the commit (what the flame graph of a picked range is drawn from).
-    lo, width = con.execute("SELECT min(timestamp_ns), greatest(max(timestamp_ns)::HUGEINT - min(timestamp_ns), 1) "
-                            "FROM cm").fetchone()
-    lo, width = int(lo or 0), int(width or 1)
+    bin_sql, commit_bins = resolve.time_bins(con, "cm", "c.timestamp_ns", COMMIT_BINS)
     _copy(ctx, con, COMMIT_FOLDED_OVER_TIME, f"""
-        SELECT least({COMMIT_BINS - 1}, (c.timestamp_ns - {lo})::HUGEINT * {COMMIT_BINS} // {width})::INTEGER AS bin,
+        SELECT {bin_sql} AS bin,
                {PROCESS_FRAME_SQL} || coalesce(';' || st.folded, '') AS stack, sum(c.size)::BIGINT AS commit_bytes
         FROM cm c LEFT JOIN procs p USING (process_key) LEFT JOIN cm_stacks st USING (unit_id) GROUP BY 1, 2""", "bin, stack")
     con.execute("""
@@ -197,7 +195,7 @@ def _commit(ctx) -> dict[str, Any]:
             "commit_bytes": int(total), "returned_bytes": int(returned), "outstanding_bytes": int(total - returned),
             "peak_commit_bytes": int(peak), "peak_ns": None if peak_ns is None else int(peak_ns),
             "commit_frames_unresolved": _unresolved(con, "cm"),
-            "commit_time_bins": {"count": COMMIT_BINS, "t0_ns": lo, "span_ns": width}}
+            "commit_time_bins": commit_bins}
 
 
 def _unresolved(con, name: str) -> int:

@@ -294,6 +294,15 @@ def join_etl(profiles: list[dict], etl: list[dict], tolerance_ns: int) -> list[d
     return out
 
 
+def trace_start_unix_ns(ctx, con) -> int | None:
+    """The ETL trace's start (its header's FILETIME) in ns since the Unix epoch: what makes the trace's times, ns
+    since its start, comparable with a self-profile's ``start_time``. None without a trace or a start time."""
+    if not ctx.has(ETL_TRACE):
+        return None
+    ft = con.execute("SELECT start_filetime FROM read_parquet($1)", [parquet_glob(ctx.source(ETL_TRACE))]).fetchall()
+    return (int(ft[0][0]) - FILETIME_UNIX_EPOCH) * 100 if ft and ft[0][0] else None
+
+
 def _processes(ctx, con):
     import pyarrow as pa
 
@@ -306,10 +315,7 @@ def _processes(ctx, con):
     etl: list[dict] = []
     if ctx.has(ETL_PROCESSES):
         # ETL times are ns since the trace start; the trace table's start FILETIME makes them absolute.
-        base = 0
-        if ctx.has(ETL_TRACE):
-            ft = con.execute("select start_filetime from read_parquet($1)", [parquet_glob(ctx.source(ETL_TRACE))]).fetchall()
-            base = (int(ft[0][0]) - FILETIME_UNIX_EPOCH) * 100 if ft and ft[0][0] else 0
+        base = trace_start_unix_ns(ctx, con) or 0
         etl = con.sql(f"select pid, parent_pid, image_name, command_line, {CMD_CRATE_SQL} as crate, "
                       f"start_ns + {int(base)} as start_ns, "
                       f"end_ns + {int(base)} as end_ns "

@@ -46,13 +46,12 @@ def aggregate(ctx) -> dict[str, Any] | None:
     import pyarrow as pa
 
     matches = ctx.out.table_path(queries.PROCESSES)
-    if not (ctx.has("samples") and ctx.has(queries.EVENTS) and ctx.has(queries.ETL_TRACE) and matches.exists()):
+    if not (ctx.has("samples") and ctx.has(queries.EVENTS) and matches.exists()):
         return None
     con = resolve.connect(ctx, "samples", "stacks", "processes", "images")
-    ft = con.execute("SELECT start_filetime FROM read_parquet($1)", [parquet_glob(ctx.source(queries.ETL_TRACE))]).fetchone()
-    if not ft or not ft[0]:
+    base = queries.trace_start_unix_ns(ctx, con)
+    if base is None:
         return None
-    base = (int(ft[0]) - queries.FILETIME_UNIX_EPOCH) * 100
     con.execute(f"CREATE VIEW sp AS SELECT * FROM read_parquet({sql_path(matches)}) WHERE etl_pid IS NOT NULL")
     con.execute(f"""CREATE TABLE m AS
         SELECT sp.file_id, sp.crate, sp.etl_pid AS pid, sp.start_time_ns, p.process_key

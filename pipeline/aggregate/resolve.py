@@ -145,6 +145,17 @@ def current_at(table: str, start: str, alias: str, by_hash: bool, left: bool = F
        AND ({alias}.next_start IS NULL OR s.timestamp_ns < {alias}.next_start)"""
 
 
+def time_bins(con, rows: str, column: str, bins: int) -> tuple[str, dict[str, int]]:
+    """``bins`` equal time bins across the span of ``rows``' ``timestamp_ns``: the SQL of the bin of ``column``, and
+    where they lie (``count``, ``t0_ns``, ``span_ns``: bin k starts at t0_ns + k * span_ns / count), as the
+    manifest stores it for the report."""
+    lo, width = con.execute("SELECT min(timestamp_ns), greatest(max(timestamp_ns)::HUGEINT - min(timestamp_ns), 1) "
+                            f"FROM {rows}").fetchone()
+    lo, width = int(lo or 0), int(width or 1)
+    return (f"least({bins - 1}, ({column} - {lo})::HUGEINT * {bins} // {width})::INTEGER",
+            {"count": bins, "t0_ns": lo, "span_ns": width})
+
+
 def assign_units(con, ctx, source: str, name: str, per_row: bool = True, bin_sql: str | None = None) -> None:
     """``{name}``: rows of ``source`` (pid, stack_id, ip, timestamp_ns, ...) plus process_key and unit_id;
     ``{name}_units``: one row per unit (unit_id, pid, stack_id, ip, t).
@@ -160,13 +171,13 @@ def assign_units(con, ctx, source: str, name: str, per_row: bool = True, bin_sql
     con.execute(BOUNDS_SQL)
     rows = f"(SELECT * EXCLUDE (pid), coalesce(pid::BIGINT, -1) AS pid FROM {source})"
     epoch_join = current_at("bounds", "t", "e", epoch_probes(con, rows) <= RANGE_JOIN_MAX_BOUNDS, left=True)
-    unit_id = "(row_number() OVER (ORDER BY pid, stack_id NULLS FIRST, ip NULLS FIRST, epoch) - 1)::BIGINT AS unit_id"
+    # (dense_rank: the rows of one unit, in several time bins, share its id)
+    unit_id = "(dense_rank() OVER (ORDER BY pid, stack_id NULLS FIRST, ip NULLS FIRST, epoch) - 1)::BIGINT AS unit_id"
     if not per_row:
         # (an epoch has one process instance, so the process_key splits no unit)
-        unit_rank = "(dense_rank() OVER (ORDER BY pid, stack_id NULLS FIRST, ip NULLS FIRST, epoch) - 1)::BIGINT AS unit_id"
         con.execute(f"""
             CREATE TABLE {name} AS
-            SELECT {unit_rank if bin_sql else unit_id}, * FROM (
+            SELECT {unit_id}, * FROM (
                 SELECT s.pid, s.stack_id, s.ip, coalesce(e.epoch, 0) AS epoch, e.process_key,
                        {f"{bin_sql} AS bin," if bin_sql else ""}
                        min(s.timestamp_ns) AS t, count(*)::BIGINT AS n

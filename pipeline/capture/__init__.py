@@ -189,9 +189,10 @@ def run(run_dir: Path, config, pool=None, inputs: list[str] | None = None, event
     if not inputs:
         raise InputError("capture: no build command given (bootprof capture --self-profile -- cargo build)")
     if not self_profile and etw_tool is None:
-        raise InputError("capture: say what to record: --self-profile, --wpr or --xperf (or both kinds)")
-    if heap_period_s is not None and etw_tool != "wpr":
-        raise InputError("capture: --heap-snapshots needs --wpr (heap snapshots are a WPR feature)")
+        raise InputError("capture: say what to record: --self-profile (works anywhere), --wpr or --xperf "
+                         "(Windows), or --self-profile with one of them")
+    if (profiles or heap_period_s is not None) and etw_tool != "wpr":
+        raise InputError("capture: --profile and --heap-snapshots go with --wpr")
     run_dir = Path(run_dir).resolve()
     cwd = Path(cwd or os.getcwd()).resolve()
     base_env = dict(os.environ)

@@ -41,13 +41,7 @@ def add_arguments(p) -> None:
 
 def main(args, config) -> int:
     from pipeline import capture
-    from pipeline.errors import BootprofError
 
-    if not args.self_profile and not args.etw:
-        raise BootprofError("capture: say what to record: --self-profile (works anywhere), --wpr or --xperf "
-                            "(Windows), or --self-profile with one of them")
-    if (args.profile or args.heap_snapshots) and args.etw != "wpr":
-        raise BootprofError("capture: --profile and --heap-snapshots go with --wpr")
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     run_dir = args.run_dir or Path("runs") / f"capture-{time.strftime('%Y%m%d-%H%M%S')}"
     summary = capture.run(run_dir, config, None, inputs=command, events=args.events, self_profile=args.self_profile,

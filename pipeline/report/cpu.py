@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from pipeline.report.flame import Writer, add_bins, build_tree, count, flame_page, pct, speedscope, table
+from pipeline.report.flame import Writer, binned_tree, count, flame_page, pct, speedscope, table
 from pipeline.runs import read_manifest
 
 AGG = "aggregated"
@@ -27,11 +27,8 @@ def section(ctx):
     if total == 0:
         return None     # (a trace recorded without CPU samples: the coverage section says how to record them)
     w = Writer(ctx)
-    tree = build_tree(folded)
-    bins = read_manifest(ctx.run_dir, AGG)["sections"]["cpu"].get("time_bins")
-    if bins and ctx.has(AGG, "cpu_folded_over_time"):
-        rows = ctx.read(AGG, "cpu_folded_over_time", ["bin", "stack", "samples"]).to_pydict()
-        add_bins(tree, zip(rows["bin"], rows["stack"], rows["samples"]), bins["count"], bins["t0_ns"], bins["span_ns"])
+    tree = binned_tree(ctx, folded, "cpu_folded_over_time", "samples",
+                       read_manifest(ctx.run_dir, AGG)["sections"]["cpu"].get("time_bins"))
     w.text("flamegraph_cpu.html", flame_page("CPU samples", folded, "samples",
                                              "Root frames are programs (rustc with the crate it compiles).", tree=tree))
     w.text("cpu_folded.txt", "".join(f"{s} {v}\n" for s, v in folded))

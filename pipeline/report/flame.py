@@ -127,6 +127,16 @@ def diff_tree(baseline: Iterable[tuple[str, int]], run: Iterable[tuple[str, int]
     return tree
 
 
+def binned_tree(ctx, stacks: list[tuple[str, int]], table: str, measure: str, bins: dict | None) -> dict[str, list]:
+    """``build_tree(stacks)`` with each node's value per time bin (``add_bins``) from the aggregated ``table`` (bin,
+    stack, ``measure``), when the aggregate stage gave the bins' placement (``bins``: count, t0_ns, span_ns)."""
+    tree = build_tree(stacks)
+    if bins and ctx.has("aggregated", table):
+        rows = ctx.read("aggregated", table, ["bin", "stack", measure]).to_pydict()
+        add_bins(tree, zip(rows["bin"], rows["stack"], rows[measure]), bins["count"], bins["t0_ns"], bins["span_ns"])
+    return tree
+
+
 #: The time strip of a flame graph whose nodes have time bins (``add_bins``): drag on it to draw the graph of that
 #: range only.
 RANGE_HTML = """<div id="flame-range-box"><svg id="flame-range" xmlns="http://www.w3.org/2000/svg" height="44"></svg>

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import html
 
-from pipeline.report.flame import (STATIC, Writer, add_bins, build_tree, count, flame_page, fmt_bytes, fmt_ms, table,
-                                   tree_page)
+from pipeline.report.flame import STATIC, Writer, binned_tree, count, flame_page, fmt_bytes, fmt_ms, table, tree_page
 from pipeline.report.processes import process_name
 from pipeline.runs import read_manifest
 
@@ -32,12 +31,8 @@ def section(ctx):
     parts, summary = [], {}
     if has_commit:
         folded = [(r["stack"], r["commit_bytes"]) for r in ctx.read(AGG, "commit_folded").to_pylist()]
-        tree = build_tree(folded)
-        bins = read_manifest(ctx.run_dir, AGG)["sections"].get("memory", {}).get("commit_time_bins")
-        if bins and ctx.has(AGG, "commit_folded_over_time"):
-            rows = ctx.read(AGG, "commit_folded_over_time", ["bin", "stack", "commit_bytes"]).to_pydict()
-            add_bins(tree, zip(rows["bin"], rows["stack"], rows["commit_bytes"]), bins["count"], bins["t0_ns"],
-                     bins["span_ns"])
+        tree = binned_tree(ctx, folded, "commit_folded_over_time", "commit_bytes",
+                           read_manifest(ctx.run_dir, AGG)["sections"].get("memory", {}).get("commit_time_bins"))
         w.text("flamegraph_commit.html", flame_page("VirtualAlloc commit", folded, "bytes",
                                                     "Width: bytes committed by each stack (over the whole trace, or "
                                                     "by the commits of the range picked on the strip).", tree=tree))

@@ -168,9 +168,7 @@
     for (let i = 1; i < N; i++) {
       if (data.n[i] !== fn || hidden(i)) continue;
       self += data.s[i];
-      let outer = true;
-      for (let p = parent[i]; p > 0; p = parent[p]) if (data.n[p] === fn) { outer = false; break; }
-      if (!outer) continue;
+      if (!outermost(i)) continue;
       sites++;
       incl += data.w[i];
       if (data.w[i] > data.w[largest]) largest = i;
@@ -249,9 +247,7 @@
       if (data.d[i] < 2 || !data.w[i] || hidden(i)) continue;
       const n = data.n[i];
       self.set(n, (self.get(n) || 0) + data.s[i]);
-      let outer = true;
-      for (let p = parent[i]; p > 0; p = parent[p]) if (data.n[p] === n) { outer = false; break; }
-      if (outer) incl.set(n, (incl.get(n) || 0) + data.w[i]);
+      if (outermost(i)) incl.set(n, (incl.get(n) || 0) + data.w[i]);
     }
     const all = W(0) || 1;
     const rows = [...self.entries()].filter((e) => e[1] > 0)
@@ -263,12 +259,20 @@
       "</table>";
     topBox.dataset.first = rows.length ? data.names[rows[0][0]] + "=" + rows[0][1] : "";
   }
-  if (topBox) topBox.addEventListener("click", function (ev) {
+  // A function's frame that no frame of the same function holds (a recursive one counts once per stack).
+  function outermost(i) {
+    for (let p = parent[i]; p > 0; p = parent[p]) if (data.n[p] === data.n[i]) return false;
+    return true;
+  }
+
+  // A click on a table row of a function (callers/callees, top functions): zoom to its largest frame.
+  function goToRow(ev) {
     const tr = ev.target.closest("tr[data-n]");
     if (!tr) return;
     const i = largestOf(parseInt(tr.dataset.n, 10));
     if (i > 0) { zoom = i; setHash(); render(); window.scrollTo(0, 0); }
-  });
+  }
+  if (topBox) topBox.addEventListener("click", goToRow);
 
   function largestOf(fn) {
     let best = -1;
@@ -320,12 +324,7 @@
       `${fmt(data.b[i])}, change ${((data.b[i] - data.a[i]) / 10000).toFixed(2)} points`
       : `${data.names[data.n[i]]}: ${fmt(data.w[i])} (${(100 * data.w[i] / total).toFixed(2)}%), self ${fmt(data.s[i])}`;
   });
-  if (panel) panel.addEventListener("click", function (ev) {
-    const tr = ev.target.closest("tr[data-n]");
-    if (!tr) return;
-    const i = largestOf(parseInt(tr.dataset.n, 10));
-    if (i > 0) { zoom = i; setHash(); render(); window.scrollTo(0, 0); }
-  });
+  if (panel) panel.addEventListener("click", goToRow);
   input.addEventListener("input", function () {
     try { pattern = input.value ? new RegExp(input.value) : null; input.classList.remove("bad"); }
     catch (e) { input.classList.add("bad"); return; }

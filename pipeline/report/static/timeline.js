@@ -19,15 +19,11 @@
   const folded = new Set();
   let view = [T0, T1];
 
-  const kids = new Map();
-  for (const g of rows) {
-    const p = g.dataset.parent;
-    if (p !== "") { if (!kids.has(p)) kids.set(p, []); kids.get(p).push(g); }
-  }
+  const byKey = new Map(rows.map((g) => [g.dataset.key, g]));
   function hiddenBy(g) {                     // a folded ancestor hides the row
     for (let p = g.dataset.parent; p !== ""; ) {
       if (folded.has(p)) return true;
-      const up = svg.querySelector(`g.proc[data-key="${p}"]`);
+      const up = byKey.get(p);
       p = up ? up.dataset.parent : "";
     }
     return false;
