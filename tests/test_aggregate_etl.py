@@ -380,6 +380,15 @@ def test_stacks_by_time_bin(aggregated_run):
             assert 0 <= r["bin"] < bins
             per[r["stack"]] += r[measure]
         assert dict(per) == {r["stack"]: r[measure] for r in rows(run, whole) if r[measure]}, binned
+    for binned, whole, key in (("cpu_functions_over_time", "cpu_by_function", ("module", "function", "raw_name")),
+                               ("cpu_modules_over_time", "cpu_by_module", ("module",))):
+        per = defaultdict(lambda: [0, 0])
+        for r in rows(run, binned):
+            assert 0 <= r["bin"] < 500 and (r["self_samples"] or r["inclusive_samples"])
+            per[tuple(r[c] for c in key)][0] += r["self_samples"]
+            per[tuple(r[c] for c in key)][1] += r["inclusive_samples"]
+        assert dict(per) == {tuple(r[c] for c in key): [r["self_samples"], r["inclusive_samples"]]
+                             for r in rows(run, whole)}, binned
     sections = read_manifest(run, "aggregated")["sections"]
     tb = sections["cpu"]["time_bins"]
     procs = {r["process_key"]: r for r in rows(run, "cpu_by_process")}

@@ -61,6 +61,25 @@ def test_build_scope_sums_the_processes(both):
     assert abs(sum(r["pct"] for r in rows if r["scope"] == "build") - 100) < 0.1
 
 
+
+def test_time_bins_split_the_build_rows(both):
+    """cpu_by_query_over_time: per query the bins add up to its build row, and per bin the samples are those
+    that cpu_over_time counts for the rustc processes (each has a self-profile here) in the same bin."""
+    run, _, _ = both
+    build = {(r["kind"], r["label"], r["attribution"]): r["samples"]
+             for r in read_table(run, "aggregated", "cpu_by_query").to_pylist() if r["scope"] == "build"}
+    per, per_bin = Counter(), Counter()
+    for r in read_table(run, "aggregated", "cpu_by_query_over_time").to_pylist():
+        per[(r["kind"], r["label"], r["attribution"])] += r["samples"]
+        per_bin[r["bin"]] += r["samples"]
+    assert dict(per) == build
+    rustc = Counter()
+    for r in read_table(run, "aggregated", "cpu_over_time").to_pylist():
+        if r["image_name"] == "rustc.exe":
+            rustc[r["bin"]] += r["samples"]
+    assert per_bin == rustc and len(rustc) > 100
+
+
 def test_leaf_functions_per_query_equal_truth(both):
     run, truth, _ = both
     got = {(r["label"], f"{r['module']}!{r['raw_name'] or r['function']}"): r["self_samples"]
@@ -78,3 +97,26 @@ def test_innermost_interval():
     parent = np.array([-1, 0, 1, 0, 3, -1])
     t = np.array([-5, 0, 15, 25, 30, 35, 40, 50, 60, 95, 100, 150, 250, 301])
     assert innermost(t, starts, ends, parent).tolist() == [-1, 0, 1, 2, 2, 1, 3, 3, 4, 0, 0, -1, 5, -1]
+
+
+def test_report_queries_follow_a_time_range(both, tmp_path, dask_pool):
+    """The report's queries-by-CPU table in a range picked on the timeline: the queries with samples in it, ranked
+    and counted as cpu_by_query_over_time says, their percents of the range's attributed samples."""
+    from pipeline import report
+    from tests.test_report_etl import index_in_range, ranked
+
+    run, _, _ = both
+    if not (run / "report").exists():
+        report.run(run, etl_config(run.parent / "input" / "trace.etl", run.parent), dask_pool)
+    body, (b0, b1, _, _) = index_in_range(run, ["query-cpu"], tmp_path, bins=(40, 62))
+    got = Counter()
+    for r in read_table(run, "aggregated", "cpu_by_query_over_time").to_pylist():
+        if b0 <= r["bin"] < b1:
+            got[(r["kind"], r["label"], r["attribution"])] += r["samples"]
+    build = [r for r in read_table(run, "aggregated", "cpu_by_query").to_pylist() if r["scope"] == "build"]
+    key = lambda r: (r["kind"], r["label"], r["attribution"])  # noqa: E731
+    want = ranked(build, lambda r: got[key(r)], lambda r: got[key(r)] > 0)
+    whole = sum(got.values())
+    assert [line.split("~")[1:] for line in body["query-cpu"].splitlines()] == [
+        [r["kind"] or "", f"{got[key(r)]:,}", f"{100 * got[key(r)] / whole:.2f}%"] for r in want]
+    assert len(want) > 3 and body["query-cpu-whole"] == body["query-cpu-before"] != body["query-cpu"]

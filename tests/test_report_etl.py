@@ -429,6 +429,20 @@ def test_heap_snapshots_pick_and_compare_in_chromium(report_run, tmp_path):
     assert body["compared"] == "0-1"
 
 
+def test_heap_snapshots_of_a_picked_range(report_run, tmp_path):
+    """heap_snapshots.html#t=<ns>-<ns> (the link of a report with a picked range) offers the snapshots taken in it."""
+    snaps = sorted((s for s in read_table(report_run, "aggregated", "heap_snapshots_summary").to_pylist()
+                    if s["status"] == "ok" and s["blocks"]), key=lambda s: (s["pid"], s["timestamp_ns"], s["instance"]))
+    times = sorted(s["timestamp_ns"] for s in snaps)
+    a, b = times[len(times) // 4], times[len(times) // 2]
+    dom = dump_dom((report_run / "report" / "heap_snapshots.html").as_uri() + f"#t={a}-{b}", tmp_path / "chrome")
+    picker = re.search(r'<select id="heap-a">(.*?)</select>', dom, re.S).group(1)
+    want = [s for s in snaps if a <= s["timestamp_ns"] <= b]
+    assert len(re.findall(r"<option", picker)) == len(want) and 0 < len(want) < len(snaps)
+    assert f"{len(want)} of {len(snaps)} snapshots were taken in" in dom
+    assert 'data-compared="' in dom and 'data-compared=""' not in dom
+
+
 def test_etl_chrome_trace_against_truth(report_run):
     """``processes.chrome_trace.json``: every process instance of the synthesized build with its lifetime to the
     nanosecond, its threads, and a CPU counter whose bins add up to its samples in the truth; intervals nest."""
@@ -644,3 +658,126 @@ def test_every_etl_report_page_loads_without_errors(report_run, tmp_path):
             "process_tree.html"} <= set(found)
     assert {name: errors for name, errors in found.items() if errors} == {}
     assert all((ARTIFACTS / "report-etl" / f"{n[:-5]}.png").stat().st_size > 1000 for n in found)
+
+
+#: Picks a range of the build on index.html (as the timeline does) and keeps, per table class, the rows shown before,
+#: in the range and after "whole build" (cells joined by "~", rows by newlines), and the range's notes (``drive``
+#: returns them as CLASS, CLASS-before, CLASS-note and CLASS-whole).
+INDEX_RANGE = """<script>
+window.addEventListener("load", function () {
+  const out = document.body.dataset, classes = %(classes)s;
+  const key = (c) => c.replace(/-(.)/g, (_, x) => x.toUpperCase());
+  const rows = (cls) => [...document.querySelectorAll("table." + cls + " tbody tr")].filter((r) => r.style.display !== "none")
+                        .map((r) => [...r.cells].map((c) => c.textContent).join("~")).join("\\n");
+  for (const c of classes) out[key(c) + "Before"] = rows(c);
+  window.dispatchEvent(new CustomEvent("bootprof:range", {detail: [%(a)d, %(b)d]}));
+  for (const c of classes) {
+    out[key(c)] = rows(c);
+    out[key(c) + "Note"] = document.querySelector(`p.range-note[data-for="${c}"]`).textContent;
+  }
+  const bar = () => document.querySelector("#range-bar button").hidden + "|" + location.hash + "|" + document.querySelector("#range-bar").textContent;
+  out.bar = bar();
+  out.links = [...document.querySelectorAll("a[data-range], iframe.flame")].map((e) => e.getAttribute("href") || e.getAttribute("src")).join(" ");
+  document.querySelector("#range-bar button").click();
+  for (const c of classes) out[key(c) + "Whole"] = rows(c);
+  out.barWhole = bar();
+});
+</script></body>"""
+
+
+def index_in_range(run, classes: list[str], tmp_path, bins: tuple[int, int] = (30, 55)) -> tuple[dict, tuple]:
+    """Drive INDEX_RANGE on the report of ``run`` with a range inside the index tables' bins ``bins`` (of 100):
+    (what the page showed, (the range's first and end bin of the aggregate's 500, its ns))."""
+    from pipeline.runs import read_manifest
+
+    tb = read_manifest(run, "aggregated")["sections"]["cpu"]["time_bins"]
+    a = tb["t0_ns"] + tb["span_ns"] * (bins[0] + 0.5) / 100
+    b = tb["t0_ns"] + tb["span_ns"] * (bins[1] - 0.5) / 100
+    body = drive(run / "report" / "index.html", INDEX_RANGE % {"classes": json.dumps(classes), "a": a, "b": b}, tmp_path)
+    return body, (bins[0] * 5, bins[1] * 5, int(a), int(b))
+
+
+def ranked(rows: list[dict], value, keep=lambda r: True, limit: int = 50) -> list[dict]:
+    """What a following table shows in a range: the rows kept, largest ``value`` first (ties: the written order)."""
+    kept = [(i, r) for i, r in enumerate(rows) if keep(r)]
+    return [r for _, r in sorted(kept, key=lambda p: (-value(p[1]), p[0]))][:limit]
+
+
+def test_index_tables_follow_a_time_range(report_run, tmp_path):
+    """A range picked on the process timeline recounts the CPU, process and memory tables of index.html from the
+    time bins of the aggregate stage: per table the rows, their order and their numbers equal those computed here
+    from cpu_over_time, cpu_functions_over_time and the lifetimes; "whole build" puts every table back."""
+    from collections import defaultdict
+
+    from pipeline.report.processes import tree_order
+
+    classes = ["cpu-functions", "cpu-inclusive", "cpu-processes", "cpu-crates", "cpu-modules", "proc-top",
+               "build-processes", "commit-processes", "heap-snapshots"]
+    body, (b0, b1, a, b) = index_in_range(report_run, classes, tmp_path)
+    inside = lambda bin_: b0 <= bin_ < b1  # noqa: E731
+    alive = lambda r: (r["start_ns"] is None or r["start_ns"] <= b) and (r["end_ns"] is None or r["end_ns"] >= a)  # noqa: E731
+    shown = lambda c: [line.split("~") for line in body[c].splitlines()]  # noqa: E731
+
+    per_proc = defaultdict(int)
+    for r in read_table(report_run, "aggregated", "cpu_over_time").to_pylist():
+        if inside(r["bin"]):
+            per_proc[r["process_key"]] += r["samples"]
+    everything = sum(per_proc.values())
+    procs = read_table(report_run, "aggregated", "cpu_by_process").to_pylist()
+    want = ranked(procs, lambda r: per_proc[r["process_key"]], lambda r: per_proc[r["process_key"]] > 0)
+    assert [(c[0], c[3], c[4]) for c in shown("cpu-processes")] == [
+        (str(r["pid"]), f"{per_proc[r['process_key']]:,}", f"{100 * per_proc[r['process_key']] / everything:.2f}%") for r in want]
+    assert 10 < len(want) < len(procs)
+
+    fn_self, fn_incl = defaultdict(int), defaultdict(int)
+    for r in read_table(report_run, "aggregated", "cpu_functions_over_time").to_pylist():
+        if inside(r["bin"]):
+            fn_self[(r["module"], r["function"], r["raw_name"])] += r["self_samples"]
+            fn_incl[(r["module"], r["function"], r["raw_name"])] += r["inclusive_samples"]
+    functions = read_table(report_run, "aggregated", "cpu_by_function").to_pylist()
+    k = lambda r: (r["module"], r["function"], r["raw_name"])  # noqa: E731
+    for cls, value, order in (("cpu-functions", fn_self, functions),
+                              ("cpu-inclusive", fn_incl, sorted(functions, key=lambda r: (-r["inclusive_samples"], r["module"] or "", r["function"])))):
+        want = ranked(order, lambda r: value[k(r)], lambda r: fn_self[k(r)] or fn_incl[k(r)])
+        assert [(c[1], c[2], c[4]) for c in shown(cls)] == [(r["function"], f"{fn_self[k(r)]:,}", f"{fn_incl[k(r)]:,}") for r in want], cls
+    assert sum(fn_self.values()) == everything
+
+    crates = defaultdict(lambda: [0, 0])
+    for r in procs:
+        if r["crate"] is not None and per_proc[r["process_key"]]:
+            crates[r["crate"]][0] += 1
+            crates[r["crate"]][1] += per_proc[r["process_key"]]
+    want = ranked(read_table(report_run, "aggregated", "cpu_by_crate").to_pylist(), lambda r: crates[r["crate"]][1],
+                  lambda r: crates[r["crate"]][1] > 0)
+    assert [c[:3] for c in shown("cpu-crates")] == [[r["crate"], str(crates[r["crate"]][0]), f"{crates[r['crate']][1]:,}"] for r in want]
+
+    tree = read_table(report_run, "aggregated", "process_tree").to_pylist()
+    kids = defaultdict(list)
+    for r in tree:
+        kids[r["parent_key"]].append(r["process_key"])
+    subtree = {}
+    for r, _ in reversed(tree_order(tree)):
+        subtree[r["process_key"]] = per_proc[r["process_key"]] + sum(subtree[c] for c in kids[r["process_key"]])
+    want = ranked(sorted(tree, key=lambda r: -(r["samples"] or 0)), lambda r: per_proc[r["process_key"]], alive)
+    assert [(c[0], c[4], c[5]) for c in shown("proc-top")] == [
+        (str(r["pid"]), f"{per_proc[r['process_key']]:,}", f"{subtree[r['process_key']]:,}") for r in want]
+    rustc = [r for r in tree if r["crate"]]
+    assert sorted(c[7] for c in shown("build-processes")) == sorted(str(r["pid"]) for r in rustc if alive(r))
+    assert len(shown("build-processes")) < len(rustc)
+
+    snaps = read_table(report_run, "aggregated", "heap_snapshots_summary").to_pylist()
+    assert [(c[0], c[3]) for c in shown("heap-snapshots")] == [
+        (str(r["pid"]), str(r["instance"])) for r in snaps if a <= r["timestamp_ns"] <= b][:50]
+    lifetimes = {r["process_key"]: r for r in tree}
+    commit = read_table(report_run, "aggregated", "commit_by_process").to_pylist()
+    assert [c[0] for c in shown("commit-processes")] == [
+        str(r["pid"]) for r in commit if alive(lifetimes[r["process_key"]])][:50]
+
+    assert "(whole bins of" in body["cpu-functions-note"] and "whole life" in body["heap-snapshots-note"]
+    assert body["bar"].startswith(f"false|#t={a}-{b}|Showing {a / 1e9:.2f} s to {b / 1e9:.2f} s of the trace")
+    assert body["bar-whole"].startswith("true||The whole build. Drag across the process timeline")
+    assert body["links"] == " ".join(f"{page}#t={a}-{b}" for page in (
+        "flamegraph_cpu.html", "flamegraph_cpu.html", "flamegraph_commit.html", "heap_snapshots.html"))
+    for c in classes:
+        assert body[c + "-whole"] == body[c + "-before"], c
+    assert len(shown("cpu-functions")) == 50 or len(functions) < 50

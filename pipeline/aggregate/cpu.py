@@ -30,6 +30,8 @@ BY_CODE_CRATE = "cpu_by_code_crate"
 FOLDED = "cpu_folded"
 OVER_TIME = "cpu_over_time"
 FOLDED_OVER_TIME = "cpu_folded_over_time"
+FUNCTIONS_OVER_TIME = "cpu_functions_over_time"
+MODULES_OVER_TIME = "cpu_modules_over_time"
 #: Time bins of cpu_over_time across the span of the samples (one width for every process).
 CPU_BINS = 500
 
@@ -74,6 +76,10 @@ def aggregate(ctx) -> dict[str, Any] | None:
         SELECT s.bin, {PROCESS_FRAME_SQL} || coalesce(';' || st.folded, '') AS stack, sum(s.n)::BIGINT AS samples
         FROM {UNITS} s LEFT JOIN procs p USING (process_key) LEFT JOIN {UNITS}_stacks st USING (unit_id)
         GROUP BY ALL""", "bin, stack")
+    binned = f"SELECT unit_id, bin, n AS samples FROM {UNITS}"
+    write(FUNCTIONS_OVER_TIME, resolve.by_frames(UNITS, binned, ["module", "function", "raw_name"], ["samples"],
+                                                 by=("bin",)), "bin, module, function, raw_name", with_pct=False)
+    write(MODULES_OVER_TIME, resolve.by_frames(UNITS, binned, ["module"], ["samples"], by=("bin",)), "bin, module", with_pct=False)
     with_stack, resolved = con.execute(f"""
         SELECT coalesce(sum(n) FILTER (stack_id IS NOT NULL), 0),
                coalesce(sum(n) FILTER (unit_id IN (SELECT unit_id FROM {UNITS}_funcs WHERE module IS NOT NULL AND pos = 0)), 0)
@@ -97,10 +103,12 @@ def _over_time(ctx, con, lo: int, width: int) -> None:
 
 
 def _writer(ctx, con, total: int):
-    """write(table, sql, order): the query's rows in ``order`` plus ``pct`` of all samples, as parquet."""
-    def write(table: str, sql: str, order: str) -> None:
+    """write(table, sql, order): the query's rows in ``order`` plus ``pct`` of all samples (unless not
+    ``with_pct``), as parquet."""
+    def write(table: str, sql: str, order: str, with_pct: bool = True) -> None:
         columns = [d[0] for d in con.execute(f"SELECT * FROM ({sql}) LIMIT 0").description]
         measure = "self_samples" if "self_samples" in columns else "samples"
-        con.execute(f"""COPY (SELECT *, round(100.0 * {measure} / {max(total, 1)}, 3) AS pct FROM ({sql})
+        pct = f", round(100.0 * {measure} / {max(total, 1)}, 3) AS pct" if with_pct else ""
+        con.execute(f"""COPY (SELECT *{pct} FROM ({sql})
                         ORDER BY {order}) TO {sql_path(ctx.out.table_path(table))} (FORMAT parquet, COMPRESSION zstd)""")
     return write

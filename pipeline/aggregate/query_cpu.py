@@ -23,6 +23,7 @@ sample on them is attributed as if their timelines were one.
 (summed over the processes). ``cpu_by_query_function`` gives, per label, the leaf functions (self samples)
 and every function on the stacks (inclusive samples). ``cpu_query_folded`` holds folded stacks with the query
 as root frame (``label;module!function;...``), for a flame graph of the queries' CPU.
+``cpu_by_query_over_time`` splits the build's rows by the cpu section's time bins (``cpu_over_time``).
 """
 
 from __future__ import annotations
@@ -31,12 +32,13 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.aggregate import queries, resolve
+from pipeline.aggregate import cpu, queries, resolve
 from pipeline.runs import parquet_glob, sql_path
 
 BY_QUERY = "cpu_by_query"
 BY_QUERY_FUNCTION = "cpu_by_query_function"
 FOLDED = "cpu_query_folded"
+BY_QUERY_OVER_TIME = "cpu_by_query_over_time"
 #: Root frame of a sample in ``cpu_query_folded`` that no query holds.
 OUTSIDE = {"outside": "(outside queries)", "unprofiled": "(thread not in the self-profile)"}
 UNITS = "qs"
@@ -60,8 +62,11 @@ def aggregate(ctx) -> dict[str, Any] | None:
         return None
     resolve.assign_units(con, ctx, "(SELECT pid, stack_id, ip, timestamp_ns, tid FROM samples "
                                    "WHERE pid IN (SELECT pid FROM m))", UNITS, per_row=True)
+    # (the cpu section's time bins: the same span of the same samples)
+    bin_sql, _ = resolve.time_bins(con, "samples", "s.timestamp_ns", cpu.CPU_BINS)
     samples = con.execute(f"""
-        SELECT m.file_id, s.tid::BIGINT AS tid, s.timestamp_ns + {base} - m.start_time_ns AS t, s.unit_id
+        SELECT m.file_id, s.tid::BIGINT AS tid, s.timestamp_ns + {base} - m.start_time_ns AS t, s.unit_id,
+               {bin_sql} AS bin
         FROM {UNITS} s JOIN m USING (process_key) ORDER BY m.file_id, tid, t""").fetchnumpy()
     events = con.sql(f"""
         SELECT file_id, thread::BIGINT AS thread, event_index, parent, start_ns, end_ns, kind, label
@@ -85,13 +90,15 @@ def aggregate(ctx) -> dict[str, Any] | None:
                                          ev["end_ns"][rows])
         pairs_total += pairs
         parts.append(np.stack([samples["unit_id"][sel], np.full(len(sel), f, np.int64),
-                               np.where(event >= 0, rows[np.maximum(event, 0)], -1), (thread >= 0).astype(np.int64)]))
-    keys = np.concatenate(parts, axis=1) if parts else np.zeros((4, 0), np.int64)
-    con.register("attributed_arrow", pa.table({"unit_id": keys[0], "file_id": keys[1], "row": keys[2], "profiled": keys[3]}))
+                               np.where(event >= 0, rows[np.maximum(event, 0)], -1), (thread >= 0).astype(np.int64),
+                               samples["bin"][sel].astype(np.int64)]))
+    keys = np.concatenate(parts, axis=1) if parts else np.zeros((5, 0), np.int64)
+    con.register("attributed_arrow", pa.table({"unit_id": keys[0], "file_id": keys[1], "row": keys[2], "profiled": keys[3],
+                                               "bin": keys[4].astype(np.int32)}))
     con.execute("""CREATE TABLE attributed AS
-        SELECT a.unit_id, a.file_id::INTEGER AS file_id, e.kind, e.label,
+        SELECT a.unit_id, a.file_id::INTEGER AS file_id, a.bin, e.kind, e.label,
                CASE WHEN a.row >= 0 THEN 'query' WHEN a.profiled = 1 THEN 'outside' ELSE 'unprofiled' END AS attribution, a.n
-        FROM (SELECT unit_id, file_id, row, profiled, count(*)::BIGINT AS n FROM attributed_arrow GROUP BY ALL) a
+        FROM (SELECT unit_id, file_id, row, profiled, bin, count(*)::BIGINT AS n FROM attributed_arrow GROUP BY ALL) a
         LEFT JOIN ev_names e ON e.row = a.row""")
     con.unregister("attributed_arrow")
 
@@ -106,6 +113,10 @@ def aggregate(ctx) -> dict[str, Any] | None:
         SELECT scope, file_id::INTEGER AS file_id, crate, pid::BIGINT AS pid, kind, label, attribution, samples, pct
         FROM rows ORDER BY scope, file_id NULLS FIRST, samples DESC, label NULLS LAST, kind, attribution
         ) TO {sql_path(ctx.out.table_path(BY_QUERY))} (FORMAT parquet, COMPRESSION zstd)""")
+    con.execute(f"""COPY (
+        SELECT bin, kind, label, attribution, sum(n)::BIGINT AS samples FROM attributed GROUP BY ALL
+        ORDER BY bin, samples DESC, label NULLS LAST, kind, attribution
+        ) TO {sql_path(ctx.out.table_path(BY_QUERY_OVER_TIME))} (FORMAT parquet, COMPRESSION zstd)""")
     weights = "SELECT unit_id, label, sum(n)::BIGINT AS samples FROM attributed GROUP BY ALL"
     con.execute(f"""COPY (SELECT * FROM ({resolve.by_frames(UNITS, weights, ['module', 'function', 'raw_name'],
                                                              ['samples'], 'crate', by=('label',))})

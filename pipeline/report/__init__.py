@@ -81,11 +81,23 @@ def render_index(title: str, run_dir: Path, sections: list[Section]) -> str:
 <p class="meta">run <code>{html.escape(str(run_dir))}</code> &middot; bootprof {__version__} &middot;
 generated {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}</p>
 <nav><ul>{nav}</ul></nav></header>
+{_range_bar(sections)}
 <main>
 {chr(10).join(parts)}
 </main>
-<script src="static/tables.js"></script>"""
+<script src="static/tables.js"></script>
+<script src="static/range.js"></script>"""
     return page(title, body)
+
+
+def _range_bar(sections: list[Section]) -> str:
+    """The bar at the top of the page that says which time range the page shows (``static/range.js``), for a run
+    with a process timeline."""
+    if not any(s.id == "processes" for s in sections):
+        return ""
+    return ('<div id="range-bar"><span class="range-text">The whole build. Drag across the '
+            '<a href="#processes-timeline">process timeline</a> to show a part of it in the flame graphs and the '
+            'tables marked "follows range".</span> <button hidden>whole build</button></div>')
 
 
 def run(run_dir: Path, config, pool, inputs=None) -> dict[str, Any]:
@@ -98,6 +110,7 @@ def run(run_dir: Path, config, pool, inputs=None) -> dict[str, Any]:
         ctx = Context(run_dir, config, pool, out)
         ctx.copy_static("report.css")
         ctx.copy_static("tables.js")
+        ctx.copy_static("range.js")
         sections = [s for s in (fn(ctx) for fn in SECTIONS) if s is not None]
         atomic_write_text(out.path / "index.html", render_index(config.report.title, run_dir, sections))
         out.manifest["sections"] = {s.id: {"files": s.files, **s.summary} for s in sections}

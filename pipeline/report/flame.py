@@ -291,11 +291,17 @@ def fmt_ms(ns: int | None) -> str:
     return "" if ns is None else f"{ns / 1e6:,.1f} ms"
 
 
-def table(rows: list[dict], cols: list[tuple[str, str, Any]], cls: str = "") -> str:
-    """An HTML table; ``cols`` = (key, title, format function or None for text)."""
+def table(rows: list[dict], cols: list[tuple[str, str, Any]], cls: str = "", follow=None) -> str:
+    """An HTML table; ``cols`` = (key, title, format function or None for text). With ``follow`` (a
+    :class:`~pipeline.report.timerange.Follow`), ``rows`` are the candidates of a table that follows the picked time
+    range: the first ``follow.limit`` are shown, the others wait hidden, and their time bins go beside the table."""
+    from pipeline.report import timerange
+
     head = "".join(f"<th>{html.escape(t)}</th>" for _, t, _ in cols)
+    if follow is not None:
+        rows = rows[:max(timerange.CANDIDATES, follow.limit)]
     body = []
-    for r in rows:
+    for i, r in enumerate(rows):
         cells = []
         for key, _, fmt in cols:
             value = r.get(key)
@@ -303,8 +309,12 @@ def table(rows: list[dict], cols: list[tuple[str, str, Any]], cls: str = "") -> 
             # (a number's own value beside its formatted text, so that static/tables.js sorts by it)
             raw = f' data-v="{value}"' if fmt and isinstance(value, (int, float)) else ""
             cells.append(f'<td class="{"num" if fmt else "txt"}"{raw}>{html.escape(text)}</td>')
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+        off = ' data-off="1" style="display:none"' if follow is not None and i >= follow.limit else ""
+        body.append(f"<tr{off}>" + "".join(cells) + "</tr>")
+    out = f'<table class="{cls}"{" data-follow=1" if follow is not None else ""}><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+    if follow is not None:
+        out += timerange.script(follow, [k for k, _, _ in cols], [FORMATS.get(f, "text") for _, _, f in cols], len(rows))
+    return out
 
 
 def count(v) -> str:
@@ -313,3 +323,7 @@ def count(v) -> str:
 
 def pct(v) -> str:
     return "" if v is None else f"{v:.2f}%"
+
+
+#: Names of the formats, for the tables whose numbers the page recomputes (static/range.js formats them alike).
+FORMATS = {count: "count", pct: "pct", fmt_bytes: "bytes", fmt_ms: "ms"}

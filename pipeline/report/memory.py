@@ -11,6 +11,7 @@ import html
 
 from pipeline.report.flame import STATIC, Writer, binned_tree, count, flame_page, fmt_bytes, fmt_ms, table, tree_page
 from pipeline.report.processes import process_name
+from pipeline.report.timerange import CANDIDATES, Follow, Pool
 from pipeline.runs import read_manifest
 
 AGG = "aggregated"
@@ -29,6 +30,10 @@ def section(ctx):
     top_n = ctx.config.report.top_n
     w = Writer(ctx)
     parts, summary = [], {}
+    # (the tables below that follow a picked range keep the rows alive in it: processes, snapshots, growth)
+    pool = _pool(ctx)
+    lifetimes = ({r["process_key"]: (r["start_ns"], r["end_ns"]) for r in ctx.read(AGG, "process_tree").to_pylist()}
+                 if ctx.has(AGG, "process_tree") else {})
     if has_commit:
         folded = [(r["stack"], r["commit_bytes"]) for r in ctx.read(AGG, "commit_folded").to_pylist()]
         tree = binned_tree(ctx, folded, "commit_folded_over_time", "commit_bytes",
@@ -55,13 +60,14 @@ def section(ctx):
         peak = (f" The commit of all processes together peaked at {fmt_bytes(memory['peak_commit_bytes'])}, at "
                 f"{fmt_ms(memory.get('peak_ns'))}." if memory.get("peak_commit_bytes") else "")
         parts.append(f"""<p>{fmt_bytes(total)} committed by VirtualAlloc, {fmt_bytes(outstanding)} still committed at
-the end of the trace.{peak} <a href="flamegraph_commit.html"><b>Commit flame graph</b></a> &middot;
+the end of the trace.{peak} <a href="flamegraph_commit.html" data-range><b>Commit flame graph</b></a> &middot;
 <a href="commit_tree.html"><b>Commit stack tree</b></a> (drill down from the keyboard, largest first)</p>
 <h3>Peak commit per process</h3>
-{table(procs[:top_n], [("pid", "pid", None), ("image_name", "image", None), ("crate", "crate", None),
+{table(procs, [("pid", "pid", None), ("image_name", "image", None), ("crate", "crate", None),
                        ("peak_commit_bytes", "peak commit", fmt_bytes), ("peak_ns", "peak at", fmt_ms),
                        ("commit_bytes", "committed", fmt_bytes), ("outstanding_bytes", "outstanding at end", fmt_bytes),
-                       ("allocs", "commits", count), ("frees", "frees", count)], 'commit-processes')}
+                       ("allocs", "commits", count), ("frees", "frees", count)], 'commit-processes',
+       Follow(pool, "peak_commit_bytes", top_n, alive=[lifetimes.get(r["process_key"]) for r in procs]))}
 {_commit_chart(ctx, w)}
 {_crates(ctx, w, top_n)}
 <h3>Functions holding the most outstanding commit (inclusive)</h3>
@@ -88,14 +94,15 @@ the end of the trace.{peak} <a href="flamegraph_commit.html"><b>Commit flame gra
                                                       "Width: busy heap bytes by allocating stack."))
             w.text("heap_folded.bytes.txt", "".join(f"{s} {v}\n" for s, v in folded))
             flame = '<p><a href="flamegraph_heap.html"><b>Heap flame graph</b></a> (largest snapshot of each process)</p>'
-        flame += ('<p><a href="heap_snapshots.html"><b>Pick a snapshot, or compare two</b></a> (functions by busy '
-                  'bytes, and their growth)</p>') if ctx.has(AGG, "heap_snapshot_by_function") else ""
+        flame += ('<p><a href="heap_snapshots.html" data-range><b>Pick a snapshot, or compare two</b></a> (functions by '
+                  'busy bytes, and their growth; with a range picked on the timeline, the snapshots taken in it)</p>') if ctx.has(AGG, "heap_snapshot_by_function") else ""
         parts.append(f"""<h3>Heap snapshots</h3>{flame}
-{table(snaps[:top_n], [("pid", "pid", None), ("image_name", "image", None), ("crate", "crate", None),
-                       ("instance", "snapshot", None), ("timestamp_ns", "time", fmt_ms), ("bytes", "busy", fmt_bytes),
-                       ("blocks", "blocks", count), ("untracked_bytes", "without stack", fmt_bytes)], 'heap-snapshots')}
-{_heap_functions(ctx, w, snaps, top_n)}""")
-    body = w.links() + "\n".join(parts)
+{table(snaps, [("pid", "pid", None), ("image_name", "image", None), ("crate", "crate", None),
+               ("instance", "snapshot", None), ("timestamp_ns", "time", fmt_ms), ("bytes", "busy", fmt_bytes),
+               ("blocks", "blocks", count), ("untracked_bytes", "without stack", fmt_bytes)], 'heap-snapshots',
+       Follow(pool, None, top_n, alive=[(r["timestamp_ns"], r["timestamp_ns"]) for r in snaps]))}
+{_heap_functions(ctx, w, snaps, top_n, pool)}""")
+    body = w.links() + "\n".join(parts) + pool.script()
     w.close()
     return Section("memory", "Memory (ETL)", body, w.files, summary)
 
@@ -114,7 +121,15 @@ def fmt_growth(n: int | None) -> str:
     return "" if n is None else ("+" if n > 0 else "") + fmt_bytes(n)
 
 
-def _heap_functions(ctx, w, snaps: list[dict], top_n: int) -> str:
+def _pool(ctx) -> Pool:
+    """The memory tables follow a range by lifetimes only; their pool has the commit bins for its notes."""
+    sections = read_manifest(ctx.run_dir, AGG).get("sections", {})
+    bins = (sections.get("memory", {}).get("commit_time_bins") or sections.get("cpu", {}).get("time_bins")
+            or {"count": 1, "t0_ns": 0, "span_ns": 1})
+    return Pool("memory", bins)
+
+
+def _heap_functions(ctx, w, snaps: list[dict], top_n: int, pool: Pool) -> str:
     """Functions at the largest snapshot, and the largest growth from one snapshot of a process to the next."""
     parts = []
     ok = [s for s in snaps if s["status"] == "ok" and s["blocks"]]
@@ -129,14 +144,15 @@ snapshot {big['instance']}, {fmt_bytes(big['bytes'])})</h3>
 {table(rows, [("module", "module", None), ("function", "function", None), ("inclusive_bytes", "bytes (inclusive)", fmt_bytes),
               ("inclusive_blocks", "blocks", count), ("self_bytes", "bytes (self)", fmt_bytes)], 'heap-functions')}""")
     if ctx.has(AGG, "heap_snapshot_growth"):
-        rows = w.top(AGG, "heap_snapshot_growth", "growth_bytes DESC, pid, from_ns, module, function", top_n,
+        rows = w.top(AGG, "heap_snapshot_growth", "growth_bytes DESC, pid, from_ns, module, function", CANDIDATES,
                      "growth_bytes > 0")
         if rows:
             parts.append(f"""<h3>Largest heap growth from one snapshot of a process to the next (inclusive)</h3>
 {table(rows, [("pid", "pid", None), ("from_instance", "from", None), ("to_instance", "to", None),
               ("module", "module", None), ("function", "function", None), ("bytes_before", "before", fmt_bytes),
               ("bytes_after", "after", fmt_bytes), ("growth_bytes", "growth", fmt_growth),
-              ("growth_blocks", "blocks", count)], 'heap-growth')}""")
+              ("growth_blocks", "blocks", count)], 'heap-growth',
+       Follow(pool, "growth_bytes", top_n, alive=[(r["from_ns"], r["to_ns"]) for r in rows]))}""")
     return "\n".join(parts)
 
 
@@ -166,13 +182,15 @@ def _heap_page(ctx) -> str:
         f = names.setdefault(f"{r['module'] or '?'}!{r['function']}", len(names))
         out.append([k, f, int(r["inclusive_bytes"]), int(r["inclusive_blocks"])])
     data = {"snapshots": [{"label": f"{process_name(s)} pid {s['pid']} #{s['instance']} at "
-                                    f"{fmt_ms(s['timestamp_ns'])}: {fmt_bytes(s['bytes'])}"} for s in snaps],
+                                    f"{fmt_ms(s['timestamp_ns'])}: {fmt_bytes(s['bytes'])}", "t": s["timestamp_ns"]}
+                          for s in snaps],
             "functions": list(names), "rows": out}
     js = (STATIC / "heap.js").read_text()
     body = f"""<header><h1>Heap snapshots</h1><p class="meta"><a href="index.html">report</a> &middot; busy heap
 bytes by allocating function (inclusive: every stack through it), at a snapshot or between two</p></header>
 <main><p><label>snapshot <select id="heap-a"></select></label>
 <label>compare with <select id="heap-b"></select></label></p>
+<p id="heap-range" class="range-note"></p>
 <table id="heap-table" class="heap"></table></main>
 <script type="application/json" id="heap-data">{inline_json(data)}</script>
 <script>{js}</script>"""

@@ -16,6 +16,8 @@ import json
 import re
 
 from pipeline.report.flame import Writer, count, fmt_bytes, fmt_ms, table
+from pipeline.report.timerange import Follow, Pool, binned, total
+from pipeline.runs import read_manifest
 
 AGG = "aggregated"
 ROW = 9
@@ -193,10 +195,14 @@ def section(ctx):
             ("samples", "samples", count), ("tree_samples", "with children", count), ("threads", "threads", count),
             ("exit_status", "exit", None), ("command_line", "command line", None)]
     w.text("process_tree.html", page("process tree", f"<main><h2>Process tree</h2>{table(ordered, cols, 'tree')}</main>"))
-    top = sorted(rows, key=lambda r: -(r["samples"] or 0))[: ctx.config.report.top_n]
+    top_n = ctx.config.report.top_n
+    top = sorted(rows, key=lambda r: -(r["samples"] or 0))
     peaks = ({r["process_key"]: r["peak_commit_bytes"] for r in ctx.read(AGG, "commit_by_process").to_pylist()}
              if ctx.has(AGG, "commit_by_process") else {})
     builds = build_processes(rows, peaks)
+    follow = _follows(ctx, rows, builds, top, top_n)
+    if not follow:
+        top = top[:top_n]
     threads = (ctx.read("decoded", "threads", ["pid", "tid", "start_ns", "end_ns", "thread_name", "first_seen_ns",
                                                "last_seen_ns"]).to_pylist() if ctx.has("decoded", "threads") else [])
     cpu = ctx.read(AGG, "cpu_over_time").to_pylist() if ctx.has(AGG, "cpu_over_time") else []
@@ -207,13 +213,37 @@ def section(ctx):
 {table(builds, [("crate", "crate", None), ("crate_type", "crate type", None), ("stage", "stage", None),
                 ("target", "target", None), ("duration_ns", "wall time", fmt_ms), ("samples", "CPU samples", count),
                 ("peak_commit_bytes", "peak commit", fmt_bytes), ("pid", "pid", None),
-                ("command_line", "command line", None)], 'build-processes')}
-<h3>Timeline</h3>
+                ("command_line", "command line", None)], 'build-processes', follow.get("builds"))}
+<h3 id="processes-timeline">Timeline</h3>
 <div style="overflow-x:auto">{timeline_svg(rows)}</div>
 <script src="{ctx.copy_static("timeline.js")}"></script>
 <h3>Processes with the most CPU samples</h3>
 {table(top, [("pid", "pid", None), ("image_name", "image", None), ("crate", "crate", None),
              ("duration_ns", "duration", fmt_ms), ("samples", "samples", count), ("tree_samples", "with children", count),
-             ("command_line", "command line", None)], 'proc-top')}"""
+             ("command_line", "command line", None)], 'proc-top', follow.get("top"))}
+{follow["top"].pool.script() if follow else ""}"""
     w.close()
     return Section("processes", "Processes (ETL)", body, w.files, {"processes": len(rows)})
+
+
+def _follows(ctx, rows: list[dict], builds: list[dict], top: list[dict], top_n: int) -> dict[str, Follow]:
+    """The build processes and the top processes follow a picked time range: the processes alive in it, with their
+    CPU samples in it (``cpu_over_time``; for "with children", those of their subtrees)."""
+    bins = read_manifest(ctx.run_dir, AGG)["sections"].get("cpu", {}).get("time_bins")
+    if not bins or not ctx.has(AGG, "cpu_over_time"):
+        return {}
+    own = binned(ctx.read(AGG, "cpu_over_time", ["process_key", "bin", "samples"]).to_pylist(),
+                 lambda r: r["process_key"], "samples")
+    kids: dict = {}
+    for r in rows:
+        kids.setdefault(r["parent_key"], []).append(r["process_key"])
+    tree: dict = {}
+    for r, _ in reversed(tree_order(rows)):          # (children before their parents)
+        tree[r["process_key"]] = total([own.get(r["process_key"], {}), *(tree.get(k, {}) for k in kids.get(r["process_key"], []))])
+    alive = lambda rs: [(r["start_ns"], r["end_ns"]) for r in rs]  # noqa: E731
+    pool = Pool("processes", bins)
+    return {"builds": Follow(pool, "duration_ns", len(builds), series={"samples": [own.get(r["process_key"], {}) for r in builds]},
+                             alive=alive(builds)),
+            "top": Follow(pool, "samples", top_n, series={"samples": [own.get(r["process_key"], {}) for r in top],
+                                                          "tree_samples": [tree.get(r["process_key"], {}) for r in top]},
+                          alive=alive(top))}

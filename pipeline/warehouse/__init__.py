@@ -26,9 +26,10 @@ from pipeline.warehouse.significance import (HISTORY_RUNS, MIN_HISTORY, signific
 
 STAGES = ("capture", "decoded", "symbolized", "aggregated", "report")
 AGGREGATED = "aggregated"
-#: Aggregated tables that only the report draws from, kept out of the warehouse: the stacks per time bin are up
-#: to 500 (200) times the rows of ``cpu_folded`` (``commit_folded``), which the warehouse has.
-NOT_INGESTED = {"cpu_folded_over_time", "commit_folded_over_time"}
+#: Aggregated tables that only the report draws from, kept out of the warehouse: the splits by time bin are up to
+#: 500 (200) times the rows of the whole-build tables (``cpu_folded``, ``cpu_by_function``, ...), which it has.
+NOT_INGESTED = {"cpu_folded_over_time", "commit_folded_over_time", "cpu_functions_over_time",
+                "cpu_modules_over_time", "cpu_by_query_over_time"}
 
 RUNS_DDL = """
 CREATE TABLE IF NOT EXISTS runs (

@@ -1,6 +1,7 @@
 /* bootprof heap snapshots: pick a snapshot to see the functions holding the most busy heap bytes in it, and
  * a second one to compare: the table then shows both and the growth, largest growth first. Data: JSON
- * "heap-data" = {snapshots: [{key, label}], functions: [names], rows: [[snapshot, function, bytes, blocks]]}. */
+ * "heap-data" = {snapshots: [{label, t}], functions: [names], rows: [[snapshot, function, bytes, blocks]]}. With
+ * #t=<ns>-<ns> in the address (a range picked in the report), only the snapshots taken in it are offered. */
 (function () {
   "use strict";
   const data = JSON.parse(document.getElementById("heap-data").textContent);
@@ -8,7 +9,17 @@
   const out = document.getElementById("heap-table");
   const bytes = data.snapshots.map(() => new Map()), blocks = data.snapshots.map(() => new Map());
   for (const [s, f, v, n] of data.rows) { bytes[s].set(f, v); blocks[s].set(f, n); }
-  data.snapshots.forEach(function (s, i) {
+  // #t=<ns>-<ns> (the range picked in the report): only the snapshots taken in it can be picked.
+  const m = location.hash.match(/^#t=(-?\d+)-(-?\d+)$/);
+  const range = m ? [+m[1], +m[2]] : null;
+  const picked = data.snapshots.map((s, i) => i).filter((i) => !range || (data.snapshots[i].t >= range[0] && data.snapshots[i].t <= range[1]));
+  const note = document.getElementById("heap-range");
+  if (range && note) {
+    note.innerHTML = `${picked.length} of ${data.snapshots.length} snapshots were taken in ${(range[0] / 1e9).toFixed(2)} s to ` +
+      `${(range[1] / 1e9).toFixed(2)} s of the trace, the range picked in the report. <a href="heap_snapshots.html">All snapshots</a>`;
+  }
+  picked.forEach(function (i) {
+    const s = data.snapshots[i];
     for (const sel of [a, b]) {
       const o = document.createElement("option");
       o.value = i; o.textContent = s.label;
@@ -32,6 +43,7 @@
     row.appendChild(td);
   }
   function render() {
+    if (a.value === "") { out.textContent = ""; out.dataset.compared = ""; return; }
     const i = +a.value, j = b.value === "" ? -1 : +b.value;
     const names = new Set([...bytes[i].keys(), ...(j >= 0 ? bytes[j].keys() : [])]);
     const rows = [...names].map(f => ({ f, x: bytes[i].get(f) || 0, y: j >= 0 ? (bytes[j].get(f) || 0) : 0 }));

@@ -1,8 +1,22 @@
 /* bootprof report tables: click a column title to sort by it (again to reverse), type in the box above a
  * table to keep the rows that contain the text (case-insensitive). Numbers sort by their value (data-v),
- * text alphabetically. No network, no library: the page works offline. */
+ * text alphabetically. Rows marked data-off (outside the picked time range, see range.js) stay hidden. No
+ * network, no library: the page works offline. */
 (function () {
   "use strict";
+  const filters = new Map();
+  // Rows shown: those that hold the filter's text and that the time range (static/range.js) keeps (no data-off).
+  function refresh(table) {
+    const filter = filters.get(table), q = filter ? filter.value.toLowerCase() : "";
+    let shown = 0;
+    for (const row of table.tBodies[0].rows) {
+      const keep = !row.dataset.off && (!q || row.textContent.toLowerCase().indexOf(q) >= 0);
+      row.style.display = keep ? "" : "none";
+      shown += keep;
+    }
+    table.dataset.shown = shown;
+  }
+  window.bootprofTables = {refresh: refresh};
   function value(cell) {
     if (!cell) return "";
     return cell.dataset.v !== undefined ? parseFloat(cell.dataset.v) : cell.textContent.toLowerCase();
@@ -13,17 +27,9 @@
     const filter = document.createElement("input");
     filter.type = "search";
     filter.className = "table-filter";
-    filter.placeholder = "filter " + body.rows.length + " rows";
-    filter.addEventListener("input", function () {
-      const q = filter.value.toLowerCase();
-      let shown = 0;
-      for (const row of body.rows) {
-        const keep = !q || row.textContent.toLowerCase().indexOf(q) >= 0;
-        row.style.display = keep ? "" : "none";
-        shown += keep;
-      }
-      table.dataset.shown = shown;
-    });
+    filter.placeholder = "filter rows";
+    filters.set(table, filter);
+    filter.addEventListener("input", function () { refresh(table); });
     table.parentNode.insertBefore(filter, table);
     table.querySelectorAll("thead th").forEach(function (th, col) {
       th.classList.add("sortable");

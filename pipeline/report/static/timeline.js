@@ -2,9 +2,9 @@
  *
  * Rows are processes in tree order (parents before their children). Clicking the name of a row marked with
  * a triangle folds its descendants away (and unfolds them again); the rows below move up. Dragging across
- * the bars picks a time range: the bars are redrawn for that range, the tick labels follow, and the CPU flame
- * graph on the same page (the iframe of flamegraph_cpu.html) is pointed at it (#t=<ns>-<ns>, ns since the
- * trace start). "whole build" goes back. State for tests and links: the svg's data-view ("<ns>-<ns>").
+ * the bars picks a time range: the bars are redrawn for that range, the tick labels follow, and the range goes
+ * to the rest of the page (a "bootprof:range" event with [ns, ns] since the trace start, or null for the whole
+ * build; static/range.js). "whole build" goes back. A range set elsewhere ("bootprof:range-set") zooms the bars. State for tests and links: the svg's data-view ("<ns>-<ns>").
  */
 (function () {
   "use strict";
@@ -51,11 +51,17 @@
     });
     svg.dataset.view = `${Math.round(view[0])}-${Math.round(view[1])}`;
   }
-  function follow() {                       // the CPU flame graph shows the same time
-    const frame = document.querySelector("iframe.flame");
-    if (!frame) return;
-    const base = frame.getAttribute("src").split("#")[0];
-    frame.setAttribute("src", view[0] <= T0 && view[1] >= T1 ? base : `${base}#t=${Math.round(view[0])}-${Math.round(view[1])}`);
+  function follow() {                       // the rest of the page shows the same time (static/range.js)
+    const whole = view[0] <= T0 && view[1] >= T1;
+    window.dispatchEvent(new CustomEvent("bootprof:range", {detail: whole ? null : [view[0], view[1]]}));
+  }
+  window.addEventListener("bootprof:range-set", function (ev) {   // a range set elsewhere (the bar, the address)
+    view = ev.detail ? [ev.detail[0], ev.detail[1]] : [T0, T1];
+    if (text) text.textContent = ev.detail ? said(view) : intro;
+    draw();
+  });
+  function said(v) {
+    return `${((v[0] - T0) / 1e9).toFixed(2)} s to ${((v[1] - T0) / 1e9).toFixed(2)} s of the timeline; the flame graphs and the tables marked "follows range" show this time.`;
   }
   function ns(ev) {
     const r = svg.getBoundingClientRect();
@@ -90,7 +96,7 @@
     pick.setAttribute("width", 0);
     if (b - a < (view[1] - view[0]) / 500) return;        // a click, not a drag
     view = [a, b];
-    if (text) text.textContent = `${((a - T0) / 1e9).toFixed(2)} s to ${((b - T0) / 1e9).toFixed(2)} s; the CPU flame graph shows this time.`;
+    if (text) text.textContent = said(view);
     draw();
     follow();
   });
