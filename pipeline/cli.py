@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 from typing import NoReturn
 
-from pipeline import __version__
+from pipeline import __version__, sources
 from pipeline.config import Config, load_config
 from pipeline.errors import BootprofError
 
@@ -58,10 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Run a job file's stages in order. A stage whose output is up to date (same "
                          "inputs by content hash, same settings) is skipped.")
     run.add_argument("job", type=Path, help="job file, e.g. jobs/single-trace.yaml")
-    run.add_argument("--trace", type=Path, action="append", help="ETL trace or self-profile directory; repeatable "
+    run.add_argument("--trace", type=sources.parse, action="append", help="ETL trace or self-profile directory, a path or an "
+                     "fsspec URL (https://, s3://, ... : the workers read it there); repeatable "
                      "(one run holds one ETL trace and its self-profiles; a backfill job runs each one). Default: "
                      "what `bootprof capture` left in --run, else the synthesized demo trace")
-    run.add_argument("--run", dest="run_dir", type=Path, help="run directory (default: <runs_dir>/<job>-<time>)")
+    run.add_argument("--run", dest="run_dir", type=sources.run_dir, help="run directory (default: <runs_dir>/<job>-<time>)")
     run.add_argument("--symbol-path", dest="symbol_path", help="symbol path for the symbolize stage "
                      "(_NT_SYMBOL_PATH syntax: DIR;srv*CACHE*URL;cache*DIR; overrides symbolize.symbol_path)")
     run.add_argument("--set", dest="sets", action="append", default=[], metavar="SECTION.KEY=VALUE",

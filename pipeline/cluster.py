@@ -105,17 +105,6 @@ class Pool:
         return [done[f.key] for f in futures]
 
 
-def input_bytes(paths: Iterable) -> int:
-    """Bytes of the inputs a command works on (files, and the .mm_profdata files of directories)."""
-    from pathlib import Path
-
-    total = 0
-    for p in map(Path, paths):
-        files = p.rglob("*.mm_profdata") if p.is_dir() else [p]
-        total += sum(f.stat().st_size for f in files if f.is_file())
-    return total
-
-
 def runs_inline(cfg: ClusterConfig, size: int | None) -> bool:
     """Whether inputs of ``size`` bytes run in this process (``cluster.inline_below``, mode 'local' only)."""
     from pipeline.config import parse_size

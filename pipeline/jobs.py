@@ -23,11 +23,11 @@ from typing import Any
 
 import yaml
 
-from pipeline import __version__
+from pipeline import __version__, sources
 from pipeline.config import Config, Job, load_config, load_job
 from pipeline.errors import BootprofError, ConfigError, ManifestError
 from pipeline.progress import Status
-from pipeline.runs import MANIFEST, canonical_hash, fingerprint, read_manifest, stage_dir
+from pipeline.runs import MANIFEST, canonical_hash, read_manifest, stage_dir
 
 #: job stage -> (its output directory in the run, the config section its output depends on)
 OUTPUTS = {"decode": ("decoded", "decode"), "symbolize": ("symbolized", "symbolize"),
@@ -105,16 +105,17 @@ def stale_reason(run_dir: Path, stage: str, config: Config, inputs: list[Path]) 
         from pipeline.decode import classify
 
         trace, profiles = classify(inputs)       # (the files the decode stage reads and fingerprints)
-        before = sorted((i["path"], i["size"], i["sha256"]) for i in manifest.get("inputs") or [])
-        now = sorted((f["path"], f["size"], f["sha256"]) for f in map(fingerprint, ([trace] if trace else []) + profiles))
+        key = lambda f: (f["path"], f["size"], f["sha256"] or "", f.get("version") or "")  # noqa: E731
+        before = sorted(map(key, manifest.get("inputs") or []))
+        now = sorted(key(sources.fingerprint(f)) for f in ([trace] if trace else []) + profiles)
         if before != now:
             return "the inputs changed"
     return None
 
 
-def run_stages(job: Job, config: Config, inputs: list[Path], run_dir: Path, force: bool = False) -> dict[str, Any]:
+def run_stages(job: Job, config: Config, inputs: list[sources.Input], run_dir: Path, force: bool = False) -> dict[str, Any]:
     """Every stage of ``job`` (but synth) on ``inputs`` in ``run_dir``; their summaries, by stage."""
-    from pipeline.cluster import connect, input_bytes
+    from pipeline.cluster import connect
 
     stages = [s for s in job.stages if s != "synth"]
     modules = {stage: importlib.import_module(f"pipeline.{stage}") for stage in stages}
@@ -128,7 +129,7 @@ def run_stages(job: Job, config: Config, inputs: list[Path], run_dir: Path, forc
         return summaries
     todo = stages[stages.index(first):]
     with connect(config.cluster, warm_up=[m for s in todo for m in getattr(modules[s], "WARM_UP", ())],
-                 size=input_bytes(inputs)) as pool:
+                 size=sources.input_bytes(inputs)) as pool:
         for stage in todo:
             if not force and stage != first and stale_reason(run_dir, stage, config, inputs) is None:
                 print(f"  {stage:<10} {'skipped':>7}  (up to date)")
@@ -166,7 +167,7 @@ def run_job(job_path: Path, traces: list[Path] | None, run_dir: Path | None, con
         config.symbolize.symbol_path = symbol_path
     # Runs of one job are compared with each other in the warehouse, whatever their directory is called.
     config.warehouse.labels = {"job": job.name, **config.warehouse.labels}
-    traces = [Path(t) for t in traces or []]
+    traces = [t if sources.is_url(t) else Path(t) for t in traces or []]
     if job.backfill:
         return backfill(job, config, traces, force)
     if run_dir is None:
@@ -191,17 +192,17 @@ def run_job(job_path: Path, traces: list[Path] | None, run_dir: Path | None, con
     return 0
 
 
-def backfill_inputs(traces: list[Path]) -> list[Path]:
+def backfill_inputs(traces: list[sources.Input]) -> list[sources.Input]:
     """Each trace of a backfill: files as given; a directory holding ETL traces gives each of them (sorted),
-    any other directory is one run's self-profiles."""
-    found = []
+    any other directory is one run's self-profiles (paths or URLs)."""
+    found: list[sources.Input] = []
     for path in traces:
-        etls = sorted(p for p in path.glob("*.etl") if p.is_file()) if path.is_dir() else []
+        etls = sources.traces_in(path) if sources.exists(path) and sources.is_dir(path) else []
         found.extend(etls or [path])
     return found
 
 
-def backfill(job: Job, config: Config, traces: list[Path], force: bool = False) -> int:
+def backfill(job: Job, config: Config, traces: list[sources.Input], force: bool = False) -> int:
     """Each trace into its own run (``<runs_dir>/<job>-<trace stem>``) and the warehouse. A trace that fails
     is reported and the others still run; the exit status is 1 when any failed."""
     inputs = backfill_inputs(traces)
@@ -210,13 +211,13 @@ def backfill(job: Job, config: Config, traces: list[Path], force: bool = False) 
     names: dict[str, int] = {}
     failed = []
     for n, trace in enumerate(inputs, 1):
-        stem = trace.stem if trace.is_file() else trace.name
+        stem = sources.name(trace) if sources.exists(trace) and sources.is_dir(trace) else sources.stem(trace)
         names[stem] = names.get(stem, 0) + 1
         run_dir = job.runs_dir / (f"{job.name}-{stem}" + ("" if names[stem] == 1 else f"-{names[stem]}"))
         run_dir.mkdir(parents=True, exist_ok=True)
         print(f"[{n}/{len(inputs)}] {trace} -> {run_dir}")
         try:
-            if not trace.exists():
+            if not sources.exists(trace):
                 raise BootprofError(f"{trace}: no such file or directory")
             run_stages(job, config, [trace], run_dir, force)
         except BootprofError as exc:

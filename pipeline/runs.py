@@ -54,12 +54,6 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def fingerprint(path: Path) -> dict[str, Any]:
-    """Path, size and sha256 of an input file, as stored in manifests."""
-    path = Path(path)
-    return {"path": str(path.resolve()), "size": path.stat().st_size, "sha256": sha256_file(path)}
-
-
 def canonical_hash(obj: Any) -> str:
     """sha256 of the canonical JSON form of ``obj`` (sorted keys, no whitespace)."""
     text = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)

@@ -34,10 +34,10 @@ def dask_pool():
 RUN_SPECIFIC = ("decode_s", "part")
 
 
-def assert_same_tables(a_dir: Path, b_dir: Path) -> int:
+def assert_same_tables(a_dir: Path, b_dir: Path, ignore: tuple[str, ...] = ()) -> int:
     """Every parquet table (file or dataset directory) of ``a_dir`` equals the one of ``b_dir``: same schema, same
     rows in one order (the decoder's parts may cut them otherwise), dictionary columns as plain values,
-    ``RUN_SPECIFIC`` columns aside. Returns how many tables were compared."""
+    ``RUN_SPECIFIC`` columns and those named in ``ignore`` aside. Returns how many tables were compared."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -45,7 +45,7 @@ def assert_same_tables(a_dir: Path, b_dir: Path) -> int:
     def plain(t):
         t = t.unify_dictionaries().combine_chunks()
         return pa.table({c: pc.cast(t[c], t.schema.field(c).type.value_type) if pa.types.is_dictionary(t.schema.field(c).type)
-                         else t[c] for c in t.column_names if c not in RUN_SPECIFIC})
+                         else t[c] for c in t.column_names if c not in RUN_SPECIFIC and c not in ignore})
 
     compared = 0
     names = sorted(p.name for p in Path(a_dir).glob("*.parquet"))

@@ -524,7 +524,8 @@ def test_the_fork_server_and_its_workers_are_waited_for():
 def test_small_inputs_run_in_process_without_a_cluster(tmp_path):
     """Below cluster.inline_below (64MB) a local cluster is not started: the tasks run in this process; at or
     above it, or with inline_below 0, the cluster starts; other modes are as configured."""
-    from pipeline.cluster import connect, input_bytes, runs_inline
+    from pipeline.cluster import connect, runs_inline
+    from pipeline.sources import input_bytes
     from pipeline.config import ClusterConfig
     from tests.conftest import fixture_path
 

@@ -8,6 +8,7 @@ import json
 from pipeline.cli import main as cli_main
 from pipeline.runs import read_manifest
 from tests.conftest import ROOT, assert_same_tables, fixture_path
+from tests.rangeserver import serving
 
 STAGES = ["decoded", "symbolized", "aggregated", "report"]
 
@@ -178,9 +179,10 @@ def test_backfilled_runs_are_ordered_by_when_they_were_recorded(tmp_path, capsys
 
 def test_the_pipeline_on_a_dask_scheduler_and_workers_equals_a_local_run(tmp_path, capsys):
     """Scale-out stays on dask: a real `dask scheduler` and two `dask worker` processes on loopback run the whole
-    single-trace job (cluster.mode address) on a synthesized trace and its self-profiles; every table it decodes,
-    symbolizes and aggregates equals that of the same job run in this process (rows compared in one order: the
-    decoder's parts may cut them otherwise)."""
+    single-trace job (cluster.mode address) on a synthesized trace and its self-profiles, given as http:// URLs of a
+    server on loopback (workers on other machines read their parts there); every table it decodes, symbolizes and
+    aggregates equals that of the same job run in this process on the files (rows compared in one order: the
+    decoder's parts may cut them otherwise; the input's path or URL aside)."""
     import os
     import re
     import subprocess
@@ -208,16 +210,20 @@ def test_the_pipeline_on_a_dask_scheduler_and_workers_equals_a_local_run(tmp_pat
 
         trace = tmp_path / "input" / "build.etl"
         synth.run(trace, SynthConfig(seed=9, size="6MB", cpus=3))
-        inputs = ["--trace", str(trace), "--trace", str(trace.parent / "selfprofile"),
-                  "--symbol-path", str(trace.parent / "symbols")]
         job, runs = str(ROOT / "jobs" / "single-trace.yaml"), {}
-        for mode in ("address", "synchronous"):
-            cluster = {"mode": mode, "address": address} if mode == "address" else {"mode": mode}
-            cfg = tmp_path / f"{mode}.yaml"
-            cfg.write_text(json.dumps({"cluster": cluster, "symbolize": {"cache_dir": str(tmp_path / f"c-{mode}")},
-                                       "warehouse": {"path": str(tmp_path / f"wh-{mode}.duckdb")}}))
-            runs[mode] = tmp_path / mode
-            assert cli_main(["--config", str(cfg), "run", job, "--run", str(runs[mode]), *inputs]) == 0
+        with serving(trace.parent) as (base, log):
+            for mode in ("address", "synchronous"):
+                cluster = {"mode": mode, "address": address} if mode == "address" else {"mode": mode}
+                cfg = tmp_path / f"{mode}.yaml"
+                cfg.write_text(json.dumps({"cluster": cluster, "symbolize": {"cache_dir": str(tmp_path / f"c-{mode}")},
+                                           "warehouse": {"path": str(tmp_path / f"wh-{mode}.duckdb")}}))
+                runs[mode] = tmp_path / mode
+                # (the workers read the trace and the self-profiles from an HTTP server, as from an object store)
+                inputs = (["--trace", f"{base}/build.etl", "--trace", f"{base}/selfprofile/"] if mode == "address" else
+                          ["--trace", str(trace), "--trace", str(trace.parent / "selfprofile")])
+                assert cli_main(["--config", str(cfg), "run", job, "--run", str(runs[mode]), *inputs,
+                                 "--symbol-path", str(trace.parent / "symbols")]) == 0
+            assert {p for _, p, _, n, _ in log if n} >= {"/build.etl"}
         from distributed import Client
 
         with Client(address, timeout=30) as client:
@@ -230,7 +236,7 @@ def test_the_pipeline_on_a_dask_scheduler_and_workers_equals_a_local_run(tmp_pat
         for p in workers + [scheduler]:
             p.wait(timeout=60)
     capsys.readouterr()
-    compared = sum(assert_same_tables(runs["synchronous"] / stage, runs["address"] / stage)
+    compared = sum(assert_same_tables(runs["synchronous"] / stage, runs["address"] / stage, ignore=("path", "file"))
                    for stage in ("decoded", "symbolized", "aggregated"))
     assert compared >= 45
     assert (runs["address"] / "report" / "index.html").exists()

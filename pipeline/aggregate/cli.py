@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
+
+from pipeline import sources
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--run", dest="run_dir", type=Path, required=True, help="run directory with a decoded/ output")
+    p.add_argument("--run", dest="run_dir", type=sources.run_dir, required=True, help="run directory with a decoded/ output")
 
 
 def main(args, config) -> int:

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import BootprofError, InputError
-from pipeline.runs import fingerprint, stage_output
+from pipeline.runs import stage_output
+from pipeline.sources import fingerprint
 
 STAGE = "capture"
 PROFILE_DIR = "selfprofile"

@@ -3,7 +3,8 @@
 Entry point: :func:`run`. Inputs are recognized by content, not by name: an ETL file starts with a
 buffer header whose first record is the logfile header event; a measureme file starts with ``MMPD``;
 a directory is searched for ``*.mm_profdata`` files. One run holds at most one ETL trace and any
-number of self-profiles; both decode into the same ``decoded/`` output.
+number of self-profiles; both decode into the same ``decoded/`` output. An input may be an fsspec URL
+(:mod:`pipeline.sources`): the tasks then read their parts of it from there.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from pipeline import sources
 from pipeline.errors import InputError
-from pipeline.runs import fingerprint, stage_output
+from pipeline.runs import stage_output
 
 STAGE = "decoded"
 
@@ -24,13 +26,9 @@ SELF_PROFILE = "mm_profdata"
 WARM_UP = ("pipeline.decode.etl.kernels", "pipeline.decode.etl.partition", "pipeline.decode.etl.buckets")
 
 
-def sniff(path: Path) -> str:
+def sniff(path: sources.Input) -> str:
     """Which format a file is, by its first bytes; InputError naming the file otherwise."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(0x50)
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    head = sources.read_head(path, 0x50)
     if head[:4] == b"MMPD":
         return SELF_PROFILE
     if len(head) >= 0x4C:
@@ -46,16 +44,17 @@ def sniff(path: Path) -> str:
     )
 
 
-def classify(inputs: list[Path]) -> tuple[Path | None, list[Path]]:
-    """Split inputs into the one ETL trace and the self-profile files (directories expanded)."""
-    etl: list[Path] = []
-    profiles: list[Path] = []
+def classify(inputs: list[sources.Input]) -> tuple[sources.Input | None, list[sources.Input]]:
+    """Split inputs (paths or URLs, see :mod:`pipeline.sources`) into the one ETL trace and the self-profile
+    files (directories expanded)."""
+    etl: list[sources.Input] = []
+    profiles: list[sources.Input] = []
     for raw in inputs:
-        path = Path(raw)
-        if not path.exists():
+        path = raw if sources.is_url(raw) else Path(raw)
+        if not sources.exists(path):
             raise InputError(f"{path}: no such file or directory")
-        if path.is_dir():
-            found = sorted(path.rglob("*.mm_profdata"))
+        if sources.is_dir(path):
+            found = sources.profiles_below(path)
             if not found:
                 raise InputError(f"{path}: directory holds no .mm_profdata files")
             profiles.extend(found)
@@ -67,14 +66,14 @@ def classify(inputs: list[Path]) -> tuple[Path | None, list[Path]]:
     return (etl[0] if etl else None), profiles
 
 
-def run(run_dir: Path, config, pool, inputs: list[Path]) -> dict[str, Any]:
+def run(run_dir: Path, config, pool, inputs: list[sources.Input]) -> dict[str, Any]:
     """Decode ``inputs`` into ``RUN_DIR/decoded``; returns the stage's summary counts."""
     trace, profiles = classify(inputs)
     files = ([trace] if trace else []) + profiles
     summary: dict[str, Any] = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as hasher:
         # sha256 of a multi-GB trace runs beside the decode (hashlib releases the GIL).
-        prints = hasher.submit(lambda: [fingerprint(f) for f in files])
+        prints = hasher.submit(lambda: [sources.fingerprint(f) for f in files])
         fps = None
         with stage_output(run_dir, STAGE, inputs=[], config=config.resolved()) as out:
             if trace is not None:

@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
+
+from pipeline import sources
 
 
 def add_arguments(p) -> None:
-    p.add_argument("inputs", nargs="+", type=Path, metavar="PATH",
-                   help="an ETL trace, .mm_profdata files, or directories of them (recognized by content)")
-    p.add_argument("--run", dest="run_dir", type=Path, required=True, help="run directory to write decoded/ into")
+    p.add_argument("inputs", nargs="+", type=sources.parse, metavar="PATH",
+                   help="an ETL trace, .mm_profdata files, or directories of them (recognized by content); a path "
+                        "or an fsspec URL (https://, s3://, ...) that the workers read from")
+    p.add_argument("--run", dest="run_dir", type=sources.run_dir, required=True, help="run directory to write decoded/ into")
 
 
 def main(args, config) -> int:
     from pipeline import decode
     from pipeline.cluster import connect
 
-    from pipeline.cluster import input_bytes
-
     decode.classify(args.inputs)  # a bad input fails here, before a cluster is started
-    with connect(config.cluster, warm_up=decode.WARM_UP, size=input_bytes(args.inputs)) as pool:
+    with connect(config.cluster, warm_up=decode.WARM_UP, size=sources.input_bytes(args.inputs)) as pool:
         summary = decode.run(args.run_dir, config, pool, inputs=args.inputs)
     print(json.dumps(summary, indent=2, sort_keys=True, default=str))
     return 0

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from pipeline import sources
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--run", dest="run_dir", type=Path, required=True, help="run directory with an aggregated/ output")
+    p.add_argument("--run", dest="run_dir", type=sources.run_dir, required=True, help="run directory with an aggregated/ output")
 
 
 def main(args, config) -> int:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pipeline import sources
+
 
 def add_arguments(p) -> None:
-    p.add_argument("--run", dest="run_dir", type=Path, required=True,
+    p.add_argument("--run", dest="run_dir", type=sources.run_dir, required=True,
                    help="run directory holding decoded/ (writes symbolized/)")
     p.add_argument("--symbol-path", dest="symbol_path", default=None,
                    help="symbol path in _NT_SYMBOL_PATH syntax (DIR; srv*CACHE*URL; cache*DIR), ';'-separated; "

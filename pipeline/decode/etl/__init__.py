@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from pipeline import sources
 from pipeline.decode.etl import layout as L
 from pipeline.decode.etl.buffers import walk
 from pipeline.errors import out_of_memory
@@ -58,14 +59,14 @@ def filetime_to_utc(ft: int) -> _dt.datetime | None:
     return _dt.datetime(1601, 1, 1, tzinfo=_dt.timezone.utc) + _dt.timedelta(microseconds=ft // 10)
 
 
-def decode_etl(path: Path, out, cfg, pool) -> dict[str, Any]:
+def decode_etl(path: sources.Input, out, cfg, pool) -> dict[str, Any]:
     """Decode one ETL trace into ``out`` (a StageOutput); returns the summary stored in the manifest. On a
     terminal, a status line shows the bytes decoded, the rate and the time to go, then the joins."""
     with Status("decode", 0) as status:
         return _decode_etl(path, out, cfg, pool, status)
 
 
-def _decode_etl(path: Path, out, cfg, pool, status: Status) -> dict[str, Any]:
+def _decode_etl(path: sources.Input, out, cfg, pool, status: Status) -> dict[str, Any]:
     import duckdb  # (imported here, so that set_aside keeps its objects out of the collector)
 
     from pipeline.decode.etl import heapsnap, joins
@@ -73,7 +74,7 @@ def _decode_etl(path: Path, out, cfg, pool, status: Status) -> dict[str, Any]:
 
     pool.set_aside()
     t0 = time.time()
-    path = Path(path).resolve()
+    path = path if sources.is_url(path) else Path(path).resolve()      # (a URL: each task reads its ranges from it)
     header, bufs = walk(path)
     ranks = stream_ranks(bufs)
     desc = np.empty(len(bufs), bufs.dtype.descr + [("stream_rank", "<i8")])
@@ -168,7 +169,8 @@ def _decode_etl(path: Path, out, cfg, pool, status: Status) -> dict[str, Any]:
     out.write_table("trace", pa.Table.from_pylist([trace]))
     elapsed = time.time() - t0
     summary = {
-        "file": str(path), "buffers_total": len(bufs), "buffers_compressed": trace["compressed_buffers"],
+        "file": str(path), "walk_reads": header.walk_reads, "buffers_total": len(bufs),
+        "buffers_compressed": trace["compressed_buffers"],
         "buffers_skipped": skipped, "buffers_missing": header.missing_buffers, "bytes_resynced": header.resync_bytes,
         "events_lost": events_lost, "buffers_lost": buffers_lost, "records": trace["records"], "errors": len(errors), "partitions": len(tasks),
         "decode_s": round(t_parts - t0, 3), "join_s": round(elapsed - (t_parts - t0), 3),

@@ -19,7 +19,6 @@ Damage never ends the walk silently (every case is an ``errors`` row with the bu
 
 from __future__ import annotations
 
-import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline import sources
 from pipeline.decode.etl import layout as L
 from pipeline.errors import InputError
 
@@ -65,6 +65,7 @@ class TraceHeader:
     field_errors: list[dict[str, Any]] = field(default_factory=list)    # header fields that cannot be what they say
     missing_buffers: int = 0            # BuffersWritten minus the buffers found (0 when not fewer)
     resync_bytes: int = 0               # bytes passed over to find the chain again after damage
+    walk_reads: str = "file"            # how the walk read the headers: "file", or from a URL "headers" or "blocks"
 
 
 def _read_logfile_header(path: Path, head: bytes, file_size: int) -> TraceHeader:
@@ -199,7 +200,7 @@ def plausible_one(raw: bytes, offset: int, lim: _Limits, strict: bool = True) ->
     return fills and cpu_ok and (lim.logger_id < 0 or logger == lim.logger_id)
 
 
-def _chains(fd: int, offset: int, raw: bytes, lim: _Limits, strict: bool = False) -> tuple[bool, bytes | None]:
+def _chains(pread, offset: int, raw: bytes, lim: _Limits, strict: bool = False) -> tuple[bool, bytes | None]:
     """Whether the header ``raw`` at ``offset`` is plausible (``strict``: see ``_plausible``) and its BufferSize
     leads to another plausible header or exactly to the end of the file; and the header it leads to (None at
     the end), for the walk's next step."""
@@ -208,24 +209,24 @@ def _chains(fd: int, offset: int, raw: bytes, lim: _Limits, strict: bool = False
     nxt = offset + int.from_bytes(raw[:4], "little")
     if nxt == lim.file_size:
         return True, None
-    after = os.pread(fd, L.BUFFER_HEADER_SIZE, nxt)
+    after = pread(L.BUFFER_HEADER_SIZE, nxt)
     return plausible_one(after, nxt, lim, False), after
 
 
-def _leads_on(fd: int, offset: int, raw: bytes, lim: _Limits) -> bool:
+def _leads_on(pread, offset: int, raw: bytes, lim: _Limits) -> bool:
     """A resynchronizing candidate: a strict header whose chain goes on for RESYNC_LOOKAHEAD more headers (or to
     the end of the file)."""
-    ok, after = _chains(fd, offset, raw, lim, strict=True)
+    ok, after = _chains(pread, offset, raw, lim, strict=True)
     for _ in range(RESYNC_LOOKAHEAD - 1):
         if not ok or after is None:
             return ok
         offset += int.from_bytes(raw[:4], "little")
         raw = after
-        ok, after = _chains(fd, offset, raw, lim, strict=True)
+        ok, after = _chains(pread, offset, raw, lim, strict=True)
     return ok
 
 
-def _resync(fd: int, bad: int, lim: _Limits) -> int | None:
+def _resync(pread, bad: int, lim: _Limits) -> int | None:
     """The first offset after the broken header at ``bad`` where the chain can go on (``_leads_on``), or None.
 
     First the offsets a whole number of session buffers after it (where an uncompressed file's next buffers
@@ -235,18 +236,18 @@ def _resync(fd: int, bad: int, lim: _Limits) -> int | None:
     limit = lim.file_size
     if lim.capacity >= L.BUFFER_HEADER_SIZE:
         for at in range(bad + lim.capacity, lim.file_size - L.BUFFER_HEADER_SIZE + 1, lim.capacity):
-            if _leads_on(fd, at, os.pread(fd, L.BUFFER_HEADER_SIZE, at), lim):
+            if _leads_on(pread, at, pread(L.BUFFER_HEADER_SIZE, at), lim):
                 limit = at
                 break
     pos = bad + 1
     while pos + L.BUFFER_HEADER_SIZE <= min(limit, lim.file_size):
-        data = os.pread(fd, min(SCAN_CHUNK, limit - pos) + L.BUFFER_HEADER_SIZE - 1, pos)
+        data = pread(min(SCAN_CHUNK, limit - pos) + L.BUFFER_HEADER_SIZE - 1, pos)
         n = len(data) - L.BUFFER_HEADER_SIZE + 1
         if n <= 0:
             break
         a = np.frombuffer(data, np.uint8)
         for k in np.flatnonzero(_plausible(_fields(a, n), pos + np.arange(n, dtype=np.int64), lim)).tolist():
-            if _leads_on(fd, pos + k, data[k:k + L.BUFFER_HEADER_SIZE], lim):
+            if _leads_on(pread, pos + k, data[k:k + L.BUFFER_HEADER_SIZE], lim):
                 return pos + k
         pos += n
     return limit if limit < lim.file_size else None
@@ -263,23 +264,19 @@ def walk(path: Path) -> tuple[TraceHeader, np.ndarray]:
     cache: the next read of the loop); numpy reads the other fields of all the headers at once. 1 GB (14,842
     buffers): 19-28 ms alone and 48-76 ms in a decode, where a struct and a dict per buffer took 43-45 ms alone
     and ~130 ms in a decode (beside the cluster's start and the file's hash). A memory map read by numba
-    instead took 50-90 ms alone: a page fault per buffer.
+    instead took 50-90 ms alone: a page fault per buffer. ``path`` may be a URL (:mod:`pipeline.sources`): its
+    headers are then fetched PREFETCH buffers at a time.
     """
-    path = Path(path)
-    try:
-        f = open(path, "rb")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    with f:
-        file_size = f.seek(0, 2)
-        f.seek(0)
-        head = f.read(0x1000)
+    with sources.Reader(path) as f:
+        file_size = f.size
+        head = f.pread(min(0x1000, file_size), 0)
         header = _read_logfile_header(path, head, file_size)
         lim = _Limits(file_size, int(header.fields["buffer_size"]), int(header.fields["cpu_count"]))
+        f.stride = lim.capacity if lim.capacity >= L.BUFFER_HEADER_SIZE else 0
         heads: list[bytes] = []
         offsets: list[int] = []
         offset = 0
-        fd = f.fileno()
+        pread = f.pread
         found: dict[int, int | None] = {}   # broken header -> where the chain resumes after it (None: nowhere)
         ahead: bytes | None = None          # the header at ``offset`` when the chain check read it already
         while offset < file_size:
@@ -288,16 +285,16 @@ def walk(path: Path) -> tuple[TraceHeader, np.ndarray]:
                                                f"{file_size - offset} trailing bytes: too short for a buffer header"))
                 break
             # One 0x48-byte read per buffer: the walk touches headers only, never the event data.
-            raw = ahead if ahead is not None else os.pread(fd, L.BUFFER_HEADER_SIZE, offset)
+            raw = ahead if ahead is not None else pread(L.BUFFER_HEADER_SIZE, offset)
             ahead = None
             size = int.from_bytes(raw[:4], "little")
             # A header whose BufferSize leads to another header (or the end) is taken; so is one that can be by
             # itself when the chain found after it starts no earlier than its end (the damage is after it: the next
             # step reports it). A header failing only its fill marks, CPU or logger is taken, its buffer skipped.
-            chained, ahead = _chains(fd, offset, raw, lim) if heads else (True, None)
+            chained, ahead = _chains(pread, offset, raw, lim) if heads else (True, None)
             if not chained:
                 ahead = None
-                resumed = found.pop(offset) if offset in found else _resync(fd, offset, lim)
+                resumed = found.pop(offset) if offset in found else _resync(pread, offset, lim)
                 alone = plausible_one(raw, offset, lim)
                 if alone and (resumed is None or resumed >= offset + size):
                     if resumed is None or resumed > offset + size:
@@ -328,6 +325,7 @@ def walk(path: Path) -> tuple[TraceHeader, np.ndarray]:
             heads.append(raw)
             offsets.append(offset)
             offset += size
+        header.walk_reads = f.mode if f.url else "file"
     hdr = np.frombuffer(b"".join(heads), L.BUFFER_HEADER)
     descs = np.empty(len(hdr), dtype=BUFFER_DESC)
     descs["index"] = np.arange(len(hdr))
@@ -381,7 +379,7 @@ def _drop_duplicates(path: Path, header: TraceHeader, heads: list[bytes], descs:
     and its data) are left out, one error each; a header repeated over other data is only reported."""
     first: dict[bytes, int] = {}
     drop = []
-    with open(path, "rb") as f:
+    with sources.Reader(path) as f:
         for i, raw in enumerate(heads):
             if i == 0:
                 continue
@@ -389,8 +387,7 @@ def _drop_duplicates(path: Path, header: TraceHeader, heads: list[bytes], descs:
             if j == i:
                 continue
             size = int(descs["buffer_size"][i])
-            same = os.pread(f.fileno(), size, int(descs["file_offset"][i])) == \
-                os.pread(f.fileno(), size, int(descs["file_offset"][j]))
+            same = f.pread(size, int(descs["file_offset"][i])) == f.pread(size, int(descs["file_offset"][j]))
             (header.walk_errors if same else header.field_errors).append(_err(
                 path, i, int(descs["file_offset"][i]), "duplicate_buffer" if same else "duplicate_header",
                 f"repeats buffer {j} (byte offset 0x{int(descs['file_offset'][j]):x}) "

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pipeline import sources
+
 EVENTS_TABLE = "query_events"
 FILES_TABLE = "self_profiles"
 
@@ -64,13 +66,13 @@ def files_schema():
 _CRATE_NAME = re.compile(r'--crate-name"?[ =]+"?([^ "]+)')
 
 
-def crate_of(cmd: str | None, path: Path) -> str:
+def crate_of(cmd: str | None, path: sources.Input) -> str:
     """The crate named by ``--crate-name`` in the command line, else the file-name prefix."""
     m = _CRATE_NAME.search(cmd or "")
     if m:
         return m.group(1)
-    m = _NAME_PID.match(path.name)
-    return m.group("crate") if m else path.stem
+    m = _NAME_PID.match(sources.name(path))
+    return m.group("crate") if m else sources.stem(path)
 
 
 def events_table(file_id: int, prof, crate: str):
@@ -137,8 +139,8 @@ def decode_group(group: dict[str, Any]) -> list[dict[str, Any]]:
 
     rows, tables = [], []
     for file_id, path in group["files"]:
-        path = Path(path)
-        row: dict[str, Any] = {"file_id": file_id, "path": str(path), "size": path.stat().st_size,
+        path = sources.parse(path)
+        row: dict[str, Any] = {"file_id": file_id, "path": str(path), "size": sources.size(path),
                                "status": "ok", "part": None}
         t0 = time.perf_counter()
         try:
@@ -175,9 +177,10 @@ def decode_group(group: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def plan_groups(files: list[tuple[int, Path]], n_workers: int, parts_dir: Path) -> list[dict[str, Any]]:
+def plan_groups(files: list[tuple[int, sources.Input]], n_workers: int, parts_dir: Path) -> list[dict[str, Any]]:
     """Bins of files in input order, each up to GROUP_BYTES, and at least 2 per worker if possible."""
-    total = sum(p.stat().st_size for _, p in files)
+    sizes = {file_id: sources.size(p) for file_id, p in files}
+    total = sum(sizes.values())
     target = max(1, min(GROUP_BYTES, total // max(1, 2 * n_workers)))
     groups: list[list[tuple[int, str]]] = [[]]
     size = 0
@@ -186,12 +189,12 @@ def plan_groups(files: list[tuple[int, Path]], n_workers: int, parts_dir: Path) 
             groups.append([])
             size = 0
         groups[-1].append((file_id, str(path)))
-        size += path.stat().st_size
+        size += sizes[file_id]
     return [{"files": g, "part": f"part-{i:05d}.parquet", "out": str(parts_dir / f"part-{i:05d}.parquet")}
             for i, g in enumerate(groups) if g]
 
 
-def decode_profiles(paths: list[Path], out, cfg, pool) -> dict[str, Any]:
+def decode_profiles(paths: list[sources.Input], out, cfg, pool) -> dict[str, Any]:
     """Decode self-profiles into ``out``'s ``query_events`` (dataset dir) and ``self_profiles`` tables."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -201,9 +204,9 @@ def decode_profiles(paths: list[Path], out, cfg, pool) -> dict[str, Any]:
     parts_dir.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     todo: list[tuple[int, Path]] = []
-    for file_id, path in enumerate(sorted(Path(p) for p in paths)):
-        if cfg.skip_cargo_probe and _PROBE_NAME.match(path.name):
-            rows.append({"file_id": file_id, "path": str(path), "size": path.stat().st_size,
+    for file_id, path in enumerate(sorted((sources.parse(p) for p in paths), key=str)):
+        if cfg.skip_cargo_probe and _PROBE_NAME.match(sources.name(path)):
+            rows.append({"file_id": file_id, "path": str(path), "size": sources.size(path),
                          "status": "skipped", "error": "cargo probe run (decode.skip_cargo_probe)"})
         else:
             todo.append((file_id, path))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline import sources
 from pipeline.decode.measureme import kernels
 from pipeline.decode.measureme.layout import (
     ARG_SEPARATOR,
@@ -227,11 +228,17 @@ class Profile:
 
 def read_profile(path: Path) -> Profile:
     """Decode and nest one file; ProfileError on anything that stops a faithful decode."""
-    path = Path(path)
-    try:
-        raw = np.fromfile(path, dtype=np.uint8)
-    except OSError as exc:
-        raise ProfileError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    if sources.is_url(path):
+        try:
+            raw = np.frombuffer(sources.read_bytes(path), np.uint8)
+        except InputError as exc:
+            raise ProfileError(str(exc)) from exc
+    else:
+        path = Path(path)
+        try:
+            raw = np.fromfile(path, dtype=np.uint8)
+        except OSError as exc:
+            raise ProfileError(f"{path}: cannot read: {exc.strerror or exc}") from exc
     layout, streams = split_streams(path, raw)
     del raw  # the streams are copies; keep one copy of a large file in memory, not two
     strings = StringTable(path, layout, streams[TAG_STRING_DATA], streams[TAG_STRING_INDEX])
