@@ -154,8 +154,8 @@ class SymbolizeConfig(Section):
 class AggregateConfig(Section):
     top_n: int = Field(200, ge=1, description="Rows kept in the top-N summary tables.")
     memory_limit: Annotated[str, _size_at_least(AGGREGATE_MEMORY_MIN)] = Field(
-        "4GB", description="DuckDB memory limit of each aggregate section; beyond it joins and sorts spill to a "
-        "temporary directory inside the run directory. At least 32MiB.",
+        "4GB", description="DuckDB memory limit of the aggregate stage, shared evenly by its sections (they run at "
+        "once); beyond it joins and sorts spill to a temporary directory inside the run directory. At least 32MiB.",
     )
     etl_join_tolerance_ms: float = Field(
         2000.0, ge=0, description="Self-profile to ETL process join: largest start-time difference "

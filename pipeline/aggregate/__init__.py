@@ -4,7 +4,8 @@ Entry point: :func:`run`. The stage is a list of sections (``SECTIONS``); each i
 ``section(ctx) -> dict | None`` in a sibling module that looks at the decoded output, returns
 ``None`` when the run has nothing for it (e.g. no self-profiles), and otherwise writes its tables
 with ``ctx.out.write_table`` and returns its summary counts. A new kind of summary (CPU samples,
-memory, processes) is a new module appended to ``SECTIONS``; existing sections stay untouched.
+memory, processes) is a new module appended to ``SECTIONS``; existing sections stay untouched. Sections run
+at once, on threads (but those in ``ON_CALLER``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ SOURCE = "decoded"
 
 SECTIONS: list[Callable[["Context"], dict[str, Any] | None]] = [queries.aggregate, cpu.aggregate, memory.aggregate, processes.aggregate,
                                                                 query_cpu.aggregate]
+#: Sections that run one after the other on the calling thread, in this order: those that use the dask pool (a
+#: lazy pool starts its cluster in the thread that first uses it, and must close it there) and those that read
+#: what one of them wrote. The others run beside them, each on a thread of its own with its own DuckDB
+#: connection (DuckDB, numpy and numba let go of the GIL).
+ON_CALLER = (queries.aggregate, query_cpu.aggregate)
 
 
 @dataclass
@@ -55,12 +61,42 @@ def run(run_dir: Path, config, pool, inputs=None) -> dict[str, Any]:
         read_manifest(run_dir, "symbolized")        # (refuses frames made from another decode)
     with stage_output(run_dir, STAGE, inputs=source, config=config.resolved(), upstream=(SOURCE, "symbolized")) as out:
         ctx = Context(run_dir, config, pool, out, decoded)
-        for section in SECTIONS:
-            result = _run_section(section, ctx)
-            if result is not None:
-                summary[section_name(section)] = result
+        results = _run_sections(ctx)
+        summary = {section_name(s): results[s] for s in SECTIONS if results[s] is not None}
         out.manifest["sections"] = summary
     return summary
+
+
+def _run_sections(ctx: Context) -> dict[Callable, dict[str, Any] | None]:
+    """Every section: ``ON_CALLER`` in order on this thread, the others at once beside them; a section that fails
+    fails the stage (the first in ``SECTIONS`` order), once every section has ended."""
+    import concurrent.futures
+
+    results: dict[Callable, Any] = {}
+    errors: dict[Callable, BaseException] = {}
+    beside = [s for s in SECTIONS if s not in ON_CALLER]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(len(beside), 1), thread_name_prefix="aggregate") as threads:
+        futures = {section: threads.submit(_run_section, section, ctx) for section in beside}
+        for section in ON_CALLER:
+            try:
+                results[section] = _run_section(section, ctx)
+            except Exception as exc:        # (reported below, once the sections beside have ended)
+                errors[section] = exc
+                break
+        for section, future in futures.items():
+            if future.exception() is not None:
+                errors[section] = future.exception()
+            else:
+                results[section] = future.result()
+    for section in SECTIONS:
+        if section in errors:
+            raise errors[section]
+    return {section: results.get(section) for section in SECTIONS}
+
+
+def parallel_sections() -> int:
+    """How many sections run at once: they share ``aggregate.memory_limit`` (``resolve.section_memory``)."""
+    return len(SECTIONS) - len(ON_CALLER) + 1
 
 
 def _run_section(section: Callable[[Context], dict[str, Any] | None], ctx: Context) -> dict[str, Any] | None:
@@ -71,5 +107,8 @@ def _run_section(section: Callable[[Context], dict[str, Any] | None], ctx: Conte
     try:
         return section(ctx)
     except duckdb.OutOfMemoryException as exc:
-        raise out_of_memory(ctx.run_dir, f"the aggregate section '{section_name(section)}'", "aggregate.memory_limit",
-                            ctx.config.aggregate.memory_limit, exc) from None
+        error = out_of_memory(ctx.run_dir, f"the aggregate section '{section_name(section)}'", "aggregate.memory_limit",
+                              ctx.config.aggregate.memory_limit, exc)
+    # (raised here, outside the handler: the error keeps no reference to the section's frames, whose DuckDB
+    # connection then goes away with its spill directory)
+    raise error

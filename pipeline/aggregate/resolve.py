@@ -47,9 +47,9 @@ CMD_CRATE_SQL = """nullif(regexp_extract(command_line, '--crate-name"?[ =]+"?([^
 
 
 def duckdb_for(ctx):
-    """A DuckDB connection for one section: at most ``aggregate.memory_limit`` of memory; beyond it joins
-    and sorts spill into a hidden directory of the run, removed when the connection goes away. (A section
-    that needs more even so fails: the stage names the setting, ``pipeline.aggregate.run``.)"""
+    """A DuckDB connection for one section: its share of ``aggregate.memory_limit`` (``section_memory``);
+    beyond it joins and sorts spill into a hidden directory of the run, removed when the connection goes away.
+    (A section that needs more even so fails: the stage names the setting, ``pipeline.aggregate.run``.)"""
     import os
     import shutil
     import tempfile
@@ -57,14 +57,22 @@ def duckdb_for(ctx):
 
     import duckdb
 
-    from pipeline.config import parse_size
-
     # (named with this process: the next stage run removes it if a kill left it behind, runs.clean_leftovers)
     spill = tempfile.mkdtemp(prefix=f".aggregate-spill-{os.getpid()}-", dir=ctx.run_dir)
     con = duckdb.connect(config={"preserve_insertion_order": False, "temp_directory": spill,
-                                 "memory_limit": f"{parse_size(ctx.config.aggregate.memory_limit)}B"})
+                                 "memory_limit": f"{section_memory(ctx.config.aggregate.memory_limit)}B"})
     weakref.finalize(con, shutil.rmtree, spill, True)
     return con
+
+
+def section_memory(limit: str) -> int:
+    """One section's share of the stage's DuckDB memory: an even share among the sections that run at once, at
+    least the smallest limit the setting allows (or the whole limit, when it is smaller still)."""
+    from pipeline.aggregate import parallel_sections
+    from pipeline.config import AGGREGATE_MEMORY_MIN, parse_size
+
+    total = parse_size(limit)
+    return max(total // parallel_sections(), min(total, AGGREGATE_MEMORY_MIN))
 
 
 def connect(ctx, *tables: str):
