@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.decode.etl import buckets, joins
+from pipeline.decode.etl import buckets, joins, scratch, settle, stackkeys
 from pipeline.decode.etl import kernels as K
 from pipeline.runs import read_manifest, read_table
 from tests.synth_traces import synth_traces  # noqa: F401
@@ -133,12 +133,12 @@ def test_buckets_cover_every_time_once(tmp_path):
     paths, samples = [], []
     for i, part in enumerate(np.array_split(rng.permutation(ts), 7)):
         path = tmp_path / f"part-{i}.arrow"
-        sample, source = buckets.write_scratch(pa.table({"timestamp": part, "row": np.arange(len(part))}), "timestamp", path)
+        sample, source = scratch.write_scratch(pa.table({"timestamp": part, "row": np.arange(len(part))}), "timestamp", path)
         samples.append(sample)
         paths.append(source)
     plan = buckets.plan(samples, rows_per_bucket=4000, min_buckets=2)
     assert len(plan) > 5 and plan[-1][1] is None
-    got = [buckets.read_bucket(buckets.overlapping(paths, lo, hi), "timestamp", lo, hi) for lo, hi in plan]
+    got = [scratch.read_bucket(scratch.overlapping(paths, lo, hi), "timestamp", lo, hi) for lo, hi in plan]
     seen = np.sort(np.concatenate([t.column("timestamp").to_numpy() for t in got if t is not None]))
     assert np.array_equal(seen, np.sort(ts))
     equal = [t for t in got if t is not None and 77 in t.column("timestamp").to_numpy()]
@@ -164,14 +164,14 @@ def test_key_references_take_the_first_definition_at_or_after_them():
         if nd:                                  # half of them exactly at a definition of their key
             at = rng.integers(0, nd, 1500)
             key[:1500], ts[:1500] = d_key[at], d_ts[at]
-        defs = buckets.index_defs({"key": d_key, "timestamp": d_ts, "n": np.zeros(nd, np.int32)})
-        got = buckets.positions(key, ts, defs)
+        defs = stackkeys.index_defs({"key": d_key, "timestamp": d_ts, "n": np.zeros(nd, np.int32)})
+        got = stackkeys.positions(key, ts, defs)
         want = [next(iter(np.flatnonzero((d_key == k) & (d_ts >= t))), -1) for k, t in zip(key, ts)]
         assert got.tolist() == want
         sides = rng.integers(0, 4, 3000).astype(np.uint8)
         dt = rng.integers(0, 40, 3000).astype(np.uint16)
         got = np.full(3000, -1, np.int64)
-        buckets.first_at_or_after(key, ts - dt, dt, sides, 2, d_ts, defs["index"].slots, defs["index"].a,
+        stackkeys.first_at_or_after(key, ts - dt, dt, sides, 2, d_ts, defs["index"].slots, defs["index"].a,
                                   defs["run_lo"], defs["run_hi"], got)
         assert got.tolist() == [w if s & 2 else -1 for w, s in zip(want, sides)]
 
@@ -273,7 +273,7 @@ def test_a_process_writes_each_pieces_frames_once_per_decode_and_never_replaces_
 
 def test_a_process_writes_each_settled_stack_once_per_decode_with_its_pieces(tmp_path):
     from pipeline.decode.etl import partition as P
-    from pipeline.decode.etl.buckets import Stacks
+    from pipeline.decode.etl.stacks import Stacks
 
     def stacks(ids):         # stack i: pieces (i, 0) and, for odd i, (i, 1)
         owner = np.array([k for k, i in enumerate(ids) for _ in range(1 + i % 2)], np.int64)
@@ -386,14 +386,14 @@ def _every_part_has_the_output_schema(run):
     """Every part of the per-event tables, whoever wrote it (a partition, a keyed-sample task, a bucket, the
     empty table of a trace without such rows), has the table's schema, NOT NULL columns included, so that
     a reader of the whole directory sees one schema."""
-    for table, schema in buckets.OUTPUT_SCHEMAS.items():
+    for table, schema in scratch.OUTPUT_SCHEMAS.items():
         target = run / "decoded" / f"{table}.parquet"
         parts = sorted(target.glob("*.parquet")) if target.is_dir() else [target]
         assert parts, table
         for part in parts:
             assert pq.read_schema(part).remove_metadata().equals(schema), part
-    assert not buckets.OUTPUT_SCHEMAS["samples"].field("ip").nullable
-    assert buckets.OUTPUT_SCHEMAS["samples"].field("stack_id").nullable
+    assert not scratch.OUTPUT_SCHEMAS["samples"].field("ip").nullable
+    assert scratch.OUTPUT_SCHEMAS["samples"].field("stack_id").nullable
 
 
 def _only_common_encodings(run):
@@ -425,9 +425,9 @@ def test_samples_adopt_only_the_pieces_that_directly_follow_them(tmp_path):
         (4, 200, 2, False, 40, 201), (5, 200, 2, False, 40, 202),           # two kernel pieces
         (7, 300, 4, False, 40, 301),                                        # another thread
         (9, 400, 5, False, 40, 401),                                        # next buffer
-        (11, 500, 6, False, 40, 500 + buckets.ADOPT_MAX_DT + 1),            # logged too late
+        (11, 500, 6, False, 40, 500 + settle.ADOPT_MAX_DT + 1),            # logged too late
         (13, 600, 7, False, 40, 601), (14, 600, 7, True, 41, 602),          # two processes
-        (15 + buckets.ADOPT_WINDOW + 1, 700, 8, False, 40, 701),            # out of reach
+        (15 + settle.ADOPT_WINDOW + 1, 700, 8, False, 40, 701),            # out of reach
     ]
     recs = sorted(sample_at)
     samples = pa.table({"timestamp": np.array([sample_at[r][0] for r in recs], np.int64),
@@ -442,7 +442,7 @@ def test_samples_adopt_only_the_pieces_that_directly_follow_them(tmp_path):
                      "timestamp": np.array([p[5] for p in piece_rows], np.int64),
                      "h1": np.array([h[0] for h in hashes], np.uint64), "h2": np.array([h[1] for h in hashes], np.uint64),
                      "n": np.array([h[2] for h in hashes], np.int32), "_rec": np.array([p[0] for p in piece_rows], np.int64)})
-    out, left = buckets.adopt_pieces(samples, refs, rbuf)
+    out, left = settle.adopt_pieces(samples, refs, rbuf)
     adopted = out.column("adopted").combine_chunks()
     assert adopted.null_count == len(recs) - 1 and adopted.is_valid().to_pylist()[0]
     assert sorted(left.column("_rec").to_pylist()) == [p[0] for p in piece_rows[2:]]
@@ -452,8 +452,8 @@ def test_samples_adopt_only_the_pieces_that_directly_follow_them(tmp_path):
 
     # Through scratch: the sample's pieces come back exactly as they were logged.
     path = tmp_path / "part-00000.arrow"
-    buckets.write_scratch(out.drop_columns(["_rec"]), "timestamp", path)
-    s, d, unsorted = buckets.read_samples([str(path)], buckets.I64_MIN, None)
+    scratch.write_scratch(out.drop_columns(["_rec"]), "timestamp", path)
+    s, d, unsorted = scratch.read_samples([str(path)], scratch.I64_MIN, None)
     a = buckets.Adopted(s, d, unsorted)
     sid, _ = a.stacks()
     assert sid.tolist() == [entry["stack_id"]] + [-1] * (len(recs) - 1)
@@ -554,10 +554,10 @@ def test_rows_with_a_complete_stack_are_settled_in_their_partition():
                      "kind": pa.DictionaryArray.from_arrays(pa.array([1, 1, 1], pa.int8()), pa.array(["create", "alloc"])),
                      **{c: np.zeros(3, np.uint64) for c in ("heap", "address", "size", "old_address", "old_size")},
                      "flags": np.zeros(3, np.uint32), "source": np.zeros(3, np.uint32), "_rec": np.array([7, 10, 12], np.int64)})
-    samples, refs = buckets.adopt_pieces(samples, _refs(rows), rbuf)
+    samples, refs = settle.adopt_pieces(samples, _refs(rows), rbuf)
     assert samples.column("adopted").null_count == 1            # all but the last adopted what follows them
     sample_keys = [(samples.column("timestamp").to_numpy(), samples.column("tid").to_numpy())]
-    final, rest, left, stacks = buckets.settle_heap_events(heap, refs, rbuf, sample_keys, None)
+    final, rest, left, stacks = settle.settle_heap_events(heap, refs, rbuf, sample_keys, None)
     assert final.column("timestamp").to_pylist() == [400]
     assert final.column("stack_id").to_pylist() == [_group_id([KERNEL, USER])]
     assert rest.column("timestamp").to_pylist() == [500, 600]
@@ -566,7 +566,7 @@ def test_rows_with_a_complete_stack_are_settled_in_their_partition():
     others = [(left.column("event_ts").to_numpy(), left.column("tid").to_numpy()),
               (rest.column("timestamp").to_numpy(), rest.column("tid").to_numpy()),
               (np.array([700], np.int64), np.array([8], np.uint32))]
-    final, rest, stacks, counts = buckets.settle_samples(samples, others, None, (0, 10_000_000))
+    final, rest, stacks, counts = settle.settle_samples(samples, others, None, (0, 10_000_000))
     assert final.column("timestamp").to_pylist() == [100, 200]    # k+u; System with its kernel piece
     assert final.column("pid").to_pylist() == [40, 4]
     assert final.column("stack_id").to_pylist() == [_group_id([KERNEL, USER]), _group_id([KERNEL])]
@@ -597,6 +597,6 @@ def test_unshared_rows_equal_a_pairwise_comparison(seed):
     expected = np.array([w and keys[(t, k)] == 1 and (t, c) not in va
                          for w, t, k, c in zip(whole.tolist(), ts.tolist(), tid.tolist(), cpu.tolist())])
     assert 0 < expected.sum() < whole.sum()
-    assert np.array_equal(buckets.unshared(rows, whole, others, vallocs), expected)
-    assert np.array_equal(buckets.unshared(rows, whole, others, None),
+    assert np.array_equal(settle.unshared(rows, whole, others, vallocs), expected)
+    assert np.array_equal(settle.unshared(rows, whole, others, None),
                           np.array([w and keys[(t, k)] == 1 for w, t, k in zip(whole.tolist(), ts.tolist(), tid.tolist())]))

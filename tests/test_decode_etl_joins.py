@@ -11,7 +11,7 @@ from __future__ import annotations
 import duckdb
 import numpy as np
 
-from pipeline.decode.etl import buckets, joins
+from pipeline.decode.etl import joins, stackkeys
 
 #: The owner of a sample as first written: an ASOF join on (tid, latest start at or before).
 ASOF_OWNER = """
@@ -35,7 +35,7 @@ def test_sample_owner_equals_asof_join(tmp_path):
     con.executemany("INSERT INTO _samples VALUES (?, ?, ?)", rows)
     expected = con.execute(ASOF_OWNER).fetchall()
     slots = joins._thread_slots(con, tmp_path / "threads.npz")
-    pid, has = buckets.owners(slots, np.array([r[0] for r in rows], np.int64), np.array([r[2] for r in rows], np.uint32))
+    pid, has = stackkeys.owners(slots, np.array([r[0] for r in rows], np.int64), np.array([r[2] for r in rows], np.uint32))
     got = [(int(p) if h else None) for p, h in zip(pid, has)]
     # tid 9 has two instances starting together; which one the ASOF join picks is not defined, so
     # only the others are compared exactly, and tid 9 must get one of its two pids.

@@ -10,7 +10,6 @@ would be under a pixel wide unzoomed, and a real trace has millions of them.
 from __future__ import annotations
 
 import html
-import json
 from pathlib import Path
 from typing import Any, Iterable
 

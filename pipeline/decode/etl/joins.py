@@ -12,7 +12,7 @@ Stacks (§3.5, §3.6)::
                             StackKeyKernel/User {event_ts=ts, T, key} (kernel half, later user half,
                                                                       maybe on another CPU's buffer)
     key ──► first KeyDelete/KeyRundown/Create definition of that key at or after the reference
-            (keys are reused, so "any definition" is wrong; ``buckets.resolve_keys`` picks the right one)
+            (keys are reused, so "any definition" is wrong; ``stackkeys.resolve_keys`` picks the right one)
 
 All pieces of one (event_ts, thread) are concatenated, kernel pieces before user pieces (a piece is a
 user half when its leaf frame is a user address, or a StackKeyUser), each kind in stream order, and the
@@ -116,7 +116,9 @@ def finish(con, out, scratch: Path, header, cfg, pool, results: list[dict[str, A
     returns counts for the manifest. ``before_stacks()`` runs once the bucket joins are done, before the
     stacks table (the heap-snapshot assembly, which runs beside the buckets); its counts join the returned
     ones."""
-    from pipeline.decode.etl import buckets as B
+    from pipeline.decode.etl.buckets import bucket_task, plan
+    from pipeline.decode.etl.scratch import BUCKETED, KEYED_SAMPLES, OUTPUT_SCHEMAS, overlapping
+    from pipeline.decode.etl.settle import SAMPLE_COUNTS
 
     clock = [time.perf_counter()]
     lap = lambda: clock.append(time.perf_counter())  # noqa: E731
@@ -131,14 +133,14 @@ def finish(con, out, scratch: Path, header, cfg, pool, results: list[dict[str, A
         others = beside.submit(_other_lifetimes, con.cursor(), out)
         lap()
 
-        sources: dict[str, list[tuple[str, int, int]]] = {t: [] for t in (*B.BUCKETED, B.KEYED_SAMPLES)}
+        sources: dict[str, list[tuple[str, int, int]]] = {t: [] for t in (*BUCKETED, KEYED_SAMPLES)}
         keyed: list[tuple[str, int]] = []  # (file, partition) of the samples settled by their stack keys
         written: dict[str, int] = {}        # rows of each scratch file, as its partition wrote it
         times = []
         for r in results:
             for table, source in r["sources"].items():
                 sources[table].append(source)
-                if table == B.KEYED_SAMPLES:
+                if table == KEYED_SAMPLES:
                     keyed.append((source[0], r["part"]))
             written.update(r["scratch_rows"])
             times.append(r["times"])
@@ -147,17 +149,17 @@ def finish(con, out, scratch: Path, header, cfg, pool, results: list[dict[str, A
                  + sum(r["settled"].get("stack_keys_with_samples", 0) for r in results)}
         lap()
 
-        bucketed = {t: files for t, files in sources.items() if t in B.BUCKETED}
-        buckets = B.plan(times, cfg.bucket_rows, pool.n_workers, sum(_rows(files, written) for files in bucketed.values()))
+        bucketed = {t: files for t, files in sources.items() if t in BUCKETED}
+        buckets = plan(times, cfg.bucket_rows, pool.n_workers, sum(_rows(files, written) for files in bucketed.values()))
         common = {"scratch_dir": str(scratch), "out_dir": str(out.path), "stack_defs": stack_defs,
                   "clock": (header.header_ts, header.perf_freq)}
         # The samples that partitions settled by their stack keys: a task per partition, beside the buckets
         # (writers numbered after them, for the stacks they write).
         tasks = [{**common, "keyed_samples": path, "part": part, "writer": len(buckets) + i}
                  for i, (path, part) in enumerate(keyed)]
-        tasks += [{**common, "sources": {t: B.overlapping(s, lo, hi) for t, s in bucketed.items()}, "threads": threads,
+        tasks += [{**common, "sources": {t: overlapping(s, lo, hi) for t, s in bucketed.items()}, "threads": threads,
                    "bucket": k, "lo": lo, "hi": hi} for k, (lo, hi) in enumerate(buckets)]
-        done = pool.map(B.bucket_task, tasks)
+        done = pool.map(bucket_task, tasks)
         lap()
         # The buckets' stacks are put together while the heap-snapshot assembly may still run (on a varied
         # trace it ends ~0.3 s after the buckets); the ``stacks`` table then adds the snapshots' stacks.
@@ -167,11 +169,11 @@ def finish(con, out, scratch: Path, header, cfg, pool, results: list[dict[str, A
         _open_scratch(con, scratch, ["_heapsnap_stacks"])
         stats.update(_stacks(con, errors, str(out.path), out.table_path("stacks")))
         lap()
-        for table, schema in B.OUTPUT_SCHEMAS.items():
+        for table, schema in OUTPUT_SCHEMAS.items():
             if not out.table_path(table).exists():
                 pq.write_table(schema.empty_table(), out.table_path(table))
         stats["stack_keys_unresolved"] = sum(d["stack_keys_unresolved"] for d in done)
-        for key in B.SAMPLE_COUNTS + ("adopted_stacks_rejoined",):
+        for key in SAMPLE_COUNTS + ("adopted_stacks_rejoined",):
             stats[key] = sum(d[key] for d in done) + sum(r["settled"].get(key, 0) for r in results)
         stats["samples_final_in_partitions"] = sum(r["settled"].get("samples", 0) for r in results)
         stats["samples_settled_by_keys"] = sum(d.get("samples_settled_by_keys", 0) for d in done)
@@ -219,9 +221,9 @@ def _check_rows(sources: dict[str, list[tuple[str, int, int]]], rows: dict[str, 
 def _rows(files: list[tuple[str, int, int]], rows: dict[str, int]) -> int:
     """Rows of scratch ``files`` (sources: path, lo, hi) as their writers counted them (``rows``: path ->
     rows), else from each file's footer."""
-    from pipeline.decode.etl import buckets as B
+    from pipeline.decode.etl.scratch import file_rows
 
-    return sum(rows[p] if p in rows else B.file_rows(p) for p, _, _ in files)
+    return sum(rows[p] if p in rows else file_rows(p) for p, _, _ in files)
 
 
 def _open_scratch(con, scratch: Path, names: list[str]) -> None:
@@ -247,7 +249,7 @@ def _copy(con, table: str, path: Path, order: str | None = None) -> None:
 
 def _thread_slots(con, path: Path) -> str:
     """Thread instances as back-to-back slots per tid, for the bucket tasks' pid lookup (see
-    ``buckets.thread_pids``), saved as arrays."""
+    ``stackkeys.thread_pids``), saved as arrays."""
     t = con.execute("""
         SELECT tid, pid, coalesce(start_timestamp, -9223372036854775807) AS t0,
                coalesce(end_timestamp, 9223372036854775807) AS t1
@@ -300,9 +302,9 @@ def _image_ids(con) -> None:
 def _stack_key_defs(con, path: Path) -> str:
     """The stack-key definitions of the whole trace (KeyDelete, KeyRundown), sorted by (key, time, cpu,
     stream position), saved as arrays for the buckets, which resolve their references against them
-    (``buckets.resolve_keys``): a reference takes the first definition of its key at or after it. One
+    (``stackkeys.resolve_keys``): a reference takes the first definition of its key at or after it. One
     ``.npy`` file per array in the directory ``path``, which every task maps instead of reading
-    (``buckets.load_defs``)."""
+    (``stackkeys.load_defs``)."""
     d = con.execute("SELECT key, timestamp, h1, h2, n FROM _stack_defs ORDER BY key, timestamp, cpu, stream_pos").fetchnumpy()
     path.mkdir(parents=True, exist_ok=True)
     for name, dtype in (("key", np.uint64), ("timestamp", np.int64), ("h1", np.uint64), ("h2", np.uint64), ("n", np.int32)):

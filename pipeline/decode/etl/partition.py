@@ -25,11 +25,13 @@ from pipeline import sources
 from pipeline.decode.etl import kernels as K
 from pipeline.decode.etl import layout as L
 from pipeline.decode.etl.batch import Batch, PairSet, record_error, unique_pairs, walk
-from pipeline.decode.etl.buckets import (BUCKETED, KEYED_REF_COLUMNS, KEYED_SAMPLES, MAP_POPULATE, Stacks, adopt_pieces,
-                                        forget_defs, pack_hashes, settle_heap_events, settle_keyed_samples,
-                                        settle_samples, text_columns, write_final, write_part, write_scratch)
 from pipeline.decode.etl.buffers import MAX_BUFFER_SIZE
 from pipeline.decode.etl.interpret import extended_stacks, lookup
+from pipeline.decode.etl.scratch import (BUCKETED, KEYED_REF_COLUMNS, KEYED_SAMPLES, MAP_POPULATE, pack_hashes, text_columns,
+                                        write_final, write_part, write_scratch)
+from pipeline.decode.etl.settle import adopt_pieces, settle_heap_events, settle_keyed_samples, settle_samples
+from pipeline.decode.etl.stackkeys import forget_defs
+from pipeline.decode.etl.stacks import Stacks
 from pipeline.warmup import set_aside
 
 _GROUP_GUIDS = L.group_guid_table()
@@ -308,7 +310,7 @@ def interpret(b: Batch) -> list[tuple]:
 
 def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> dict[str, Any]:
     """One file per table: final tables into the stage directory (parquet, zstd); the event-like scratch
-    tables of the bucket joins (``buckets.BUCKETED``) as Arrow IPC files; other ``_`` scratch
+    tables of the bucket joins (``scratch.BUCKETED``) as Arrow IPC files; other ``_`` scratch
     tables into the scratch directory as uncompressed parquet (they live for seconds), or, when they are
     small (``INLINE_BYTES``: process, thread and image events, usually), handed back to the client in the
     result, which writes them together (``InlineScratch``): ten files less per partition. Dictionary pages
