@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.decode.etl import buckets, joins, scratch, settle, stackkeys
+from pipeline.decode.etl import buckets, joins, scratch, settle, stackkeys, tables
 from pipeline.decode.etl import kernels as K
 from pipeline.runs import read_manifest, read_table
 from tests.synth_traces import synth_traces  # noqa: F401
@@ -321,7 +321,7 @@ def test_two_frame_lists_with_one_id_are_reported(tmp_path):
     scratch = tmp_path
     con = duckdb.connect()
     for name in joins.SCRATCH_TABLES:
-        con.execute(f"CREATE TABLE {name} ({joins.EMPTY[name]})")
+        con.execute(f"CREATE TABLE {name} ({tables.SCRATCH[name].ddl})")
     con.execute("INSERT INTO _stack_frames VALUES (1, 1, [10, 11]), (2, 2, [20, 21, 22])")
     for k, (sid, check, h) in enumerate(((42, 7, 1), (42, 9, 2), (43, 5, 1))):
         d = scratch / "_bucket_stacks.parquet"
@@ -386,14 +386,14 @@ def _every_part_has_the_output_schema(run):
     """Every part of the per-event tables, whoever wrote it (a partition, a keyed-sample task, a bucket, the
     empty table of a trace without such rows), has the table's schema, NOT NULL columns included, so that
     a reader of the whole directory sees one schema."""
-    for table, schema in scratch.OUTPUT_SCHEMAS.items():
+    for table, schema in ((n, t.schema) for n, t in tables.OUTPUT.items()):
         target = run / "decoded" / f"{table}.parquet"
         parts = sorted(target.glob("*.parquet")) if target.is_dir() else [target]
         assert parts, table
         for part in parts:
             assert pq.read_schema(part).remove_metadata().equals(schema), part
-    assert not scratch.OUTPUT_SCHEMAS["samples"].field("ip").nullable
-    assert scratch.OUTPUT_SCHEMAS["samples"].field("stack_id").nullable
+    assert not tables.OUTPUT["samples"].schema.field("ip").nullable
+    assert tables.OUTPUT["samples"].schema.field("stack_id").nullable
 
 
 def _only_common_encodings(run):

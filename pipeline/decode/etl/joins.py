@@ -32,34 +32,11 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from pipeline.decode.etl.tables import OUTPUT, SCRATCH
 from pipeline.runs import parquet_glob, sql_path
 
 SCRATCH_TABLES = ("_process_events", "_thread_events", "_image_events", "_image_id_info", "_image_id_dbg",
                   "_stack_defs", "_stack_frames", "_heapsnap_stacks")
-
-#: Empty shapes of scratch tables, so the SQL below runs on traces that lack some event kinds.
-EMPTY = {
-    "_process_events": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, kind VARCHAR, "
-                       "pid UINTEGER, parent_pid UINTEGER, session UINTEGER, exit_status INTEGER, "
-                       "unique_process_key UBIGINT, flags UINTEGER, image_name VARCHAR, command_line VARCHAR, "
-                       "version USMALLINT",
-    "_thread_events": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, kind VARCHAR, "
-                      "pid UINTEGER, tid UINTEGER, win32_start_addr UBIGINT, thread_name VARCHAR",
-    "_image_events": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, kind VARCHAR, "
-                     "pid UINTEGER, base UBIGINT, size UBIGINT, checksum UINTEGER, time_date_stamp UINTEGER, "
-                     "file_name VARCHAR",
-    "_image_id_info": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, base UBIGINT, "
-                      "size UBIGINT, pid UINTEGER, time_date_stamp UINTEGER, original_file_name VARCHAR",
-    "_image_id_dbg": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, base UBIGINT, "
-                     "pid UINTEGER, pdb_guid VARCHAR, pdb_age UINTEGER, pdb_name VARCHAR, il BOOLEAN",
-    "_stack_defs": "timestamp BIGINT, timestamp_ns BIGINT, cpu USMALLINT, stream_pos BIGINT, key UBIGINT, "
-                   "opcode UTINYINT, h1 UBIGINT, h2 UBIGINT, n INTEGER",
-    "_stack_frames": "h1 UBIGINT, h2 UBIGINT, frames UBIGINT[]",
-    "_heapsnap_stacks": "snapshot_id BIGINT, stack_ref UBIGINT, stack_id BIGINT, id_check UBIGINT, frames UBIGINT[]",
-    # written by the bucket tasks: each bucket's distinct stacks and the pieces they are made of
-    "_bucket_stacks": "stack_id BIGINT, id_check UBIGINT, bucket INTEGER",
-    "_bucket_stack_pieces": "stack_id BIGINT, id_check UBIGINT, bucket INTEGER, ord INTEGER, h1 UBIGINT, h2 UBIGINT",
-}
 
 # Lifetime tables: one row per instance. An instance starts at a start/load event; rundown events
 # (DCStart/DCEnd) belong to the instance current at their time. NULL start = existed before the trace,
@@ -117,7 +94,7 @@ def finish(con, out, scratch: Path, header, cfg, pool, results: list[dict[str, A
     stacks table (the heap-snapshot assembly, which runs beside the buckets); its counts join the returned
     ones."""
     from pipeline.decode.etl.buckets import bucket_task, plan
-    from pipeline.decode.etl.scratch import BUCKETED, KEYED_SAMPLES, OUTPUT_SCHEMAS, overlapping
+    from pipeline.decode.etl.scratch import BUCKETED, KEYED_SAMPLES, overlapping
     from pipeline.decode.etl.settle import SAMPLE_COUNTS
 
     clock = [time.perf_counter()]
@@ -169,9 +146,9 @@ def finish(con, out, scratch: Path, header, cfg, pool, results: list[dict[str, A
         _open_scratch(con, scratch, ["_heapsnap_stacks"])
         stats.update(_stacks(con, errors, str(out.path), out.table_path("stacks")))
         lap()
-        for table, schema in OUTPUT_SCHEMAS.items():
-            if not out.table_path(table).exists():
-                pq.write_table(schema.empty_table(), out.table_path(table))
+        for t in OUTPUT.values():
+            if not out.table_path(t.name).exists():
+                pq.write_table(t.empty(), out.table_path(t.name))
         stats["stack_keys_unresolved"] = sum(d["stack_keys_unresolved"] for d in done)
         for key in SAMPLE_COUNTS + ("adopted_stacks_rejoined",):
             stats[key] = sum(d[key] for d in done) + sum(r["settled"].get(key, 0) for r in results)
@@ -235,7 +212,7 @@ def _open_scratch(con, scratch: Path, names: list[str]) -> None:
         elif parts.exists():
             con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet({sql_path(parts)})")
         else:
-            con.execute(f"CREATE TABLE {name} ({EMPTY[name]})")
+            con.execute(f"CREATE TABLE {name} ({SCRATCH[name].ddl})")      # (the SQL runs on traces that lack some event kinds)
 
 
 def _copy(con, table: str, path: Path, order: str | None = None) -> None:

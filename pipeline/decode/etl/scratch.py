@@ -3,7 +3,7 @@
 The event-like scratch tables (``BUCKETED``) are Arrow IPC files with their time range (``write_scratch``),
 read back by time range through a memory map (``read_bucket``, ``read_samples``); stack pieces carry their
 frame hashes as a dictionary column (``pack_hashes``). Final parts are parquet (``write_final``,
-``write_part``) with the schemas of ``OUTPUT_SCHEMAS``. ``sort_order`` is the stable multi-key sort both
+``write_part``) with the schemas of ``tables.OUTPUT``. ``sort_order`` is the stable multi-key sort both
 sides use.
 """
 
@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from pipeline.decode.etl.batch import unique_pairs
 from pipeline.decode.etl.kernels import JIT
+from pipeline.decode.etl.tables import OUTPUT
 
 #: Scratch tables that partitions write for the bucket joins: table -> time column.
 BUCKETED = {"_samples": "timestamp", "_pieces": "event_ts", "_keyed_refs": "event_ts", "_virtual_allocs": "timestamp",
@@ -217,37 +218,6 @@ def sort_order(ts: np.ndarray, *keys: np.ndarray) -> np.ndarray:
     return order
 
 
-#: The tables the event tasks write (an empty file when a trace has no such rows). Every column is NOT NULL
-#: (a parquet REQUIRED column) but those named in ``NULLABLE``: a part need not encode definition levels for
-#: them, which took ~10 % of writing a partition's ``samples`` (2.5 of 15 ms a part here), and a reader knows
-#: that they have no nulls. Every part of a table is written with this schema (``write_final``).
-NULLABLE = {"samples": ("pid", "stack_id"), "virtual_allocs": ("tid", "stack_id"), "heap_events": ("stack_id",),
-            "event_stacks": ("stack_id",)}
-
-
-def _output_schema(table: str, columns: list[tuple[str, pa.DataType]]) -> pa.Schema:
-    return pa.schema([pa.field(name, type, nullable=name in NULLABLE[table]) for name, type in columns])
-
-
-OUTPUT_SCHEMAS = {
-    "samples": _output_schema("samples", [
-        ("timestamp", pa.int64()), ("timestamp_ns", pa.int64()), ("cpu", pa.uint16()), ("tid", pa.uint32()),
-        ("pid", pa.uint32()), ("ip", pa.uint64()), ("stack_id", pa.int64()), ("stream_pos", pa.int64())]),
-    "virtual_allocs": _output_schema("virtual_allocs", [
-        ("timestamp", pa.int64()), ("timestamp_ns", pa.int64()), ("cpu", pa.uint16()), ("pid", pa.uint32()),
-        ("tid", pa.uint32()), ("base", pa.uint64()), ("size", pa.uint64()), ("flags", pa.uint32()),
-        ("kind", pa.string()), ("stack_id", pa.int64())]),
-    "heap_events": _output_schema("heap_events", [
-        ("timestamp", pa.int64()), ("timestamp_ns", pa.int64()), ("cpu", pa.uint16()), ("pid", pa.uint32()),
-        ("tid", pa.uint32()), ("kind", pa.string()), ("heap", pa.uint64()), ("address", pa.uint64()),
-        ("size", pa.uint64()), ("old_address", pa.uint64()), ("old_size", pa.uint64()), ("flags", pa.uint32()),
-        ("source", pa.uint32()), ("stack_id", pa.int64())]),
-    "event_stacks": _output_schema("event_stacks", [
-        ("timestamp", pa.int64()), ("timestamp_ns", pa.int64()), ("cpu", pa.uint16()), ("stream_pos", pa.int64()),
-        ("tid", pa.uint32()), ("stack_id", pa.int64())]),
-}
-
-
 def file_rows(path: str) -> int:
     """Rows of a scratch file, from its footer."""
     reader = pa.ipc.open_file(pa.memory_map(path))
@@ -271,9 +241,9 @@ def _sorted_rows(paths: list[str], lo: int, hi: int) -> pa.Table | None:
 
 def write_final(table: pa.Table, directory: Path, k: int, prefix: str = "part-", extra_delta: tuple[str, ...] = ()) -> str:
     """One part of the output table that ``directory`` holds (``<table>.parquet``), cast to that table's schema
-    (``OUTPUT_SCHEMAS``: its NOT NULL columns, and text for the dictionary columns of scratch, e.g. heap
+    (``tables.OUTPUT``: its NOT NULL columns, and text for the dictionary columns of scratch, e.g. heap
     events' ``kind``); returns its path."""
-    table = table.cast(OUTPUT_SCHEMAS[directory.name.removesuffix(".parquet")])
+    table = table.cast(OUTPUT[directory.name.removesuffix(".parquet")].schema)
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / f"{prefix}{k:05d}.parquet"
     # Dictionary pages for text, and for stack ids and instruction pointers (few distinct values per
