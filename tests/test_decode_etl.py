@@ -271,6 +271,7 @@ def test_xpress_matches_of_every_distance_and_length_equal_an_independent_decode
     from dissect.util.compression.lzxpress import decompress
 
     from pipeline.decode.etl import kernels as K
+    from pipeline.decode.etl import xpress as X
     from pipeline.synth.xpress import compress
 
     rng = np.random.default_rng(seed)
@@ -283,7 +284,7 @@ def test_xpress_matches_of_every_distance_and_length_equal_an_independent_decode
     for _ in range(int(rng.integers(8, 30))):       # a match 20 bytes back runs to the last byte
         data.append(data[-20])
     z = np.frombuffer(compress(bytes(data)), np.uint8)
-    for fn in (K.xpress_decompress, K.xpress_decompress.py_func):
+    for fn in (X.xpress_decompress, X.xpress_decompress.py_func):
         dst = np.full(len(data) + 64, 0xA5, np.uint8)
         assert fn(z, 0, len(z), dst, 32, 32 + len(data)) == (K.OK, len(data))
         assert dst[32:32 + len(data)].tobytes() == decompress(z.tobytes()) == bytes(data)
@@ -291,14 +292,14 @@ def test_xpress_matches_of_every_distance_and_length_equal_an_independent_decode
 
 
 def test_random_bytes_never_crash_the_kernels():
-    from pipeline.decode.etl import kernels as K
+    from pipeline.decode.etl import xpress as X
     from pipeline.decode.etl.batch import walk
 
     rng = np.random.default_rng(7)
     for trial in range(200):
         src = rng.integers(0, 256, size=int(rng.integers(1, 3000)), dtype=np.uint8)
         dst = np.zeros(int(rng.integers(1, 5000)), np.uint8)
-        status, n = K.xpress_decompress(src, 0, len(src), dst, 0, len(dst))
+        status, n = X.xpress_decompress(src, 0, len(src), dst, 0, len(dst))
         assert 0 <= n <= len(dst)
         blob = rng.integers(0, 256, size=4096, dtype=np.uint8)
         blob[2] = rng.choice([0x02, 0x11, 0x13, 0x14, 0x90])
@@ -827,6 +828,7 @@ def test_kernels_as_plain_python_equal_the_jit():
     """The numba kernels run as plain Python (``py_func``, as under NUMBA_DISABLE_JIT) give the same
     results on a real buffer: the compressed buffer of smallEtlFile.etl, inflated and walked."""
     from pipeline.decode.etl import kernels as K
+    from pipeline.decode.etl import xpress as X
     from pipeline.decode.etl.buffers import walk as walk_chain
 
     path = fixture_path("etl/perfview-small/smallEtlFile.etl")
@@ -837,8 +839,8 @@ def test_kernels_as_plain_python_equal_the_jit():
     s1 = int(bufs["file_offset"][i]) + int(bufs["buffer_size"][i])
     n = int(bufs["data_len"][i])
     jit_out, py_out = np.zeros(n, np.uint8), np.zeros(n, np.uint8)
-    assert K.xpress_decompress(raw, s0, s1, jit_out, 0, n) == (K.OK, n)
-    assert K.xpress_decompress.py_func(raw, s0, s1, py_out, 0, n) == (K.OK, n)
+    assert X.xpress_decompress(raw, s0, s1, jit_out, 0, n) == (K.OK, n)
+    assert X.xpress_decompress.py_func(raw, s0, s1, py_out, 0, n) == (K.OK, n)
     assert (jit_out == py_out).all()
     from pipeline.decode.etl.batch import RECORD_COLUMNS
 

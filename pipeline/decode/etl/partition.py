@@ -32,6 +32,7 @@ from pipeline.decode.etl.scratch import (BUCKETED, KEYED_REF_COLUMNS, KEYED_SAMP
 from pipeline.decode.etl.settle import adopt_pieces, settle_heap_events, settle_keyed_samples, settle_samples
 from pipeline.decode.etl.stackkeys import forget_defs
 from pipeline.decode.etl.stacks import Stacks
+from pipeline.decode.etl.xpress import decompress_buffers
 from pipeline.warmup import set_aside
 
 _GROUP_GUIDS = L.group_guid_table()
@@ -237,7 +238,7 @@ def read_buffers(path: str, bufs: np.ndarray):
         blob[starts[i]:starts[i] + data_len[i]] = raw[src_start[i]:src_start[i] + data_len[i]]
     status = np.zeros(len(bufs), np.int32)
     produced = np.zeros(len(bufs), np.int64)
-    K.decompress_buffers(raw, np.where(comp, src_start, -1), src_end, blob, starts, data_len, status, produced)
+    decompress_buffers(raw, np.where(comp, src_start, -1), src_end, blob, starts, data_len, status, produced)
     for i in np.flatnonzero(status != 0):
         errors.append(record_error(path, bufs[i], int(produced[i]), "decompress",
                                    f"{K.STATUS_TEXT[int(status[i])]} after {int(produced[i])} of "
