@@ -282,12 +282,15 @@ def has_table(run_dir: Path, stage: str, table: str) -> bool:
     return table_path(run_dir, stage, table).exists()
 
 
-def read_table(run_dir: Path, stage: str, table: str, columns: list[str] | None = None):
-    """Read one table of a finished stage (file or dataset directory) as a pyarrow Table."""
+def read_table(run_dir: Path, stage: str, table: str, columns: list[str] | None = None,
+               dictionary: tuple[str, ...] = ()):
+    """Read one table of a finished stage (file or dataset directory) as a pyarrow Table; the ``dictionary``
+    columns as dictionary arrays, as parquet stores them (no string is hashed again)."""
     import pyarrow.dataset as ds
 
     read_manifest(run_dir, stage)
     path = table_path(run_dir, stage, table)
     if not path.exists():
         raise ManifestError(f"{path}: table '{table}' is not in the '{stage}' output of {run_dir}")
-    return ds.dataset(path, format="parquet").to_table(columns=columns)
+    fmt = ds.ParquetFileFormat(read_options={"dictionary_columns": list(dictionary)}) if dictionary else "parquet"
+    return ds.dataset(path, format=fmt).to_table(columns=columns)

@@ -565,6 +565,47 @@ RANGE = """<script>
 </body>"""
 
 
+def test_add_bins_equals_the_sums_along_each_path(monkeypatch):
+    """Each node's value per bin is the sum of the rows whose stack passes through it (to the deepest node the tree
+    kept), whether the (node, bin) matrix is summed at once or in ranges of bins, and from tuples or a table with
+    a dictionary column."""
+    import random
+    from collections import defaultdict
+
+    import pyarrow as pa
+
+    from pipeline.report import flame
+    from pipeline.report.flame import add_bins, build_tree
+
+    rnd = random.Random(3)
+    rows = [(rnd.randrange(7), ";".join(rnd.choice("abc") for _ in range(rnd.randrange(1, 5))), rnd.randrange(1, 1 << 40))
+            for _ in range(300)]
+    totals: dict[str, int] = defaultdict(int)
+    for _, stack, v in rows:
+        totals[stack] += v
+    tree = build_tree(sorted(totals.items()))
+    want: dict[tuple, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    for b, stack, v in rows:
+        frames = stack.split(";")
+        for d in range(len(frames) + 1):
+            want[tuple(frames[:d])][b] += v
+    paths, last = [], []
+    for i in range(len(tree["n"])):
+        del last[tree["d"][i]:]
+        last.append(tree["names"][tree["n"][i]])
+        paths.append(tuple(last[1:]))
+    table = pa.table({"bin": [r[0] for r in rows], "stack": pa.array([r[1] for r in rows]).dictionary_encode(),
+                      "v": [r[2] for r in rows]})
+    for cells in (1 << 23, 8):
+        monkeypatch.setattr(flame, "CELLS", cells)
+        for given in (rows, table):
+            got = add_bins(build_tree(sorted(totals.items())), given, 7, 0, 7)
+            for i, path in enumerate(paths):
+                lo, hi = got["bo"][i], got["bo"][i + 1]
+                assert dict(zip(got["bb"][lo:hi], got["bv"][lo:hi])) == dict(want[path]), (cells, path)
+                assert got["bb"][lo:hi] == sorted(got["bb"][lo:hi])
+
+
 def test_flamegraph_of_a_time_range(tmp_path):
     """A flame graph with time bins: a range (as bins, or as ns from the process timeline) draws only the stacks of
     those bins, and the top-functions table follows; dragging across the strip picks bins; "whole build" goes back."""

@@ -49,8 +49,8 @@ class Context:
     def has(self, stage: str, table: str) -> bool:
         return has_table(self.run_dir, stage, table)
 
-    def read(self, stage: str, table: str, columns: list[str] | None = None):
-        return read_table(self.run_dir, stage, table, columns)
+    def read(self, stage: str, table: str, columns: list[str] | None = None, dictionary: tuple[str, ...] = ()):
+        return read_table(self.run_dir, stage, table, columns, dictionary)
 
     def copy_static(self, name: str) -> str:
         """Copy ``static/<name>`` into the report; returns its relative path."""

@@ -70,38 +70,77 @@ def build_tree(stacks: Iterable[tuple], columns: tuple[str, ...] = ()) -> dict[s
     return out
 
 
-def add_bins(tree: dict[str, list], rows: Iterable[tuple[int, str, int]], bins: int, t0_ns: int, span_ns: int) -> dict:
-    """Give each node of ``tree`` its value per time bin from ``rows`` (bin, folded stack, value), so that the page
-    can draw the flame graph of any range of bins: ``bo`` (offsets into ``bb``/``bv``, one per node and one more),
-    ``bb`` (bins, ascending per node) and ``bv`` (values). Frames the tree left out (too narrow) are left out here
-    too. Bin k holds the times from ``t0_ns + k * span_ns / bins`` (ns since the trace start) to the next."""
+#: (node, bin) cells that ``add_bins`` holds at once (64 MB of int64); more nodes than that over all bins are done
+#: in ranges of bins.
+CELLS = 1 << 23
+
+
+def add_bins(tree: dict[str, list], rows, bins: int, t0_ns: int, span_ns: int) -> dict:
+    """Give each node of ``tree`` its value per time bin from ``rows`` (bin, folded stack, value: a pyarrow table
+    with those three columns, or tuples), so that the page can draw the flame graph of any range of bins: ``bo``
+    (offsets into ``bb``/``bv``, one per node and one more), ``bb`` (bins, ascending per node) and ``bv``
+    (values). A stack's value goes to the deepest node of its path that the tree kept (narrow frames are left
+    out) and to every node above it. Bin k holds the times from ``t0_ns + k * span_ns / bins`` (ns since the
+    trace start) to the next.
+
+    Each distinct stack's deepest node is found once; numpy then adds the rows into a (node, bin) matrix and each
+    depth of the tree into the one above (the 1 GB synth trace: 409,000 rows of 39,000 stacks into 9,800 nodes;
+    1.9-2.2 s as a Python loop over every row's frames)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not isinstance(rows, pa.Table):
+        rows = list(rows)
+        rows = pa.table({"bin": pa.array([r[0] for r in rows], pa.int64()), "stack": pa.array([r[1] for r in rows], pa.string()),
+                         "value": pa.array([r[2] for r in rows], pa.int64())})
+    rows = rows.filter(pc.greater(rows.column(2), 0)).unify_dictionaries()
     n = len(tree["n"])
+    depth = np.asarray(tree["d"], np.int64)
+    parent = np.zeros(n, np.int64)
     kids: list[dict[int, int]] = [{} for _ in range(n)]
     last: list[int] = []
     for i in range(1, n):
         d = tree["d"][i]
         del last[d - 1:]
-        kids[last[-1] if last else 0][tree["n"][i]] = i
+        parent[i] = last[-1] if last else 0
+        kids[parent[i]][tree["n"][i]] = i
         last.append(i)
     index = {name: k for k, name in enumerate(tree["names"])}
-    per: list[dict[int, int]] = [{} for _ in range(n)]
-    for b, stack, value in rows:
-        if value <= 0:
-            continue
+    stacks = rows.column(1)
+    enc = (stacks if pa.types.is_dictionary(stacks.type) else pc.dictionary_encode(stacks)).combine_chunks()
+    deepest = np.zeros(len(enc.dictionary), np.int64)
+    for k, stack in enumerate(enc.dictionary.to_pylist()):
         node = 0
-        per[0][b] = per[0].get(b, 0) + value
         for frame in stack.split(";"):
-            node = kids[node].get(index.get(frame, -1), -1)
-            if node < 0:
+            below = kids[node].get(index.get(frame, -1), -1)
+            if below < 0:
                 break
-            per[node][b] = per[node].get(b, 0) + value
-    bo, bb, bv = [0], [], []
-    for d in per:
-        for b in sorted(d):
-            bb.append(b)
-            bv.append(d[b])
-        bo.append(len(bb))
-    tree.update(bo=bo, bb=bb, bv=bv, bins=bins, t0_ns=t0_ns, span_ns=span_ns)
+            node = below
+        deepest[k] = node
+    node_of = deepest[enc.indices.to_numpy(zero_copy_only=False)] if len(enc.indices) else np.zeros(0, np.int64)
+    b = rows.column(0).to_numpy().astype(np.int64)
+    v = rows.column(2).to_numpy().astype(np.int64)
+    levels = [np.flatnonzero(depth == d) for d in range(int(depth.max(initial=0)), 0, -1)]
+    found = []
+    width = max(1, CELLS // max(n, 1))
+    for lo in range(0, bins, width):
+        hi = min(bins, lo + width)
+        m = np.zeros((n, hi - lo), np.int64)
+        sel = (b >= lo) & (b < hi)
+        np.add.at(m, (node_of[sel], b[sel] - lo), v[sel])
+        for idx in levels:                          # (deepest first: each level adds into its parents)
+            np.add.at(m, parent[idx], m[idx])
+        node, col = np.nonzero(m)
+        found.append((node, col + lo, m[node, col]))
+    node = np.concatenate([f[0] for f in found])
+    col = np.concatenate([f[1] for f in found])
+    val = np.concatenate([f[2] for f in found])
+    if len(found) > 1:                               # (ranges of bins: back into node, bin order)
+        order = np.lexsort((col, node))
+        node, col, val = node[order], col[order], val[order]
+    bo = np.concatenate([[0], np.cumsum(np.bincount(node, minlength=n))])
+    tree.update(bo=bo.tolist(), bb=col.tolist(), bv=val.tolist(), bins=bins, t0_ns=t0_ns, span_ns=span_ns)
     return tree
 
 
@@ -131,8 +170,8 @@ def binned_tree(ctx, stacks: list[tuple[str, int]], table: str, measure: str, bi
     stack, ``measure``), when the aggregate stage gave the bins' placement (``bins``: count, t0_ns, span_ns)."""
     tree = build_tree(stacks)
     if bins and ctx.has("aggregated", table):
-        rows = ctx.read("aggregated", table, ["bin", "stack", measure]).to_pydict()
-        add_bins(tree, zip(rows["bin"], rows["stack"], rows[measure]), bins["count"], bins["t0_ns"], bins["span_ns"])
+        add_bins(tree, ctx.read("aggregated", table, ["bin", "stack", measure], dictionary=("stack",)), bins["count"],
+                 bins["t0_ns"], bins["span_ns"])
     return tree
 
 
