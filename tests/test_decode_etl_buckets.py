@@ -91,11 +91,12 @@ def test_frames_and_stacks_written_once_per_process_give_the_same_tables(synth_t
     from pipeline.cluster import Pool
     from pipeline.config import Config
     from pipeline.decode.etl import partition as P
+    from pipeline.decode.etl import workerstate as W
 
     trace = synth_traces["plain64_varied"].path
     decode.run(tmp_path / "default", Config(), dask_pool, inputs=[trace])
     offered, written = collections.Counter(), collections.Counter()
-    real_new, real_frames, real_stacks = P._write_new, P._write_frames, P._write_stacks
+    real_new, real_frames, real_stacks = W._write_new, W._write_frames, W._write_stacks
 
     def write_new(data, table, name, scratch_dir):
         written[table] += data.num_rows
@@ -111,7 +112,7 @@ def test_frames_and_stacks_written_once_per_process_give_the_same_tables(synth_t
 
     monkeypatch.setattr(P, "INLINE_BYTES", 0)
     for name, fn in (("_write_new", write_new), ("_write_frames", write_frames), ("_write_stacks", write_stacks)):
-        monkeypatch.setattr(P, name, fn)
+        monkeypatch.setattr(W, name, fn)
     cfg = Config()
     cfg.decode.partition_bytes = 256 << 10
     decode.run(tmp_path / "once", cfg, Pool(None), inputs=[trace])
@@ -246,7 +247,7 @@ def test_a_process_writes_each_pieces_frames_once_per_decode_and_never_replaces_
     process has not written for the same scratch directory; a task run again writes a file beside the
     first (so what was remembered stays on disk); another decode, or the end of the partitions, starts
     over."""
-    from pipeline.decode.etl import partition as P
+    from pipeline.decode.etl import workerstate as W
 
     def frames(keys):
         return pa.table({"h1": pa.array([k for k, _ in keys], pa.uint64()), "h2": pa.array([k * 7 for k, _ in keys], pa.uint64()),
@@ -257,22 +258,22 @@ def test_a_process_writes_each_pieces_frames_once_per_decode_and_never_replaces_
         return parts, sorted(r["h1"] for part in parts for r in pq.read_table(part).to_pylist())
 
     one, two = tmp_path / "one", tmp_path / "two"
-    P.release_freed_memory()
-    P._write_frames(frames([(1, 10), (2, 20), (3, 30)]), 0, one)
-    P._write_frames(frames([(2, 20), (3, 30), (4, 40)]), 1, one)
-    P._write_frames(frames([(1, 10), (4, 40)]), 2, one)              # nothing new: no file
-    P._write_frames(frames([(2, 20), (3, 30), (4, 40)]), 1, one)     # partition 1 again: nothing replaced
+    W.release_freed_memory()
+    W._write_frames(frames([(1, 10), (2, 20), (3, 30)]), 0, one)
+    W._write_frames(frames([(2, 20), (3, 30), (4, 40)]), 1, one)
+    W._write_frames(frames([(1, 10), (4, 40)]), 2, one)              # nothing new: no file
+    W._write_frames(frames([(2, 20), (3, 30), (4, 40)]), 1, one)     # partition 1 again: nothing replaced
     parts, keys = on_disk(one)
     assert len(parts) == 2 and keys == [1, 2, 3, 4]
-    P._write_frames(frames([(1, 10), (5, 50)]), 0, two)              # another decode
+    W._write_frames(frames([(1, 10), (5, 50)]), 0, two)              # another decode
     assert on_disk(two)[1] == [1, 5]
-    P.release_freed_memory()
-    P._write_frames(frames([(5, 50), (6, 60)]), 3, two)              # after the partitions: starts over
+    W.release_freed_memory()
+    W._write_frames(frames([(5, 50), (6, 60)]), 3, two)              # after the partitions: starts over
     assert on_disk(two)[1] == [1, 5, 5, 6]
 
 
 def test_a_process_writes_each_settled_stack_once_per_decode_with_its_pieces(tmp_path):
-    from pipeline.decode.etl import partition as P
+    from pipeline.decode.etl import workerstate as W
     from pipeline.decode.etl.stacks import Stacks
 
     def stacks(ids):         # stack i: pieces (i, 0) and, for odd i, (i, 1)
@@ -281,10 +282,10 @@ def test_a_process_writes_each_settled_stack_once_per_decode_with_its_pieces(tmp
         h1 = np.array([100 * i + o for i in ids for o in range(1 + i % 2)], np.uint64)
         return Stacks(np.array(ids, np.int64), np.array(ids, np.uint64) * 3, owner, ordinal, h1, h1 + 1)
 
-    P.release_freed_memory()
-    P._write_stacks(stacks([1, 2, 3]), 0, tmp_path)
-    P._write_stacks(stacks([2, 3, 4, 5]), 1, tmp_path)
-    P.release_freed_memory()
+    W.release_freed_memory()
+    W._write_stacks(stacks([1, 2, 3]), 0, tmp_path)
+    W._write_stacks(stacks([2, 3, 4, 5]), 1, tmp_path)
+    W.release_freed_memory()
     rows = lambda t: sorted(tuple(r.values()) for p in (tmp_path / f"{t}.parquet").glob("*.parquet")  # noqa: E731
                             for r in pq.read_table(p).to_pylist())
     assert rows("_bucket_stacks") == [(1, 3, -1), (2, 6, -1), (3, 9, -1), (4, 12, -2), (5, 15, -2)]

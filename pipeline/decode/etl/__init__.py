@@ -70,7 +70,8 @@ def _decode_etl(path: sources.Input, out, cfg, pool, status: Status) -> dict[str
     import duckdb  # (imported here, so that set_aside keeps its objects out of the collector)
 
     from pipeline.decode.etl import heapsnap, joins
-    from pipeline.decode.etl.partition import InlineScratch, decode_partition, release_freed_memory
+    from pipeline.decode.etl.partition import InlineScratch, decode_partition
+    from pipeline.decode.etl.workerstate import release_freed_memory
 
     pool.set_aside()
     t0 = time.time()

@@ -42,6 +42,7 @@ from pipeline.decode.etl.scratch import (I64_MIN, KEYED_REF_COLUMNS, STRIDE, _np
 from pipeline.decode.etl.settle import HEAP_COLUMNS, adopted_stacks, keyed_samples_task, unshared
 from pipeline.decode.etl.stackkeys import resolve_keys, thread_pids, thread_slots
 from pipeline.decode.etl.stacks import Stacks
+from pipeline.decode.etl.workerstate import reuse_freed_memory
 
 def plan(samples: list[np.ndarray], rows_per_bucket: int, min_buckets: int,
          rows: int | None = None) -> list[tuple[int, int | None]]:
@@ -122,7 +123,6 @@ def member(ts, keys):
 def bucket_task(task: dict[str, Any]) -> dict[str, Any]:
     """One time bucket's joins, or (a task with ``keyed_samples``) one partition's samples settled by their
     stack keys: both run in one map, after the partitions."""
-    from pipeline.decode.etl.partition import reuse_freed_memory
 
     if "keyed_samples" in task:
         return keyed_samples_task(task)

@@ -22,6 +22,7 @@ from pipeline.decode.etl.kernels import JIT, POLY_B1, POLY_B2, poly_pow, stack_i
 from pipeline.decode.etl.scratch import ADOPTED_FIELDS, KEYED_SAMPLES, _np, _stack_column, mapped, write_final
 from pipeline.decode.etl.stackkeys import defined_ids, first_at_or_after, load_defs
 from pipeline.decode.etl.stacks import Stacks, _run_has
+from pipeline.decode.etl.workerstate import reuse_freed_memory, write_stacks_once
 
 #: At most this many stack pieces that directly follow a sample in its buffer are looked at.
 ADOPT_WINDOW = 8
@@ -526,7 +527,6 @@ def keyed_samples_task(task: dict[str, Any]) -> dict[str, Any]:
     ``resolve_keys`` does for the buckets, and the two pieces' hashes make the stack id as a group of those
     pieces would get it in a bucket (``defined_ids``); the rows are written in record order
     (``keyed-<partition>.parquet``) with their distinct stacks (writer ``task["writer"]``)."""
-    from pipeline.decode.etl.partition import reuse_freed_memory, write_stacks_once
 
     with reuse_freed_memory("bucket"):
         reader = pa.ipc.open_file(mapped(task["keyed_samples"]))
