@@ -10,8 +10,7 @@ from __future__ import annotations
 import json
 
 from pipeline.report.flame import Writer, binned_tree, count, flame_page, pct, speedscope, table
-from pipeline.report.timerange import Follow, Pool, binned, total as total_of
-from pipeline.runs import read_manifest
+from pipeline.report.timerange import Follow, Pool, binned, cpu_bins, total as total_of
 
 AGG = "aggregated"
 TABLES = ["cpu_by_process", "cpu_by_crate", "cpu_by_module", "cpu_by_function", "cpu_by_code_crate"]
@@ -28,8 +27,7 @@ def section(ctx):
     if total == 0:
         return None     # (a trace recorded without CPU samples: the coverage section says how to record them)
     w = Writer(ctx)
-    tree = binned_tree(ctx, folded, "cpu_folded_over_time", "samples",
-                       read_manifest(ctx.run_dir, AGG)["sections"]["cpu"].get("time_bins"))
+    tree = binned_tree(ctx, folded, "cpu_folded_over_time", "samples", cpu_bins(ctx))
     w.text("flamegraph_cpu.html", flame_page("CPU samples", folded, "samples",
                                              "Root frames are programs (rustc with the crate it compiles).", tree=tree))
     w.text("cpu_folded.txt", "".join(f"{s} {v}\n" for s, v in folded))
@@ -46,7 +44,7 @@ def section(ctx):
     by_inclusive = sorted(functions, key=lambda r: (-r["inclusive_samples"], r["module"] or "", r["function"]))
     fn_cols = [("module", "module", None), ("function", "function", None), ("self_samples", "self", count),
                ("pct", "self %", pct), ("inclusive_samples", "inclusive", count), ("inclusive_pct", "inclusive %", pct)]
-    follow = _follows(ctx, top_n, procs, crates, functions, by_inclusive, modules)
+    follow = _follows(ctx, procs, crates, functions, by_inclusive, modules)
     body = f"""<p><b>{total:,}</b> samples in {len(procs)} processes.
 <a href="flamegraph_cpu.html" data-range><b>Open the flame graph</b></a> (click to zoom, search by regex). A time range dragged on
 its strip or on the process timeline redraws it, with its callers and callees and its top functions (scroll
@@ -55,31 +53,31 @@ for the whole build.</p>
 {w.links()}
 <iframe class="flame" id="cpu-flame" src="flamegraph_cpu.html" title="CPU flame graph" style="width:100%;height:640px;border:1px solid #dde3e8"></iframe>
 <h3>Top {min(top_n, len(functions))} functions by self samples</h3>
-{table(functions if follow else functions[:top_n], fn_cols, 'cpu-functions', follow.get('functions'))}
+{table(functions, fn_cols, 'cpu-functions', follow.get('functions'), top_n)}
 <h3>Top {min(top_n, len(functions))} functions by inclusive samples</h3>
-{table(by_inclusive if follow else by_inclusive[:top_n], fn_cols, 'cpu-inclusive', follow.get('inclusive'))}
+{table(by_inclusive, fn_cols, 'cpu-inclusive', follow.get('inclusive'), top_n)}
 <h3>Crates being compiled (rustc <code>--crate-name</code>)</h3>
-{table(crates if 'crates' in follow else crates[:top_n], [("crate", "crate", None), ("processes", "rustc processes", count),
-                        ("samples", "samples", count), ("pct", "%", pct)], 'cpu-crates', follow.get('crates'))}
+{table(crates, [("crate", "crate", None), ("processes", "rustc processes", count),
+                        ("samples", "samples", count), ("pct", "%", pct)], 'cpu-crates', follow.get('crates'), top_n)}
 <h3>Top {min(top_n, len(procs))} processes</h3>
-{table(procs if 'processes' in follow else procs[:top_n], [("pid", "pid", None), ("image_name", "image", None), ("crate", "crate", None),
+{table(procs, [("pid", "pid", None), ("image_name", "image", None), ("crate", "crate", None),
                        ("samples", "samples", count), ("pct", "%", pct), ("command_line", "command line", None)],
-       'cpu-processes', follow.get('processes'))}
+       'cpu-processes', follow.get('processes'), top_n)}
 <h3>Modules</h3>
-{table(modules if 'modules' in follow else modules[:top_n], [("module", "module", None), ("self_samples", "self", count),
+{table(modules, [("module", "module", None), ("self_samples", "self", count),
                          ("pct", "self %", pct), ("inclusive_samples", "inclusive", count)], 'cpu-modules',
-       follow.get('modules'))}
+       follow.get('modules'), top_n)}
 {follow["functions"].pool.script() if follow else ""}"""
     w.close()
     return Section("cpu", "CPU samples (ETL)", body, w.files,
                    {"samples": total, "processes": len(procs), "functions": len(functions)})
 
 
-def _follows(ctx, top_n: int, procs, crates, functions, by_inclusive, modules) -> dict[str, Follow]:
+def _follows(ctx, procs, crates, functions, by_inclusive, modules) -> dict[str, Follow]:
     """How the CPU tables follow a picked time range: their rows' samples per time bin of the aggregate stage
     (``cpu_over_time``, ``cpu_functions_over_time``, ``cpu_modules_over_time``); none for a run aggregated
     without them."""
-    bins = read_manifest(ctx.run_dir, AGG)["sections"]["cpu"].get("time_bins")
+    bins = cpu_bins(ctx)
     if not bins or not all(ctx.has(AGG, t) for t in ("cpu_over_time", "cpu_functions_over_time", "cpu_modules_over_time")):
         return {}
     per_process = binned(ctx.read(AGG, "cpu_over_time", ["process_key", "bin", "samples"]).to_pylist(),
@@ -98,18 +96,18 @@ def _follows(ctx, top_n: int, procs, crates, functions, by_inclusive, modules) -
     pool = Pool("cpu", bins)
 
     def functions_follow(rows, sort):
-        return Follow(pool, sort, top_n, series={"self_samples": [fn_self.get(key(r), empty) for r in rows],
+        return Follow(pool, sort, series={"self_samples": [fn_self.get(key(r), empty) for r in rows],
                                                   "inclusive_samples": [fn_incl.get(key(r), empty) for r in rows]},
                       pct={"pct": ("self_samples", everything), "inclusive_pct": ("inclusive_samples", everything)})
     return {
         "functions": functions_follow(functions, "self_samples"),
         "inclusive": functions_follow(by_inclusive, "inclusive_samples"),
-        "crates": Follow(pool, "samples", top_n, series={"samples": [total_of(by_crate.get(r["crate"], [])) for r in crates]},
+        "crates": Follow(pool, "samples", series={"samples": [total_of(by_crate.get(r["crate"], [])) for r in crates]},
                          members={"processes": [by_crate.get(r["crate"], []) for r in crates]},
                          pct={"pct": ("samples", everything)}),
-        "processes": Follow(pool, "samples", top_n, series={"samples": [per_process.get(r["process_key"], empty) for r in procs]},
+        "processes": Follow(pool, "samples", series={"samples": [per_process.get(r["process_key"], empty) for r in procs]},
                             pct={"pct": ("samples", everything)}),
-        "modules": Follow(pool, "self_samples", top_n,
+        "modules": Follow(pool, "self_samples",
                           series={"self_samples": [mod_self.get(r["module"], empty) for r in modules],
                                   "inclusive_samples": [mod_incl.get(r["module"], empty) for r in modules]},
                           pct={"pct": ("self_samples", everything)}),

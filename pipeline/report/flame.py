@@ -329,15 +329,16 @@ def fmt_ms(ns: int | None) -> str:
     return "" if ns is None else f"{ns / 1e6:,.1f} ms"
 
 
-def table(rows: list[dict], cols: list[tuple[str, str, Any]], cls: str = "", follow=None) -> str:
-    """An HTML table; ``cols`` = (key, title, format function or None for text). With ``follow`` (a
-    :class:`~pipeline.report.timerange.Follow`), ``rows`` are the candidates of a table that follows the picked time
-    range: the first ``follow.limit`` are shown, the others wait hidden, and their time bins go beside the table."""
+def table(rows: list[dict], cols: list[tuple[str, str, Any]], cls: str = "", follow=None, limit: int | None = None) -> str:
+    """An HTML table of the first ``limit`` of ``rows`` (all without one); ``cols`` = (key, title, format function or
+    None for text). With ``follow`` (a :class:`~pipeline.report.timerange.Follow`), the table follows the picked time
+    range: more ``rows`` are written as candidates (hidden beyond the first ``limit``), with their time bins beside
+    the table."""
     from pipeline.report import timerange
 
     head = "".join(f"<th>{html.escape(t)}</th>" for _, t, _ in cols)
-    if follow is not None:
-        rows = rows[:max(timerange.CANDIDATES, follow.limit)]
+    shown = len(rows) if limit is None else limit
+    rows = rows[:max(timerange.CANDIDATES, shown)] if follow is not None else rows[:shown]
     body = []
     for i, r in enumerate(rows):
         cells = []
@@ -347,11 +348,12 @@ def table(rows: list[dict], cols: list[tuple[str, str, Any]], cls: str = "", fol
             # (a number's own value beside its formatted text, so that static/tables.js sorts by it)
             raw = f' data-v="{value}"' if fmt and isinstance(value, (int, float)) else ""
             cells.append(f'<td class="{"num" if fmt else "txt"}"{raw}>{html.escape(text)}</td>')
-        off = ' data-off="1" style="display:none"' if follow is not None and i >= follow.limit else ""
+        off = ' data-off="1" style="display:none"' if i >= shown else ""
         body.append(f"<tr{off}>" + "".join(cells) + "</tr>")
     out = f'<table class="{cls}"{" data-follow=1" if follow is not None else ""}><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
     if follow is not None:
-        out += timerange.script(follow, [k for k, _, _ in cols], [FORMATS.get(f, "text") for _, _, f in cols], len(rows))
+        out += timerange.script(follow, [k for k, _, _ in cols], [FORMATS.get(f, "text") for _, _, f in cols], len(rows),
+                                shown)
     return out
 
 

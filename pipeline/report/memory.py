@@ -67,7 +67,7 @@ the end of the trace.{peak} <a href="flamegraph_commit.html" data-range><b>Commi
                        ("peak_commit_bytes", "peak commit", fmt_bytes), ("peak_ns", "peak at", fmt_ms),
                        ("commit_bytes", "committed", fmt_bytes), ("outstanding_bytes", "outstanding at end", fmt_bytes),
                        ("allocs", "commits", count), ("frees", "frees", count)], 'commit-processes',
-       Follow(pool, "peak_commit_bytes", top_n, alive=[lifetimes.get(r["process_key"]) for r in procs]))}
+       Follow(pool, "peak_commit_bytes", alive=[lifetimes.get(r["process_key"]) for r in procs]), top_n)}
 {_commit_chart(ctx, w)}
 {_crates(ctx, w, top_n)}
 <h3>Functions holding the most outstanding commit (inclusive)</h3>
@@ -100,7 +100,7 @@ the end of the trace.{peak} <a href="flamegraph_commit.html" data-range><b>Commi
 {table(snaps, [("pid", "pid", None), ("image_name", "image", None), ("crate", "crate", None),
                ("instance", "snapshot", None), ("timestamp_ns", "time", fmt_ms), ("bytes", "busy", fmt_bytes),
                ("blocks", "blocks", count), ("untracked_bytes", "without stack", fmt_bytes)], 'heap-snapshots',
-       Follow(pool, None, top_n, alive=[(r["timestamp_ns"], r["timestamp_ns"]) for r in snaps]))}
+       Follow(pool, None, alive=[(r["timestamp_ns"], r["timestamp_ns"]) for r in snaps]), top_n)}
 {_heap_functions(ctx, w, snaps, top_n, pool)}""")
     body = w.links() + "\n".join(parts) + pool.script()
     w.close()
@@ -152,7 +152,7 @@ snapshot {big['instance']}, {fmt_bytes(big['bytes'])})</h3>
               ("module", "module", None), ("function", "function", None), ("bytes_before", "before", fmt_bytes),
               ("bytes_after", "after", fmt_bytes), ("growth_bytes", "growth", fmt_growth),
               ("growth_blocks", "blocks", count)], 'heap-growth',
-       Follow(pool, "growth_bytes", top_n, alive=[(r["from_ns"], r["to_ns"]) for r in rows]))}""")
+       Follow(pool, "growth_bytes", alive=[(r["from_ns"], r["to_ns"]) for r in rows]), top_n)}""")
     return "\n".join(parts)
 
 

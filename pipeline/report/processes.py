@@ -16,8 +16,7 @@ import json
 import re
 
 from pipeline.report.flame import Writer, count, fmt_bytes, fmt_ms, table
-from pipeline.report.timerange import Follow, Pool, binned, total
-from pipeline.runs import read_manifest
+from pipeline.report.timerange import Follow, Pool, binned, cpu_bins, total
 
 AGG = "aggregated"
 ROW = 9
@@ -88,8 +87,8 @@ def timeline_svg(rows: list[dict]) -> str:
                      f'<text x="{x:.1f}" y="{height - 4}" text-anchor="{"end" if k == 5 else "middle"}">'
                      f'{span * k / 5 / 1e9:.2f} s</text></g>')
     return (f'<div class="timeline-bar"><button class="timeline-reset">whole build</button> <span class="timeline-text">'
-            f'Drag across the bars to zoom in (the CPU flame graph follows); click a name with \u25be to fold its '
-            f'children.</span></div>'
+            f'Drag across the bars to zoom in (the flame graphs and the tables marked "follows range" follow); '
+            f'click a name with \u25be to fold its children.</span></div>'
             f'<svg class="timeline" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" data-t0="{t0}" '
             f'data-t1="{t1}" data-label="{LABEL}" data-row="{ROW}" style="font: 9px system-ui, sans-serif">'
             f'{"".join(ticks)}<rect class="pick" x="0" y="0" width="0" height="{height - 16}"></rect>{"".join(out)}</svg>')
@@ -195,17 +194,14 @@ def section(ctx):
             ("samples", "samples", count), ("tree_samples", "with children", count), ("threads", "threads", count),
             ("exit_status", "exit", None), ("command_line", "command line", None)]
     w.text("process_tree.html", page("process tree", f"<main><h2>Process tree</h2>{table(ordered, cols, 'tree')}</main>"))
-    top_n = ctx.config.report.top_n
     top = sorted(rows, key=lambda r: -(r["samples"] or 0))
     peaks = ({r["process_key"]: r["peak_commit_bytes"] for r in ctx.read(AGG, "commit_by_process").to_pylist()}
              if ctx.has(AGG, "commit_by_process") else {})
     builds = build_processes(rows, peaks)
-    follow = _follows(ctx, rows, builds, top, top_n)
-    if not follow:
-        top = top[:top_n]
     threads = (ctx.read("decoded", "threads", ["pid", "tid", "start_ns", "end_ns", "thread_name", "first_seen_ns",
                                                "last_seen_ns"]).to_pylist() if ctx.has("decoded", "threads") else [])
     cpu = ctx.read(AGG, "cpu_over_time").to_pylist() if ctx.has(AGG, "cpu_over_time") else []
+    follow = _follows(ctx, rows, builds, top, cpu)
     w.text(CHROME_TRACE, json.dumps(chrome_trace(rows, threads, cpu), separators=(",", ":")))
     body = f"""<p>{len(rows)} processes, {sum(1 for r in rows if r['parent_key'] is None)} roots.</p>
 {w.links()}
@@ -220,20 +216,19 @@ def section(ctx):
 <h3>Processes with the most CPU samples</h3>
 {table(top, [("pid", "pid", None), ("image_name", "image", None), ("crate", "crate", None),
              ("duration_ns", "duration", fmt_ms), ("samples", "samples", count), ("tree_samples", "with children", count),
-             ("command_line", "command line", None)], 'proc-top', follow.get("top"))}
+             ("command_line", "command line", None)], 'proc-top', follow.get("top"), ctx.config.report.top_n)}
 {follow["top"].pool.script() if follow else ""}"""
     w.close()
     return Section("processes", "Processes (ETL)", body, w.files, {"processes": len(rows)})
 
 
-def _follows(ctx, rows: list[dict], builds: list[dict], top: list[dict], top_n: int) -> dict[str, Follow]:
+def _follows(ctx, rows: list[dict], builds: list[dict], top: list[dict], cpu: list[dict]) -> dict[str, Follow]:
     """The build processes and the top processes follow a picked time range: the processes alive in it, with their
-    CPU samples in it (``cpu_over_time``; for "with children", those of their subtrees)."""
-    bins = read_manifest(ctx.run_dir, AGG)["sections"].get("cpu", {}).get("time_bins")
-    if not bins or not ctx.has(AGG, "cpu_over_time"):
+    CPU samples in it (``cpu``: the rows of ``cpu_over_time``; for "with children", those of their subtrees)."""
+    bins = cpu_bins(ctx)
+    if not bins or not cpu:
         return {}
-    own = binned(ctx.read(AGG, "cpu_over_time", ["process_key", "bin", "samples"]).to_pylist(),
-                 lambda r: r["process_key"], "samples")
+    own = binned(cpu, lambda r: r["process_key"], "samples")
     kids: dict = {}
     for r in rows:
         kids.setdefault(r["parent_key"], []).append(r["process_key"])
@@ -242,8 +237,8 @@ def _follows(ctx, rows: list[dict], builds: list[dict], top: list[dict], top_n: 
         tree[r["process_key"]] = total([own.get(r["process_key"], {}), *(tree.get(k, {}) for k in kids.get(r["process_key"], []))])
     alive = lambda rs: [(r["start_ns"], r["end_ns"]) for r in rs]  # noqa: E731
     pool = Pool("processes", bins)
-    return {"builds": Follow(pool, "duration_ns", len(builds), series={"samples": [own.get(r["process_key"], {}) for r in builds]},
+    return {"builds": Follow(pool, "duration_ns", series={"samples": [own.get(r["process_key"], {}) for r in builds]},
                              alive=alive(builds)),
-            "top": Follow(pool, "samples", top_n, series={"samples": [own.get(r["process_key"], {}) for r in top],
+            "top": Follow(pool, "samples", series={"samples": [own.get(r["process_key"], {}) for r in top],
                                                           "tree_samples": [tree.get(r["process_key"], {}) for r in top]},
                           alive=alive(top))}

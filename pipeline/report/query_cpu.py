@@ -11,8 +11,7 @@ from __future__ import annotations
 import json
 
 from pipeline.report.flame import Writer, count, flame_page, pct, speedscope, table
-from pipeline.report.timerange import Follow, Pool, binned
-from pipeline.runs import read_manifest
+from pipeline.report.timerange import Follow, Pool, binned, cpu_bins
 
 AGG = "aggregated"
 TABLES = ["cpu_by_query", "cpu_by_query_function"]
@@ -56,7 +55,7 @@ def section(ctx):
             leaf_rows.append({"query": r["label"], "module": f["module"], "function": f["function"],
                               "samples": f["self_samples"], "pct": 100.0 * f["self_samples"] / of_query[r["label"]]})
     processes = len({r["file_id"] for r in rows if r["scope"] == "process"})
-    follow = _follow(ctx, build, top_n)
+    follow = _follow(ctx, build)
     inside = sum(r["samples"] for r in build if r["attribution"] == "query")
     body = f"""<p><b>{total:,}</b> CPU samples of {processes} rustc processes that have a self-profile;
 <b>{100.0 * inside / total:.1f}%</b> of them ran inside a query or activity. Each sample is attributed to the
@@ -64,8 +63,8 @@ innermost self-profile interval running on its thread at its time.
 <a href="flamegraph_query_cpu.html"><b>Open the flame graph by query</b></a>.</p>
 {w.links()}
 <h3>Queries by CPU samples</h3>
-{table(build if follow else build[:top_n], [("query", "query / activity", None), ("kind", "kind", None),
-                                            ("samples", "samples", count), ("pct", "%", pct)], 'query-cpu', follow)}
+{table(build, [("query", "query / activity", None), ("kind", "kind", None),
+                                            ("samples", "samples", count), ("pct", "%", pct)], 'query-cpu', follow, top_n)}
 {follow.pool.script() if follow else ""}
 <h3>Where the top {min(TOP_QUERIES, len(of_query))} queries of the whole build spend their CPU (leaf functions)</h3>
 {table(leaf_rows, [("query", "query", None), ("module", "module", None), ("function", "function", None),
@@ -76,12 +75,12 @@ innermost self-profile interval running on its thread at its time.
                     "top": build[0]["query"]})
 
 
-def _follow(ctx, build: list[dict], top_n: int) -> Follow | None:
+def _follow(ctx, build: list[dict]) -> Follow | None:
     """The queries table follows a picked time range through ``cpu_by_query_over_time`` (the cpu section's bins)."""
-    bins = read_manifest(ctx.run_dir, AGG)["sections"].get("cpu", {}).get("time_bins")
+    bins = cpu_bins(ctx)
     if not bins or not ctx.has(AGG, "cpu_by_query_over_time"):
         return None
     key = lambda r: (r["kind"], r["label"], r["attribution"])  # noqa: E731
     series = binned(ctx.read(AGG, "cpu_by_query_over_time").to_pylist(), key, "samples")
-    return Follow(Pool("query-cpu", bins), "samples", top_n, series={"samples": [series.get(key(r), {}) for r in build]},
+    return Follow(Pool("query-cpu", bins), "samples", series={"samples": [series.get(key(r), {}) for r in build]},
                   pct={"pct": ("samples", None)})

@@ -35,7 +35,6 @@ class Follow:
     which a section writes once after its tables (tables that share a series share its copy)."""
     pool: "Pool"
     sort: str | None
-    limit: int
     series: dict[str, list[dict[int, int]]] = field(default_factory=dict)
     members: dict[str, list[list[dict[int, int]]]] = field(default_factory=dict)
     pct: dict[str, tuple[str, dict[int, int] | None]] = field(default_factory=dict)
@@ -74,6 +73,13 @@ class Pool:
                             f' data-pool="{self.name}"')
 
 
+def cpu_bins(ctx) -> dict[str, int] | None:
+    """Where the aggregate stage's CPU time bins lie (``sections.cpu.time_bins``), None for a run without them."""
+    from pipeline.runs import read_manifest
+
+    return read_manifest(ctx.run_dir, "aggregated")["sections"].get("cpu", {}).get("time_bins")
+
+
 def binned(rows: Iterable[dict], key, measure: str, bin_col: str = "bin") -> dict[Any, dict[int, int]]:
     """{key(row): {bin: measure}} of a table split by time bin (``key`` a function of the row)."""
     out: dict[Any, dict[int, int]] = defaultdict(lambda: defaultdict(int))
@@ -105,8 +111,9 @@ def _json_script(cls: str, doc: Any, attrs: str = "") -> str:
     return f'<script type="application/json" class="{cls}"{attrs}>{inline_json(doc)}</script>'
 
 
-def script(follow: Follow, columns: list[str], fmts: list[str], rows: int) -> str:
-    """The JSON that ``static/range.js`` reads for a table with ``rows`` rows and these column keys: per column
+def script(follow: Follow, columns: list[str], fmts: list[str], rows: int, limit: int) -> str:
+    """The JSON that ``static/range.js`` reads for a table with ``rows`` rows, ``limit`` of them shown, and these
+    column keys: per column
     the pool's series of each row (``s``), the lists of series counted (``m``), or the column a percent is of
     (``of``) and the pool's series of its total (``t``)."""
     index = {c: i for i, c in enumerate(columns)}
@@ -120,6 +127,6 @@ def script(follow: Follow, columns: list[str], fmts: list[str], rows: int) -> st
         cols[index[key]] = {"of": index[of], **({"t": pool.add(tot)} if tot is not None else {})}
     for i, c in cols.items():
         c["f"] = fmts[i]
-    doc = {"pool": pool.name, "sort": None if follow.sort is None else index[follow.sort], "limit": follow.limit, "cols": cols,
+    doc = {"pool": pool.name, "sort": None if follow.sort is None else index[follow.sort], "limit": limit, "cols": cols,
            **({"alive": [list(a) if a else None for a in follow.alive[:rows]]} if follow.alive is not None else {})}
     return _json_script("follow-data", doc)
