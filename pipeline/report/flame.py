@@ -84,8 +84,8 @@ def add_bins(tree: dict[str, list], rows, bins: int, t0_ns: int, span_ns: int) -
     trace start) to the next.
 
     Each distinct stack's deepest node is found once; numpy then adds the rows into a (node, bin) matrix and each
-    depth of the tree into the one above (the 1 GB synth trace: 409,000 rows of 39,000 stacks into 9,800 nodes;
-    1.9-2.2 s as a Python loop over every row's frames)."""
+    depth of the tree into the one above, so no row's frames are walked in Python (the 1 GB synth trace: 409,000
+    rows of 39,000 stacks into 9,800 nodes)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
