@@ -132,20 +132,16 @@ def profiles_below(x: Input) -> list[Input]:
     """The ``*.mm_profdata`` files below a directory, sorted."""
     if not is_url(x):
         return sorted(Path(x).rglob("*.mm_profdata"))
-    fs, path = _fs(x)
-    try:
-        found = fs.glob(path.rstrip("/") + "/**/*.mm_profdata")
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise InputError(f"{x}: cannot list: {exc}") from exc
-    return sorted(fs.unstrip_protocol(p) for p in found)
+    fs, _ = _fs(x)
+    return sorted(fs.unstrip_protocol(p) for p in _call(x.rstrip("/") + "/**/*.mm_profdata", "glob"))
 
 
 def traces_in(x: Input) -> list[Input]:
     """The ``*.etl`` files directly in a directory, sorted."""
     if not is_url(x):
         return sorted(p for p in Path(x).iterdir() if p.suffix.lower() == ".etl" and p.is_file())
-    fs, path = _fs(x)
-    return sorted(fs.unstrip_protocol(p) for p in fs.ls(path, detail=False) if p.lower().endswith(".etl"))
+    fs, _ = _fs(x)
+    return sorted(fs.unstrip_protocol(p) for p in _call(x, "ls", detail=False) if p.lower().endswith(".etl"))
 
 
 def read_head(x: Input, n: int) -> bytes:
