@@ -2,7 +2,7 @@
 
 A following table is written with more rows than it shows (the candidates, up to ``CANDIDATES``, ranked by
 the table's measure over the whole build) and, beside it, the time bins of each row's numbers as JSON. When a
-range is picked, the page sums (or takes the maximum of) each number over the bins the range covers, hides
+range is picked, the page sums each number over the bins the range covers, hides
 the rows with nothing in it (and rows whose lifetime does not overlap it), ranks the rest by the table's
 measure and shows the first ``limit``. Percent columns become shares of the range's total. "whole build"
 puts every row back as it was written.
@@ -43,11 +43,10 @@ class Follow:
 
 class Pool:
     """The time series of one section's following tables, each written once: ``bins`` are the aggregate stage's
-    (``count``, ``t0_ns``, ``span_ns``), merged to ``TABLE_BINS``; ``mode``: a range's value is the ``sum`` or
-    the ``max`` of its bins."""
+    (``count``, ``t0_ns``, ``span_ns``), merged to ``TABLE_BINS``; a range's value is the sum of its bins."""
 
-    def __init__(self, name: str, bins: dict[str, int], mode: str = "sum"):
-        self.name, self.mode = name, mode
+    def __init__(self, name: str, bins: dict[str, int]):
+        self.name = name
         self.merge = bins["count"] // TABLE_BINS if bins["count"] % TABLE_BINS == 0 and bins["count"] > TABLE_BINS else 1
         self.bins = {**bins, "count": bins["count"] // self.merge}
         self.flat: list[list[int]] = []
@@ -58,18 +57,15 @@ class Pool:
         if id(series) not in self.index:
             merged: dict[int, int] = defaultdict(int)
             for b, v in series.items():
-                if self.mode == "max":
-                    merged[b // self.merge] = max(merged[b // self.merge], v)
-                else:
-                    merged[b // self.merge] += v
+                merged[b // self.merge] += v
             self.index[id(series)] = len(self.flat)
             self.flat.append(_dense(merged))
             self.kept.append(series)
         return self.index[id(series)]
 
     def script(self) -> str:
-        """The pool as the page reads it: ``bins``, ``mode`` and per series [first bin, value, value, ...]."""
-        return _json_script("follow-pool", {"bins": self.bins, "mode": self.mode, "series": self.flat},
+        """The pool as the page reads it: ``bins`` and per series [first bin, value, value, ...]."""
+        return _json_script("follow-pool", {"bins": self.bins, "series": self.flat},
                             f' data-pool="{self.name}"')
 
 

@@ -4,7 +4,7 @@
  * "bootprof:range" event), from the page's address (#t=<ns>-<ns>) or goes away with "whole build" in the bar at
  * the top. Then:
  *  - every table marked data-follow (report/timerange.py writes its rows' time bins beside it as JSON) shows
- *    its numbers for the range: sums (or maxima) of the bins the range covers, percents of the range's total,
+ *    its numbers for the range: sums of the bins the range covers, percents of the range's total,
  *    rows without anything in the range (or, for rows with a lifetime, not alive in it) hidden, the rest
  *    ranked by the table's measure, the first "limit" shown;
  *  - the flame graph iframes (iframe.flame) and links marked data-range get #t=<ns>-<ns>, so that the CPU
@@ -45,15 +45,14 @@
             cells: rows.map((r) => [...r.cells].map((c) => [c.textContent, c.dataset.v])),
             off: rows.map((r) => !!r.dataset.off)};
   }
-  // A pool's series k over the bins [b0, b1): its sum or its maximum (the pool's mode).
-  function value(pool, k, b0, b1, mode) {
+  // A pool's series k summed over the bins [b0, b1).
+  function value(pool, k, b0, b1) {
     const s = pool.series[k];
     if (!s || !s.length) return 0;
     const first = s[0];
     let out = 0;
     for (let b = Math.max(b0, first); b < Math.min(b1, first + s.length - 1); b++) {
-      const v = s[1 + b - first];
-      out = (mode || pool.mode) === "max" ? Math.max(out, v) : out + v;
+      out += s[1 + b - first];
     }
     return out;
   }
@@ -85,7 +84,7 @@
         let any = false;
         for (const [k, c] of Object.entries(doc.cols)) {
           if (c.s) values[i][k] = value(t.pool, c.s[i], b0, b1);
-          else if (c.m) values[i][k] = c.m[i].filter((s) => value(t.pool, s, b0, b1, "sum") > 0).length;
+          else if (c.m) values[i][k] = c.m[i].filter((s) => value(t.pool, s, b0, b1) > 0).length;
           else continue;
           any = any || values[i][k] > 0;
         }
