@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from typing import Any, Callable, Iterable, Iterator
 
 from pipeline import warmup
@@ -40,6 +41,8 @@ class Pool:
         self._warming = warming
         #: Starts the cluster when it is first needed (``connect(lazy=True)``); returns the started Pool.
         self._start = start
+        #: Seconds the cluster took to start (and connect), for the manifests; 0 when there is none.
+        self.start_s = 0.0
 
     @property
     def client(self):
@@ -47,7 +50,7 @@ class Pool:
         if self._start is not None:
             started = self._start()        # (a start that fails is tried again, never taken for inline)
             self._start = None
-            self._client, self._warming = started._client, started._warming
+            self._client, self._warming, self.start_s = started._client, started._warming, started.start_s
         return self._client
 
     @property
@@ -145,6 +148,7 @@ def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = (), lazy:
         return
     # First the fork server, which warms up while this process imports what it runs of the stage (the same
     # modules: a decode's client plans and joins with them) and distributed, and starts the scheduler.
+    t0 = time.perf_counter()
     forked = cfg.mode == "local" and _fork_server(warm_up)
     if forked:
         _import(warm_up)
@@ -172,7 +176,9 @@ def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = (), lazy:
         except (OSError, ValueError) as exc:     # (not an address, unreachable, timed out)
             raise ConfigError(f"cluster.address {cfg.address!r}: cannot connect to a dask scheduler: {exc}") from None
         with client:
-            yield Pool(client)
+            pool = Pool(client)
+            pool.start_s = round(time.perf_counter() - t0, 3)
+            yield pool
         return
     n = cfg.n_workers or os.cpu_count() or 1
     with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver" if forked else "spawn"}), LocalCluster(
@@ -190,7 +196,9 @@ def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = (), lazy:
         # spawned one would)
         env={**os.environ, warmup.ENV: ",".join(warm_up), **WORKER_ENV},
     ) as cluster, Client(cluster) as client, _gc_set_aside():
-        yield Pool(client, warming=bool(warm_up))
+        pool = Pool(client, warming=bool(warm_up))
+        pool.start_s = round(time.perf_counter() - t0, 3)
+        yield pool
 
 
 _fork_lock = threading.Lock()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,11 @@ def run(run_dir: Path, config, pool, inputs: list[sources.Input]) -> dict[str, A
                 from pipeline.decode.measureme import decode_profiles
 
                 summary["self_profile"] = decode_profiles(profiles, out, config.decode, pool)
+            waited = time.perf_counter()
             fps = prints.result()
+            # (what the stage waited for the input hashes after the decode: the hash's serial part)
+            summary["hash_wait_s"] = round(time.perf_counter() - waited, 3)
+            summary["cluster_start_s"] = pool.start_s
             out.manifest.update(summary)
             out.manifest["inputs"] = fps
     return summary
