@@ -105,7 +105,7 @@ def stale_reason(run_dir: Path, stage: str, config: Config, inputs: list[Path]) 
         from pipeline.decode import classify
 
         trace, profiles = classify(inputs)       # (the files the decode stage reads and fingerprints)
-        key = lambda f: (f["path"], f["size"], f["sha256"] or "", f.get("version") or "")  # noqa: E731
+        key = lambda f: (f["path"], f["size"], f.get("sha256_tree") or "", f.get("version") or "")  # noqa: E731
         before = sorted(map(key, manifest.get("inputs") or []))
         now = sorted(key(sources.fingerprint(f)) for f in ([trace] if trace else []) + profiles)
         if before != now:

@@ -176,13 +176,14 @@ def input_bytes(inputs: Iterable[Input]) -> int:
 
 
 def fingerprint(x: Input) -> dict[str, Any]:
-    """Path, size and sha256 of a local input; URL, size and the store's version (:func:`version`) of a URL."""
+    """Path, size and content hash (:func:`pipeline.runs.sha256_tree`) of a local input; URL, size and the store's
+    version (:func:`version`) of a URL."""
     if not is_url(x):
-        from pipeline.runs import sha256_file
+        from pipeline.runs import sha256_tree
 
         path = Path(x)
-        return {"path": str(path.resolve()), "size": path.stat().st_size, "sha256": sha256_file(path)}
-    return {"path": x, "size": size(x), "sha256": None, "version": version(x)}
+        return {"path": str(path.resolve()), "size": path.stat().st_size, "sha256_tree": sha256_tree(path)}
+    return {"path": x, "size": size(x), "sha256_tree": None, "version": version(x)}
 
 
 class Reader:

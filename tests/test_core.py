@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.config import load_config, load_job, parse_size
 from pipeline.errors import ConfigError, InputError, ManifestError
-from pipeline.runs import SCHEMA_VERSION, read_manifest, read_table, stage_output
+from pipeline.runs import SCHEMA_VERSION, read_manifest, read_table, sha256_tree, stage_output
 from tests.conftest import ROOT
 
 
@@ -265,8 +265,37 @@ def test_cli_decode_with_a_local_cluster_ends_cleanly(tmp_path):
                           str(tmp_path / "run")], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["etl"]["records"] > 0
-    assert read_manifest(tmp_path / "run", "decoded")["etl"]["records"] == json.loads(out.stdout)["etl"]["records"]
+    manifest = read_manifest(tmp_path / "run", "decoded")
+    assert manifest["etl"]["records"] == json.loads(out.stdout)["etl"]["records"]
     assert out.stderr == ""
+    # where the wall time went: a cluster was started; the decode is the walk and the partitions
+    etl = manifest["etl"]
+    assert manifest["cluster_start_s"] > 0 and manifest["hash_wait_s"] >= 0
+    assert abs(etl["walk_s"] + etl["partitions_s"] - etl["decode_s"]) < 0.002
+    assert manifest["inputs"] == [{"path": str(trace.resolve()), "size": trace.stat().st_size,
+                                   "sha256_tree": sha256_tree(trace)}]
+
+
+def test_the_content_hash_is_the_sha256_of_the_pieces_sha256s(tmp_path):
+    """``sha256_tree`` against hashlib on the pieces, on one thread and on several, at piece edges; and
+    against ``sha256sum`` of ``split``, as the docstring says to check it in a shell."""
+    import hashlib
+    import shutil
+
+    data = os.urandom(1000)
+    for n in (0, 1, 99, 100, 101, 1000):
+        path = tmp_path / f"f{n}"
+        path.write_bytes(data[:n])
+        want = hashlib.sha256(b"".join(hashlib.sha256(data[i:min(i + 100, n)]).digest()
+                                       for i in range(0, n, 100))).hexdigest()
+        assert sha256_tree(path, piece=100, threads=1) == want
+        assert sha256_tree(path, piece=100, threads=4) == want
+    big = tmp_path / "big"
+    big.write_bytes(os.urandom((64 << 20) + 12345))
+    if shutil.which("xxd") and shutil.which("split"):
+        shell = subprocess.run(f"split -b 64M --filter='sha256sum | head -c64 | xxd -r -p' {big} | sha256sum",
+                               shell=True, capture_output=True, text=True, check=True).stdout.split()[0]
+        assert sha256_tree(big) == shell
 
 
 def _on_a_terminal(args: list[str]) -> tuple[list[str], bytes]:

@@ -63,7 +63,7 @@ def test_a_url_decodes_as_the_files_do(build, tmp_path, dask_pool):
         assert size * 1.5 < sum(n for _, n in sent) <= size * 2
     manifest = json.loads((tmp_path / "url" / "decoded" / "_manifest.json").read_text())
     etl = next(i for i in manifest["inputs"] if i["path"].endswith("/trace.etl"))
-    assert etl["size"] == size and etl["sha256"] is None and etl["version"].startswith("ETag:")
+    assert etl["size"] == size and etl["sha256_tree"] is None and etl["version"].startswith("ETag:")
 
 
 def test_a_job_sees_whether_a_url_changed(build, tmp_path, dask_pool):

@@ -105,7 +105,7 @@ def test_ingest_keeps_every_table_and_manifest(etl_run, tmp_path):
     assert summary["run_id"] == "nightly-20260101-010000"
     decoded = read_manifest(run, "decoded")
     (row,) = q(db, "SELECT job, trace_sha256, labels['machine'], cpu_samples, stages FROM runs")
-    assert row[0] == "nightly" and row[1] == decoded["inputs"][0]["sha256"] and row[2] == "ci-1"
+    assert row[0] == "nightly" and row[1] == decoded["inputs"][0]["sha256_tree"] and row[2] == "ci-1"
     assert row[3] == read_manifest(run, "aggregated")["sections"]["cpu"]["samples"]
     assert row[4] == ["decoded", "symbolized", "aggregated"]
     for table, n in read_manifest(run, "aggregated")["tables"].items():

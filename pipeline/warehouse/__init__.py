@@ -307,7 +307,8 @@ def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: s
     run_id = run_dir.name
     decoded = manifests.get("decoded", {})
     inputs = decoded.get("inputs") or manifests[AGGREGATED].get("inputs") or []
-    shas = sorted(i["sha256"] for i in inputs if i.get("sha256"))
+    # (a run decoded before schema 2 has the plain sha256 of each input)
+    shas = sorted(h for i in inputs if (h := i.get("sha256_tree") or i.get("sha256")))
     trace_sha = shas[0] if len(shas) == 1 else (
         __import__("hashlib").sha256("".join(shas).encode()).hexdigest() if shas else None)
     run_time = (decoded or manifests[AGGREGATED])["created_utc"]
