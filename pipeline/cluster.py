@@ -12,7 +12,6 @@ import contextlib
 import logging
 import os
 import threading
-import time
 from typing import Any, Callable, Iterable, Iterator
 
 from pipeline import warmup
@@ -35,14 +34,15 @@ FORK_SERVER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM
 class Pool:
     """Runs task functions either on a dask cluster or inline."""
 
-    def __init__(self, client=None, warming: bool = False, start: Callable[[], "Pool"] | None = None):
+    def __init__(self, client=None, warming: bool = False, start: Callable[[], "Pool"] | None = None,
+                 eager: bool = False):
         self._client = client
+        #: The cluster is starting already (``connect(background=True)``), not when first needed.
+        self._eager = eager
         #: The workers are warming up (a local cluster): the first ``map`` waits for them (``warmup.ready``).
         self._warming = warming
         #: Starts the cluster when it is first needed (``connect(lazy=True)``); returns the started Pool.
         self._start = start
-        #: Seconds the cluster took to start (and connect), for the manifests; 0 when there is none.
-        self.start_s = 0.0
 
     @property
     def client(self):
@@ -50,7 +50,7 @@ class Pool:
         if self._start is not None:
             started = self._start()        # (a start that fails is tried again, never taken for inline)
             self._start = None
-            self._client, self._warming, self.start_s = started._client, started._warming, started.start_s
+            self._client, self._warming = started._client, started._warming
         return self._client
 
     @property
@@ -64,11 +64,16 @@ class Pool:
             return 1
         return max(1, len(self.client.scheduler_info().get("workers", {})))
 
+    def ready(self) -> None:
+        """Wait for a cluster that is starting (``connect(background=True)``); a lazy pool stays unstarted."""
+        if self._eager:
+            self.client
+
     def set_aside(self) -> None:
         """With a cluster: the objects that exist now (a stage's own imports, made after the cluster started:
         DuckDB, the numba kernels the client runs) also stay out of the garbage collector's full
         collections until the cluster closes (see ``_gc_set_aside``)."""
-        if self._client is not None:      # (not a cluster's start: a lazy pool that has none yet has nothing to do)
+        if self._client is not None or self._eager:   # (a lazy pool that has no cluster yet may never need one)
             import gc
 
             gc.freeze()
@@ -102,7 +107,9 @@ class Pool:
         from distributed import as_completed
 
         done: dict[Any, Any] = {}
-        for future, result in as_completed(futures, with_results=True):
+        # (this client's loop, named: as_completed would take the current default client's, which on this thread
+        # may be another one when this pool's client was made on another thread)
+        for future, result in as_completed(futures, loop=self.client.loop, with_results=True):
             on_result(result)
             done[future.key] = result
         return [done[f.key] for f in futures]
@@ -117,7 +124,7 @@ def runs_inline(cfg: ClusterConfig, size: int | None) -> bool:
 
 @contextlib.contextmanager
 def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = (), lazy: bool = False,
-            size: int | None = None) -> Iterator[Pool]:
+            size: int | None = None, background: bool = False) -> Iterator[Pool]:
     """A Pool for the configured cluster: a LocalCluster on 127.0.0.1, a remote scheduler, or inline.
 
     ``warm_up``: modules (the stages' ``WARM_UP``) that local workers have imported, with their compiled
@@ -131,6 +138,10 @@ def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = (), lazy:
     Python, and a local cluster that started beside them (its workers forked and warming up on the cores
     DuckDB runs on) cost ``bootprof aggregate`` 1.9 s (11.5 -> 9.7 s) and ``bootprof report`` 1.1 s (6.3 ->
     5.2 s) on the 1 GB synth trace (means of 4 interleaved pairs). The cluster ends with the context.
+
+    ``background``: a local cluster starts on a thread while the caller goes on (a decode walks the trace's
+    buffer headers, opens its output and imports its joins meanwhile); the pool's first use waits for it,
+    and ``Pool.ready`` waits for it explicitly.
 
     ``size``: bytes of the command's inputs; below ``cluster.inline_below`` a local cluster is not started at
     all and tasks run in this process (:func:`runs_inline`)."""
@@ -146,9 +157,20 @@ def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = (), lazy:
     if cfg.mode == "synchronous":
         yield Pool(None)
         return
+    if background and cfg.mode == "local":
+        # (the imports here, on the caller's thread, beside the fork server's warm-up: the thread only starts
+        # the scheduler and waits for the workers, and never imports a module the caller imports too)
+        if _fork_server(warm_up):
+            _import(warm_up)
+        import distributed  # noqa: F401
+        starting = _Starting(cfg, warm_up)
+        try:
+            yield Pool(start=starting.pool, eager=True)
+        finally:
+            starting.close()
+        return
     # First the fork server, which warms up while this process imports what it runs of the stage (the same
     # modules: a decode's client plans and joins with them) and distributed, and starts the scheduler.
-    t0 = time.perf_counter()
     forked = cfg.mode == "local" and _fork_server(warm_up)
     if forked:
         _import(warm_up)
@@ -176,9 +198,7 @@ def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = (), lazy:
         except (OSError, ValueError) as exc:     # (not an address, unreachable, timed out)
             raise ConfigError(f"cluster.address {cfg.address!r}: cannot connect to a dask scheduler: {exc}") from None
         with client:
-            pool = Pool(client)
-            pool.start_s = round(time.perf_counter() - t0, 3)
-            yield pool
+            yield Pool(client)
         return
     n = cfg.n_workers or os.cpu_count() or 1
     with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver" if forked else "spawn"}), LocalCluster(
@@ -196,9 +216,59 @@ def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = (), lazy:
         # spawned one would)
         env={**os.environ, warmup.ENV: ",".join(warm_up), **WORKER_ENV},
     ) as cluster, Client(cluster) as client, _gc_set_aside():
-        pool = Pool(client, warming=bool(warm_up))
-        pool.start_s = round(time.perf_counter() - t0, 3)
-        yield pool
+        yield Pool(client, warming=bool(warm_up))
+
+
+def processes(n: int):
+    """A ``concurrent.futures.ProcessPoolExecutor`` of ``n`` processes, for Python-bound work that threads would
+    only run in turns (the report's sections). They are forked from the fork server of local dask workers
+    (:func:`_fork_server`, started now when no cluster of this process started it), which has numpy, pyarrow
+    and distributed loaded, so a process starts in milliseconds; not from this process, which may hold
+    DuckDB's and dask's threads. Spawned where the platform has no fork server."""
+    import concurrent.futures
+    import multiprocessing
+
+    method = "forkserver" if _fork_server([]) else "spawn"
+    return concurrent.futures.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context(method))
+
+
+class _Starting:
+    """A local cluster (:func:`connect`) started on a thread of its own, which also ends it: distributed's
+    ``Client`` must leave its context on the thread that entered it."""
+
+    def __init__(self, cfg: ClusterConfig, warm_up: list[str]):
+        self._cfg, self._warm_up = cfg, warm_up
+        self._ready, self._closing = threading.Event(), threading.Event()
+        self._pool: Pool | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="bootprof-cluster", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            with connect(self._cfg, self._warm_up) as pool:
+                self._pool = pool
+                self._ready.set()
+                self._closing.wait()
+        except BaseException as exc:      # noqa: BLE001 - handed to the pool's user (pool) or logged (close)
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    def pool(self) -> Pool:
+        """The started pool (waits for it; a start that failed raises here, in the caller's thread)."""
+        self._ready.wait()
+        if self._pool is None:
+            error, self._error = self._error, None
+            raise error if error is not None else RuntimeError("the local dask cluster did not start")
+        return self._pool
+
+    def close(self) -> None:
+        """End the cluster (after its start, if it is still starting) and wait for that."""
+        self._closing.set()
+        self._thread.join()
+        if self._error is not None:
+            log.warning("the local dask cluster failed: %s", self._error)
 
 
 _fork_lock = threading.Lock()

@@ -129,7 +129,7 @@ def run_stages(job: Job, config: Config, inputs: list[sources.Input], run_dir: P
         return summaries
     todo = stages[stages.index(first):]
     with connect(config.cluster, warm_up=[m for s in todo for m in getattr(modules[s], "WARM_UP", ())],
-                 size=sources.input_bytes(inputs)) as pool:
+                 size=sources.input_bytes(inputs), background=True) as pool:
         for stage in todo:
             if not force and stage != first and stale_reason(run_dir, stage, config, inputs) is None:
                 print(f"  {stage:<10} {'skipped':>7}  (up to date)")

@@ -822,3 +822,35 @@ def test_index_tables_follow_a_time_range(report_run, tmp_path):
     for c in classes:
         assert body[c + "-whole"] == body[c + "-before"], c
     assert len(shown("cpu-functions")) == 50 or len(functions) < 50
+
+
+def _pid_section(ctx):
+    import os
+
+    from pipeline.report import Section
+
+    return Section("pid", "pid", str(os.getpid()), summary={"pool": ctx.pool is not None})
+
+
+def _other_pid_section(ctx):
+    return _pid_section(ctx)
+
+
+def test_sections_in_process_run_apart_and_keep_their_order(tmp_path, monkeypatch):
+    """``IN_PROCESS`` sections run in processes of their own, without the pool, and come back in
+    ``SECTIONS`` order among those that ran here."""
+    import os
+
+    from pipeline import report
+    from pipeline.cluster import Pool
+    from pipeline.config import load_config
+    from pipeline.runs import StageOutput
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: every section runs in this process")
+    monkeypatch.setattr(report, "SECTIONS", [_pid_section, _other_pid_section, _pid_section])
+    monkeypatch.setattr(report, "IN_PROCESS", (_other_pid_section,))
+    ctx = report.Context(tmp_path, load_config(None), Pool(None), StageOutput(tmp_path, "report", tmp_path))
+    first, apart, last = report.run_sections(ctx)
+    assert first.html == last.html == str(os.getpid()) != apart.html
+    assert first.summary == {"pool": True} and apart.summary == {"pool": False}

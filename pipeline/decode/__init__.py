@@ -91,7 +91,6 @@ def run(run_dir: Path, config, pool, inputs: list[sources.Input]) -> dict[str, A
             fps = prints.result()
             # (what the stage waited for the input hashes after the decode: the hash's serial part)
             summary["hash_wait_s"] = round(time.perf_counter() - waited, 3)
-            summary["cluster_start_s"] = pool.start_s
             out.manifest.update(summary)
             out.manifest["inputs"] = fps
     return summary

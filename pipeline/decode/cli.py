@@ -19,7 +19,8 @@ def main(args, config) -> int:
     from pipeline.cluster import connect
 
     decode.classify(args.inputs)  # a bad input fails here, before a cluster is started
-    with connect(config.cluster, warm_up=decode.WARM_UP, size=sources.input_bytes(args.inputs)) as pool:
+    # (the cluster starts while the decode walks the trace's buffer headers and opens its output)
+    with connect(config.cluster, warm_up=decode.WARM_UP, size=sources.input_bytes(args.inputs), background=True) as pool:
         summary = decode.run(args.run_dir, config, pool, inputs=args.inputs)
     print(json.dumps(summary, indent=2, sort_keys=True, default=str))
     return 0

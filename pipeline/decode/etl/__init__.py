@@ -77,7 +77,6 @@ def _decode_etl(path: sources.Input, out, cfg, pool, status: Status) -> dict[str
     t0 = time.time()
     path = path if sources.is_url(path) else Path(path).resolve()      # (a URL: each task reads its ranges from it)
     header, bufs = walk(path)
-    t_walk = time.time()
     ranks = stream_ranks(bufs)
     desc = np.empty(len(bufs), bufs.dtype.descr + [("stream_rank", "<i8")])
     for name in bufs.dtype.names:
@@ -93,6 +92,9 @@ def _decode_etl(path: sources.Input, out, cfg, pool, status: Status) -> dict[str
     ]
     small = InlineScratch(scratch)
     status.total = int(desc["buffer_size"].sum())
+    t_walk = time.time()
+    pool.ready()        # (the cluster may still be starting: the manifest's cluster_wait_s)
+    t_ready = time.time()
     preloading: list[threading.Thread] = []
     # (opened while the partitions run: the joins need it as soon as they end)
     connecting = concurrent.futures.ThreadPoolExecutor(max_workers=1)
@@ -176,8 +178,10 @@ def _decode_etl(path: sources.Input, out, cfg, pool, status: Status) -> dict[str
         "buffers_skipped": skipped, "buffers_missing": header.missing_buffers, "bytes_resynced": header.resync_bytes,
         "events_lost": events_lost, "buffers_lost": buffers_lost, "records": trace["records"], "errors": len(errors), "partitions": len(tasks),
         "decode_s": round(t_parts - t0, 3), "join_s": round(elapsed - (t_parts - t0), 3),
-        # (decode_s split: the walk of the buffer headers, serial, and the partitions, on the workers)
-        "walk_s": round(t_walk - t0, 3), "partitions_s": round(t_parts - t_walk, 3),
+        # (decode_s split: the walk of the buffer headers and the plan, serial; the wait for a cluster that was
+        # still starting; the partitions, on the workers)
+        "walk_s": round(t_walk - t0, 3), "cluster_wait_s": round(t_ready - t_walk, 3),
+        "partitions_s": round(t_parts - t_ready, 3),
         "mb_per_s": round(header.file_size / 1e6 / max(elapsed, 1e-9), 1), **joined,
     }
     out.manifest["etl"] = summary
