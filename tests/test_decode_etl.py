@@ -842,15 +842,15 @@ def test_kernels_as_plain_python_equal_the_jit():
     assert X.xpress_decompress(raw, s0, s1, jit_out, 0, n) == (K.OK, n)
     assert X.xpress_decompress.py_func(raw, s0, s1, py_out, 0, n) == (K.OK, n)
     assert (jit_out == py_out).all()
-    from pipeline.decode.etl.batch import RECORD_COLUMNS
+    from pipeline.decode.etl.batch import RECORD_COLUMNS, RecordColumns
 
     starts, lens = np.array([0], np.int64), np.array([n], np.int64)
     results = []
     for fn in (K.walk_records, K.walk_records.py_func):
-        count = fn(jit_out, starts, lens, False, *(np.zeros(0, t) for _, t in RECORD_COLUMNS),
+        count = fn(jit_out, starts, lens, False, RecordColumns(*(np.zeros(0, t) for _, t in RECORD_COLUMNS)),
                    np.zeros(1, np.int32), np.zeros(1, np.int64))
-        cols = [np.zeros(count, t) for _, t in RECORD_COLUMNS]
-        fn(jit_out, starts, lens, True, *cols, np.zeros(1, np.int32), np.zeros(1, np.int64))
+        cols = RecordColumns(*(np.zeros(count, t) for _, t in RECORD_COLUMNS))
+        fn(jit_out, starts, lens, True, cols, np.zeros(1, np.int32), np.zeros(1, np.int64))
         results.append(cols)
     assert count >= 1 and all((a == b).all() for a, b in zip(*results))
 

@@ -471,15 +471,17 @@ def test_small_scratch_tables_come_back_to_the_client_and_are_written_in_parts(t
     gathers them, a part whenever ``flush_bytes`` have come together, and the rest at the end: all rows,
     none twice, and the results no longer carry them."""
     from pipeline.decode.etl.partition import InlineScratch
+    from pipeline.decode.etl.tasks import PartitionResult
 
     sink = InlineScratch(tmp_path, flush_bytes=1000)          # ~400 bytes a table: a part every third
-    results = [{"part": k, "inline": {"_thread_events": pa.table({"tid": np.arange(k * 100, k * 100 + 100, dtype=np.uint32)}),
-                                      "_process_events": pa.table({"pid": np.array([k], np.uint32)})}}
+    results = [PartitionResult(tables={}, times=np.zeros(0, np.int64), sources={}, scratch_rows={}, settled={}, part=k,
+                               inline={"_thread_events": pa.table({"tid": np.arange(k * 100, k * 100 + 100, dtype=np.uint32)}),
+                                       "_process_events": pa.table({"pid": np.array([k], np.uint32)})})
                for k in range(7)]
     for r in results:
         sink.take(r)
     sink.close()
-    assert all("inline" not in r for r in results)
+    assert all(r.inline == {} for r in results)
     threads = duckdb.sql(f"SELECT tid FROM read_parquet('{tmp_path}/_thread_events.parquet/*.parquet') ORDER BY tid")
     assert [t for (t,) in threads.fetchall()] == list(range(700))
     assert len(list((tmp_path / "_thread_events.parquet").glob("*.parquet"))) >= 3       # flushed on the way
@@ -495,10 +497,12 @@ def test_small_scratch_parts_keep_small_row_groups(tmp_path, monkeypatch):
     import pyarrow.parquet as pq
 
     from pipeline.decode.etl import partition
+    from pipeline.decode.etl.tasks import PartitionResult
 
     monkeypatch.setattr(partition, "INLINE_BYTES", 4000)
     sink = partition.InlineScratch(tmp_path)
-    sink.take({"inline": {"_heapsnap_chunks": pa.table({"x": np.arange(10_000, dtype=np.uint32)})}})
+    sink.take(PartitionResult(tables={}, times=np.zeros(0, np.int64), sources={}, scratch_rows={}, settled={},
+                              inline={"_heapsnap_chunks": pa.table({"x": np.arange(10_000, dtype=np.uint32)})}))
     sink.close()
     (part,) = (tmp_path / "_heapsnap_chunks.parquet").glob("*.parquet")
     meta = pq.ParquetFile(part).metadata

@@ -71,6 +71,7 @@ def _decode_etl(path: sources.Input, out, cfg, pool, status: Status) -> dict[str
 
     from pipeline.decode.etl import heapsnap, joins
     from pipeline.decode.etl.partition import InlineScratch, decode_partition
+    from pipeline.decode.etl.tasks import PartitionResult, PartitionTask
     from pipeline.decode.etl.workerstate import release_freed_memory
 
     pool.set_aside()
@@ -85,11 +86,9 @@ def _decode_etl(path: sources.Input, out, cfg, pool, status: Status) -> dict[str
     scratch = out.path / ".scratch"
     scratch.mkdir(parents=True, exist_ok=True)
     consts = {"header_ts": header.header_ts, "perf_freq": header.perf_freq}
-    tasks = [
-        {"path": str(path), "buffers": part, "part": i, "consts": consts,
-         "out_dir": str(out.path), "scratch_dir": str(scratch)}
-        for i, part in enumerate(plan_partitions(desc, cfg.partition_bytes))
-    ]
+    tasks = [PartitionTask(path=str(path), buffers=part, part=i, consts=consts, out_dir=str(out.path),
+                           scratch_dir=str(scratch))
+             for i, part in enumerate(plan_partitions(desc, cfg.partition_bytes))]
     small = InlineScratch(scratch)
     status.total = int(desc["buffer_size"].sum())
     t_walk = time.time()
@@ -101,12 +100,12 @@ def _decode_etl(path: sources.Input, out, cfg, pool, status: Status) -> dict[str
     con = connecting.submit(joins.connect, scratch, cfg)
     connecting.shutdown(wait=False)
 
-    def take(result: dict[str, Any]) -> None:
-        if not preloading and any("_heapsnap_chunks" in result[k] for k in ("inline", "tables")):
+    def take(result: PartitionResult) -> None:
+        if not preloading and ("_heapsnap_chunks" in result.inline or "_heapsnap_chunks" in result.tables):
             preloading.append(threading.Thread(target=heapsnap.preload, name="bootprof-preload", daemon=True))
             preloading[0].start()
         small.take(result)
-        status.advance(result["bytes"])
+        status.advance(result.bytes)
 
     results = pool.map(decode_partition, tasks, on_result=take)
     small.close()
@@ -115,7 +114,7 @@ def _decode_etl(path: sources.Input, out, cfg, pool, status: Status) -> dict[str
 
     errors = list(header.walk_errors) + header.field_errors
     for r in results:
-        errors.extend(r["errors"])
+        errors.extend(r.errors)
     write_event_counts(out, results)
     # Heap snapshots are assembled here, on a thread, while the workers run the bucket joins; the stacks
     # table needs them, so ``finish`` waits for them before building it.
@@ -143,7 +142,7 @@ def _decode_etl(path: sources.Input, out, cfg, pool, status: Status) -> dict[str
                                 exc) from None
     shutil.rmtree(scratch, ignore_errors=True)
 
-    skipped = sum(r["buffers_skipped"] for r in results) + len(header.walk_errors)
+    skipped = sum(r.buffers_skipped for r in results) + len(header.walk_errors)
     write_errors(out, errors, cfg.max_error_rows)
     f = header.fields
     events_lost = int(f["events_lost"])
@@ -167,7 +166,7 @@ def _decode_etl(path: sources.Input, out, cfg, pool, status: Status) -> dict[str
         "buffers_missing": header.missing_buffers, "bytes_resynced": header.resync_bytes,
         "events_lost": events_lost, "buffers_lost": buffers_lost,
         "buffers_flagged_events_lost": flagged_events_lost,
-        "records": sum(r["records"] for r in results),
+        "records": sum(r.records for r in results),
         "logger_name": header.logger_name, "log_file_name": header.log_file_name,
     }
     out.write_table("trace", pa.Table.from_pylist([trace]))
@@ -197,7 +196,7 @@ EVENT_COUNTS_SCHEMA = pa.schema([
 def write_event_counts(out, results) -> None:
     totals: dict[tuple, int] = {}
     for r in results:
-        for *key, n in r["event_counts"]:
+        for *key, n in r.event_counts:
             totals[tuple(key)] = totals.get(tuple(key), 0) + n
     rows = [(*k, n) for k, n in sorted(totals.items())]
     cols = list(zip(*rows)) if rows else [[] for _ in EVENT_COUNTS_SCHEMA]

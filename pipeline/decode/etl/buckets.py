@@ -29,7 +29,6 @@ bucket joined on its own, in parallel, in memory bounded by the bucket's size:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numba as nb
 import numpy as np
@@ -42,6 +41,7 @@ from pipeline.decode.etl.scratch import (I64_MIN, KEYED_REF_COLUMNS, STRIDE, _np
 from pipeline.decode.etl.settle import HEAP_COLUMNS, adopted_stacks, keyed_samples_task, unshared
 from pipeline.decode.etl.stackkeys import resolve_keys, thread_pids, thread_slots
 from pipeline.decode.etl.stacks import Stacks
+from pipeline.decode.etl.tasks import BucketResult, BucketTask, KeyedSamplesTask
 from pipeline.decode.etl.workerstate import reuse_freed_memory
 
 def plan(samples: list[np.ndarray], rows_per_bucket: int, min_buckets: int,
@@ -120,11 +120,11 @@ def member(ts, keys):
     return out
 
 
-def bucket_task(task: dict[str, Any]) -> dict[str, Any]:
-    """One time bucket's joins, or (a task with ``keyed_samples``) one partition's samples settled by their
-    stack keys: both run in one map, after the partitions."""
+def bucket_task(task: BucketTask | KeyedSamplesTask) -> BucketResult:
+    """One time bucket's joins, or one partition's samples settled by their stack keys: both run in one map,
+    after the partitions."""
 
-    if "keyed_samples" in task:
+    if isinstance(task, KeyedSamplesTask):
         return keyed_samples_task(task)
     with reuse_freed_memory("bucket"):
         return _bucket_task(task)
@@ -232,14 +232,12 @@ class Adopted:
         return sid, adopted_stacks(self.d, idx)
 
 
-def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
-    lo, hi, k = task["lo"], task["hi"], task["bucket"]
-    out_dir, src, scratch = Path(task["out_dir"]), task["sources"], Path(task["scratch_dir"])
-    result: dict[str, Any] = {"bucket": k, "tables": {}, "rows_in": {}, "groups": 0, "samples": 0, "samples_with_stack": 0,
-                              "stack_keys_unresolved": 0,
-                              "samples_with_stack_records": 0, "samples_adopted_stacks": 0, "adopted_stacks_rejoined": 0}
-    written = result["tables"]
-    threads = thread_slots(task["threads"])
+def _bucket_task(task: BucketTask) -> BucketResult:
+    lo, hi, k = task.lo, task.hi, task.bucket
+    out_dir, src, scratch = Path(task.out_dir), task.sources, Path(task.scratch_dir)
+    result = BucketResult(bucket=k)
+    written = result.tables
+    threads = thread_slots(task.threads)
 
     s, adopted_d, unsorted = read_samples(src.get("_samples", []), lo, hi)
     v, h, e = (_sorted_rows(src.get(t, []), lo, hi) for t in ("_virtual_allocs", "_heap_events", "_event_stack_links"))
@@ -247,9 +245,9 @@ def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
     keyed = read_bucket(src.get("_keyed_refs", []), "event_ts", lo, hi, KEYED_REF_COLUMNS)
     for table, t in (("_samples", s), ("_virtual_allocs", v), ("_heap_events", h), ("_event_stack_links", e),
                      ("_pieces", pieces), ("_keyed_refs", keyed)):
-        result["rows_in"][table] = t.num_rows if t is not None else 0
+        result.rows_in[table] = t.num_rows if t is not None else 0
     if keyed is not None:
-        keyed, result["stack_keys_unresolved"] = resolve_keys(keyed, task["stack_defs"])
+        keyed, result.stack_keys_unresolved = resolve_keys(keyed, task.stack_defs)
         pieces = keyed if pieces is None else pa.concat_tables([pieces, keyed.cast(pieces.schema)]).combine_chunks()
     if e is not None:
         ts, cpu, spos = _np(e, "timestamp"), _np(e, "cpu"), _np(e, "stream_pos")
@@ -262,12 +260,12 @@ def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
     if adopted is not None:
         # Adopted pieces that another row of the bucket could share go back among the pieces.
         which = adopted.shared(s, pieces, h, e, v)
-        result["adopted_stacks_rejoined"] = len(which)
+        result.adopted_stacks_rejoined = len(which)
         back = adopted.give_back(s, which)
         if back is not None:
             pieces = back if pieces is None else pa.concat_tables([pieces, back.cast(pieces.schema)]).combine_chunks()
     groups, piece_cpus, stacks = _groups(pieces)
-    result["groups"] = len(groups.ts)
+    result.groups = len(groups.ts)
 
     if s is not None:
         ts, tid = _np(s, "timestamp"), _np(s, "tid")
@@ -280,7 +278,7 @@ def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
             stack = np.where(adopted.mask, sid, stack)
             group_pid = np.where(adopted.mask, np.append(adopted.d["pid"], np.uint32(0))[adopted.idx], group_pid)
             with_records |= adopted.mask
-            result["samples_adopted_stacks"] = int(adopted.mask.sum())
+            result.samples_adopted_stacks = int(adopted.mask.sum())
             stacks = stacks.plus(adopted_stacks)
         # The process its stack record names (as for the samples settled in their partition), else the
         # thread's owner at that time.
@@ -288,14 +286,14 @@ def _bucket_task(task: dict[str, Any]) -> dict[str, Any]:
         thread_pids(ts, tid, *threads, tpid, has)
         pid = np.where(with_records, group_pid, tpid).astype(np.uint32)
         table = pa.table({
-            "timestamp": s.column("timestamp"), "timestamp_ns": to_ns(ts, *task["clock"]), "cpu": s.column("cpu"),
+            "timestamp": s.column("timestamp"), "timestamp_ns": to_ns(ts, *task.clock), "cpu": s.column("cpu"),
             "tid": s.column("tid"), "pid": pa.array(pid, pa.uint32(), mask=~has & ~with_records), "ip": s.column("ip"),
             "stack_id": _stack_column(stack), "stream_pos": s.column("stream_pos"),
         })
         written["samples"] = write_final(table, out_dir / "samples.parquet", k)
-        result["samples"] = len(ts)
-        result["samples_with_stack"] = int((stack >= 0).sum())
-        result["samples_with_stack_records"] = int(with_records.sum())
+        result.samples = len(ts)
+        result.samples_with_stack = int((stack >= 0).sum())
+        result.samples_with_stack_records = int(with_records.sum())
     stacks.write(scratch, k)
 
     if v is not None:

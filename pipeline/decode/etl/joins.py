@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from pipeline.decode.etl.tables import OUTPUT, SCRATCH
+from pipeline.decode.etl.tasks import BucketResult, BucketTask, KeyedSamplesTask, PartitionResult
 from pipeline.runs import parquet_glob, sql_path
 
 SCRATCH_TABLES = ("_process_events", "_thread_events", "_image_events", "_image_id_info", "_image_id_dbg",
@@ -87,7 +88,7 @@ def connect(scratch: Path, cfg):
                                   "temp_directory": str(scratch / "duckdb.tmp"), "preserve_insertion_order": False})
 
 
-def finish(con, out, scratch: Path, header, cfg, pool, results: list[dict[str, Any]],
+def finish(con, out, scratch: Path, header, cfg, pool, results: list[PartitionResult],
            errors: list[dict[str, Any]], before_stacks=dict) -> dict[str, Any]:
     """Build the joined tables from the partitions' scratch files with ``con`` (``connect``; closed here);
     returns counts for the manifest. ``before_stacks()`` runs once the bucket joins are done, before the
@@ -115,27 +116,28 @@ def finish(con, out, scratch: Path, header, cfg, pool, results: list[dict[str, A
         written: dict[str, int] = {}        # rows of each scratch file, as its partition wrote it
         times = []
         for r in results:
-            for table, source in r["sources"].items():
+            for table, source in r.sources.items():
                 sources[table].append(source)
                 if table == KEYED_SAMPLES:
-                    keyed.append((source[0], r["part"]))
-            written.update(r["scratch_rows"])
-            times.append(r["times"])
+                    keyed.append((source[0], r.part))
+            written.update(r.scratch_rows)
+            times.append(r.times)
         stack_defs = _stack_key_defs(con, scratch / "stack_defs")
         stats = {"stack_keys": _rows(sources["_keyed_refs"], written)
-                 + sum(r["settled"].get("stack_keys_with_samples", 0) for r in results)}
+                 + sum(r.settled.get("stack_keys_with_samples", 0) for r in results)}
         lap()
 
         bucketed = {t: files for t, files in sources.items() if t in BUCKETED}
         buckets = plan(times, cfg.bucket_rows, pool.n_workers, sum(_rows(files, written) for files in bucketed.values()))
-        common = {"scratch_dir": str(scratch), "out_dir": str(out.path), "stack_defs": stack_defs,
-                  "clock": (header.header_ts, header.perf_freq)}
+        common = dict(scratch_dir=str(scratch), out_dir=str(out.path), stack_defs=stack_defs,
+                      clock=(header.header_ts, header.perf_freq))
         # The samples that partitions settled by their stack keys: a task per partition, beside the buckets
         # (writers numbered after them, for the stacks they write).
-        tasks = [{**common, "keyed_samples": path, "part": part, "writer": len(buckets) + i}
-                 for i, (path, part) in enumerate(keyed)]
-        tasks += [{**common, "sources": {t: overlapping(s, lo, hi) for t, s in bucketed.items()}, "threads": threads,
-                   "bucket": k, "lo": lo, "hi": hi} for k, (lo, hi) in enumerate(buckets)]
+        tasks: list[BucketTask | KeyedSamplesTask] = [
+            KeyedSamplesTask(**common, keyed_samples=path, part=part, writer=len(buckets) + i)
+            for i, (path, part) in enumerate(keyed)]
+        tasks += [BucketTask(**common, sources={t: overlapping(s, lo, hi) for t, s in bucketed.items()}, threads=threads,
+                             bucket=k, lo=lo, hi=hi) for k, (lo, hi) in enumerate(buckets)]
         done = pool.map(bucket_task, tasks)
         lap()
         # The buckets' stacks are put together while the heap-snapshot assembly may still run (on a varied
@@ -149,12 +151,12 @@ def finish(con, out, scratch: Path, header, cfg, pool, results: list[dict[str, A
         for t in OUTPUT.values():
             if not out.table_path(t.name).exists():
                 pq.write_table(t.empty(), out.table_path(t.name))
-        stats["stack_keys_unresolved"] = sum(d["stack_keys_unresolved"] for d in done)
+        stats["stack_keys_unresolved"] = sum(d.stack_keys_unresolved for d in done)
         for key in SAMPLE_COUNTS + ("adopted_stacks_rejoined",):
-            stats[key] = sum(d[key] for d in done) + sum(r["settled"].get(key, 0) for r in results)
-        stats["samples_final_in_partitions"] = sum(r["settled"].get("samples", 0) for r in results)
-        stats["samples_settled_by_keys"] = sum(d.get("samples_settled_by_keys", 0) for d in done)
-        stats["heap_events_final_in_partitions"] = sum(r["settled"].get("heap_events_final_in_partitions", 0)
+            stats[key] = sum(getattr(d, key) for d in done) + sum(r.settled.get(key, 0) for r in results)
+        stats["samples_final_in_partitions"] = sum(r.settled.get("samples", 0) for r in results)
+        stats["samples_settled_by_keys"] = sum(d.samples_settled_by_keys for d in done)
+        stats["heap_events_final_in_partitions"] = sum(r.settled.get("heap_events_final_in_partitions", 0)
                                                        for r in results)
         stats["bucket_rows_lost"] = _check_rows(sources, written, done, errors, str(out.path))
         stats["join_buckets"] = len(buckets)
@@ -178,7 +180,7 @@ def _other_lifetimes(cur, out) -> None:
         cur.close()
 
 
-def _check_rows(sources: dict[str, list[tuple[str, int, int]]], rows: dict[str, int], done: list[dict[str, Any]],
+def _check_rows(sources: dict[str, list[tuple[str, int, int]]], rows: dict[str, int], done: list[BucketResult],
                 errors: list[dict[str, Any]], where: str) -> int:
     """Every scratch row must have been read by exactly one bucket (the buckets cover every time once);
     a difference would be a bug of the decoder, reported as such instead of passing silently. ``rows``:
@@ -186,7 +188,7 @@ def _check_rows(sources: dict[str, list[tuple[str, int, int]]], rows: dict[str, 
     lost = 0
     for table, paths in sources.items():
         written = _rows(paths, rows)
-        read = sum(d["rows_in"].get(table, 0) for d in done)
+        read = sum(d.rows_in.get(table, 0) for d in done)
         if written != read:
             lost += abs(written - read)
             errors.append({"file": where, "buffer_index": -1, "file_offset": -1, "record_offset": -1,

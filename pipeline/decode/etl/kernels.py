@@ -179,14 +179,16 @@ def _record_frame(blob, p, end, marker):
 
 
 @nb.njit(**JIT)
-def walk_records(blob, starts, lens, fill, rbuf, roff, rsize, htype, ptr, hook, opcode, event_id, version,
-                 tid, pid, ts, guid_off, pay_off, pay_len, ext_off, ext_len, status, status_pos):
+def walk_records(blob, starts, lens, fill, cols, status, status_pos):
     """Walk the records of every buffer blob[starts[i]:starts[i]+lens[i]].
 
     With ``fill`` False only counts (returns the number of records); with ``fill`` True writes one entry
-    per record into the column arrays and returns how many, or -1 when they are too short. A record that does not parse ends
-    its buffer: status[i] gets the code and status_pos[i] the offset of the record inside the buffer.
+    per record into the column arrays ``cols`` (a ``batch.RecordColumns``) and returns how many, or -1 when
+    they are too short. A record that does not parse ends its buffer: status[i] gets the code and
+    status_pos[i] the offset of the record inside the buffer.
     """
+    (rbuf, roff, rsize, htype, ptr, hook, opcode, event_id, version, tid, pid, ts, guid_off, pay_off, pay_len,
+     ext_off, ext_len) = cols
     n = 0
     for b in range(starts.shape[0]):
         base = starts[b]

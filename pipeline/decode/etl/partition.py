@@ -28,6 +28,7 @@ from pipeline.decode.etl.scratch import (BUCKETED, KEYED_REF_COLUMNS, KEYED_SAMP
                                         write_final, write_part, write_scratch)
 from pipeline.decode.etl.settle import adopt_pieces, settle_heap_events, settle_keyed_samples, settle_samples
 from pipeline.decode.etl.stacks import Stacks
+from pipeline.decode.etl.tasks import PartitionResult, PartitionTask, WrittenParts
 from pipeline.decode.etl.xpress import decompress_buffers
 
 _GROUP_GUIDS = L.group_guid_table()
@@ -58,9 +59,10 @@ class InlineScratch:
         self.pending_bytes: dict[str, int] = {}
         self.parts = 0
 
-    def take(self, result: dict) -> None:
+    def take(self, result: PartitionResult) -> None:
         """Take the small tables out of a partition's result (called as each result arrives)."""
-        for table, data in result.pop("inline", {}).items():
+        inline, result.inline = result.inline, {}
+        for table, data in inline.items():
             self.pending.setdefault(table, []).append(data)
             self.pending_bytes[table] = self.pending_bytes.get(table, 0) + data.get_total_buffer_size()
             if self.pending_bytes[table] >= self.flush_bytes:
@@ -90,30 +92,28 @@ class InlineScratch:
                    use_dictionary=text_columns(data.schema), row_group_size=rows)
 
 
-def decode_partition(task: dict[str, Any]) -> dict[str, Any]:
+def decode_partition(task: PartitionTask) -> PartitionResult:
     with W.reuse_freed_memory():
         return _decode_partition(task)
 
 
-def _decode_partition(task: dict[str, Any]) -> dict[str, Any]:
-    path, bufs, part = task["path"], task["buffers"], task["part"]
+def _decode_partition(task: PartitionTask) -> PartitionResult:
+    path, bufs, part = task.path, task.buffers, task.part
     blob, starts, lens, errors, skipped = read_buffers(path, bufs)
     cols, rstatus, rpos = walk(blob, starts, lens)
     for i in np.flatnonzero(rstatus != 0):
         errors.append(record_error(path, bufs[i], int(rpos[i]), "record",
                                    f"{K.STATUS_TEXT[int(rstatus[i])]}; rest of the buffer skipped"))
-    b = Batch(blob, cols, bufs, dict(task["consts"], path=path, starts=starts))
+    b = Batch(blob, cols, bufs, dict(task.consts, path=path, starts=starts))
     b.errors = errors
     counts = interpret(b)
     # The tables are built: the record columns (but each record's buffer) and the mapped bytes go before
     # the writes. (With the walk's margin given back too: peak RSS 483-492 -> 444 MB, 4 GB synth.)
     b.c, b.blob, b.cpu, b.stream_pos, b.consumed = {"rbuf": b.c["rbuf"]}, None, None, None, None
     del blob, cols
-    return {
-        "part": part, **write_parts(b, part, Path(task["out_dir"]), Path(task["scratch_dir"])), "records": int(b.n),
-        "bytes": int(bufs["buffer_size"].sum()),
-        "event_counts": counts, "errors": b.errors, "buffers_skipped": int(skipped + (rstatus != 0).sum()),
-    }
+    written = write_parts(b, part, Path(task.out_dir), Path(task.scratch_dir))
+    return PartitionResult(**vars(written), part=part, records=int(b.n), bytes=int(bufs["buffer_size"].sum()),
+                           event_counts=counts, errors=b.errors, buffers_skipped=int(skipped + (rstatus != 0).sum()))
 
 
 def read_buffers(path: str, bufs: np.ndarray):
@@ -215,7 +215,7 @@ def interpret(b: Batch) -> list[tuple]:
             for k, n in zip(kinds.tolist(), counts.tolist())]
 
 
-def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> dict[str, Any]:
+def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> WrittenParts:
     """One file per table: final tables into the stage directory (parquet, zstd); the event-like scratch
     tables of the bucket joins (``scratch.BUCKETED``) as Arrow IPC files; other ``_`` scratch
     tables into the scratch directory as uncompressed parquet (they live for seconds), or, when they are
@@ -315,8 +315,8 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> dict[s
         write_part(data, target, compression="none" if table.startswith("_") else "zstd",
                    use_dictionary=text_columns(data.schema))
         written[table] = str(target)
-    return {"tables": written, "times": np.concatenate(times) if times else np.zeros(0, np.int64), "sources": sources,
-            "scratch_rows": rows, "inline": inline, "settled": settled}
+    return WrittenParts(tables=written, times=np.concatenate(times) if times else np.zeros(0, np.int64),
+                        sources=sources, scratch_rows=rows, inline=inline, settled=settled)
 
 
 def _write_bucketed(data: pa.Table, table: str, part: int, scratch_dir: Path, sources: dict, rows: dict) -> np.ndarray:

@@ -9,8 +9,8 @@ partition (``settle_keyed_samples``, ``keyed_samples_task``). The rest goes to t
 
 from __future__ import annotations
 
+from collections import namedtuple
 from pathlib import Path
-from typing import Any
 
 import numba as nb
 import numpy as np
@@ -22,6 +22,7 @@ from pipeline.decode.etl.kernels import JIT, POLY_B1, POLY_B2, poly_pow, stack_i
 from pipeline.decode.etl.scratch import ADOPTED_FIELDS, KEYED_SAMPLES, _np, _stack_column, mapped, write_final
 from pipeline.decode.etl.stackkeys import defined_ids, first_at_or_after, load_defs
 from pipeline.decode.etl.stacks import Stacks, _run_has
+from pipeline.decode.etl.tasks import BucketResult, KeyedSamplesTask
 from pipeline.decode.etl.workerstate import reuse_freed_memory, write_stacks_once
 
 #: At most this many stack pieces that directly follow a sample in its buffer are looked at.
@@ -34,11 +35,11 @@ ADOPT_MAX_DT = 0xFFFF
 
 
 @nb.njit(**JIT)
-def claim_adjacent(s_rec, s_ts, s_tid, rbuf, piece_at, p_ev, p_tid, p_user, p_pid, p_ts, p_h1, p_h2, p_n, window,
-                   k_out, u_out, k_dt, u_dt, k_d, u_d, pid_out, key1, key2, claimed):
+def claim_adjacent(rows, rbuf, piece_at, pieces, window, out):
     """``_claim_adjacent`` with the powers of the hash bases up to the largest frame count at hand."""
     pw1 = np.ones(1, np.uint64)
     pw2 = np.ones(1, np.uint64)
+    p_n = pieces.n
     if p_n.shape[0]:
         top = max(0, p_n.max()) + 1
         pw1 = np.empty(top, np.uint64)
@@ -48,21 +49,23 @@ def claim_adjacent(s_rec, s_ts, s_tid, rbuf, piece_at, p_ev, p_tid, p_user, p_pi
         for i in range(1, top):
             pw1[i] = pw1[i - 1] * POLY_B1
             pw2[i] = pw2[i - 1] * POLY_B2
-    _claim_adjacent(s_rec, s_ts, s_tid, rbuf, piece_at, p_ev, p_tid, p_user, p_pid, p_ts, p_h1, p_h2, p_n, window,
-                    k_out, u_out, k_dt, u_dt, k_d, u_d, pid_out, key1, key2, claimed, pw1, pw2)
+    _claim_adjacent(rows, rbuf, piece_at, pieces, window, out, pw1, pw2)
 
 
 @nb.njit(**JIT)
-def _claim_adjacent(s_rec, s_ts, s_tid, rbuf, piece_at, p_ev, p_tid, p_user, p_pid, p_ts, p_h1, p_h2, p_n, window,
-                    k_out, u_out, k_dt, u_dt, k_d, u_d, pid_out, key1, key2, claimed, pw1, pw2):
-    """For each sample (record ``s_rec``), the stack pieces of its (time, thread) that directly follow it
-    in its buffer (consecutive records, at most ``window``): at most one kernel piece (``k_out``) and one
-    user piece (``u_out``), -1 for none, with their time after the sample and distance in records. A sample adopts nothing (both -1)
-    when a side has two pieces there, a piece was adopted already, its time is too far, or the two
-    pieces name different processes: its pieces then go through the buckets as before.
+def _claim_adjacent(rows, rbuf, piece_at, pieces, window, out, pw1, pw2):
+    """For each sample (``rows``, a ``ClaimRows``: record ``s_rec``), the stack pieces (``pieces``, a
+    ``ClaimPieces``) of its (time, thread) that directly follow it in its buffer (consecutive records, at most
+    ``window``; ``piece_at``: the piece at each record, -1 none): at most one kernel piece (``out.k``) and one
+    user piece (``out.u``), -1 for none, with their time after the sample and distance in records. A sample
+    adopts nothing (both -1) when a side has two pieces there, a piece was adopted already, its time is too
+    far, or the two pieces name different processes: its pieces then go through the buckets as before.
 
-    ``key1``/``key2``: what tells adopted stacks apart: the hashes of the concatenated frames (as
+    ``out.key1``/``out.key2``: what tells adopted stacks apart: the hashes of the concatenated frames (as
     ``group_pieces`` computes them), with the frame count and the kernel piece's frame count folded in."""
+    s_rec, s_ts, s_tid = rows
+    p_ev, p_tid, p_user, p_pid, p_ts, p_h1, p_h2, p_n = pieces
+    k_out, u_out, k_dt, u_dt, k_d, u_d, pid_out, key1, key2, claimed = out
     n = rbuf.shape[0]
     for s in range(s_rec.shape[0]):
         r = s_rec[s]
@@ -164,6 +167,10 @@ def claimable(refs: pa.Table, full: bool) -> tuple[np.ndarray, np.ndarray]:
 
 #: The columns of a stack piece that ``claim_adjacent`` matches a row's with.
 PIECE_CLAIM_COLUMNS = ("event_ts", "tid", "user", "pid", "timestamp")
+#: ``claim_adjacent``'s inputs and outputs, as the kernel's arguments (numba takes named tuples of arrays).
+ClaimRows = namedtuple("ClaimRows", ["rec", "ts", "tid"])
+ClaimPieces = namedtuple("ClaimPieces", ["event_ts", "tid", "user", "pid", "timestamp", "h1", "h2", "n"])
+Claims = namedtuple("Claims", ["k", "u", "k_dt", "u_dt", "k_d", "u_d", "pid", "key1", "key2", "claimed"])
 
 
 def claim_pieces(rows: list[np.ndarray], rbuf: np.ndarray, at: np.ndarray, recs: np.ndarray,
@@ -174,16 +181,15 @@ def claim_pieces(rows: list[np.ndarray], rbuf: np.ndarray, at: np.ndarray, recs:
     position of its kernel and user piece, -1 for none), ``k_dt``, ``u_dt``, ``k_d``, ``u_d``, ``pid``,
     ``key1``, ``key2`` (see ``claim_adjacent``), and ``claimed``, per piece."""
     n = len(rows[0])
-    c = {"k": np.full(n, -1, np.int64), "u": np.full(n, -1, np.int64), "k_dt": np.zeros(n, np.uint16),
-         "u_dt": np.zeros(n, np.uint16), "k_d": np.zeros(n, np.uint8), "u_d": np.zeros(n, np.uint8),
-         "pid": np.zeros(n, np.uint32), "key1": np.zeros(n, np.uint64), "key2": np.zeros(n, np.uint64),
-         "claimed": np.zeros(len(pieces[0]), np.bool_)}
+    c = Claims(k=np.full(n, -1, np.int64), u=np.full(n, -1, np.int64), k_dt=np.zeros(n, np.uint16),
+               u_dt=np.zeros(n, np.uint16), k_d=np.zeros(n, np.uint8), u_d=np.zeros(n, np.uint8),
+               pid=np.zeros(n, np.uint32), key1=np.zeros(n, np.uint64), key2=np.zeros(n, np.uint64),
+               claimed=np.zeros(len(pieces[0]), np.bool_))
     if len(at):                             # (no pieces of the kind: nothing to claim)
         piece_at = np.full(len(rbuf), -1, np.int64)
         piece_at[recs] = at
-        claim_adjacent(*rows, rbuf, piece_at, *pieces, h1, h2, cnt, ADOPT_WINDOW,
-                       *(c[f] for f in ("k", "u", "k_dt", "u_dt", "k_d", "u_d", "pid", "key1", "key2", "claimed")))
-    return c
+        claim_adjacent(ClaimRows(*rows), rbuf, piece_at, ClaimPieces(*pieces, h1, h2, cnt), ADOPT_WINDOW, c)
+    return c._asdict()
 
 
 class Claim:
@@ -521,18 +527,18 @@ def defined_stacks(defs: dict, k_at: np.ndarray, u_at: np.ndarray, sid: np.ndarr
     return adopted_stacks(d, np.arange(len(r)))
 
 
-def keyed_samples_task(task: dict[str, Any]) -> dict[str, Any]:
+def keyed_samples_task(task: KeyedSamplesTask) -> BucketResult:
     """The final ``samples`` rows of one partition's samples settled by their stack keys
     (``settle_keyed_samples``): each reference takes the first definition of its key at or after it, as
     ``resolve_keys`` does for the buckets, and the two pieces' hashes make the stack id as a group of those
     pieces would get it in a bucket (``defined_ids``); the rows are written in record order
-    (``keyed-<partition>.parquet``) with their distinct stacks (writer ``task["writer"]``)."""
+    (``keyed-<partition>.parquet``) with their distinct stacks (writer ``task.writer``)."""
 
     with reuse_freed_memory("bucket"):
-        reader = pa.ipc.open_file(mapped(task["keyed_samples"]))
+        reader = pa.ipc.open_file(mapped(task.keyed_samples))
         t = pa.Table.from_batches([reader.get_batch(i) for i in range(reader.num_record_batches)], reader.schema)
         n = t.num_rows
-        defs = load_defs(task["stack_defs"])
+        defs = load_defs(task.stack_defs)
         index = defs["index"]
         ts, sides = _np(t, "timestamp"), _np(t, "sides")
         at = {}
@@ -545,20 +551,20 @@ def keyed_samples_task(task: dict[str, Any]) -> dict[str, Any]:
         sid, check = np.empty(n, np.int64), np.empty(n, np.uint64)
         defined_ids(k_at, u_at, defs["h1"], defs["h2"], defs["n"], defs["pow1"], defs["pow2"], sid, check)
         table = pa.table({
-            "timestamp": t.column("timestamp"), "timestamp_ns": to_ns(ts, *task["clock"]), "cpu": t.column("cpu"),
+            "timestamp": t.column("timestamp"), "timestamp_ns": to_ns(ts, *task.clock), "cpu": t.column("cpu"),
             "tid": t.column("tid"), "pid": t.column("pid"), "ip": t.column("ip"), "stack_id": _stack_column(sid),
             "stream_pos": t.column("stream_pos")})
-        path = write_final(table, Path(task["out_dir"]) / "samples.parquet", task["part"], prefix="keyed-",
+        path = write_final(table, Path(task.out_dir) / "samples.parquet", task.part, prefix="keyed-",
                            extra_delta=("stream_pos",))
         # The distinct stacks, from one row per distinct pair of definitions (not from every row: ~300,000 rows
         # a task). Each distinct stack is written once per worker: the tasks of a trace with varied stacks
         # repeat most of them.
-        write_stacks_once(defined_stacks(defs, k_at, u_at, sid, check), task["writer"],
-                          f"keyed-{task['part']:05d}", Path(task["scratch_dir"]))
+        write_stacks_once(defined_stacks(defs, k_at, u_at, sid, check), task.writer,
+                          f"keyed-{task.part:05d}", Path(task.scratch_dir))
     with_stack = int((sid >= 0).sum())
-    return {"bucket": task["writer"], "tables": {"samples": path}, "rows_in": {KEYED_SAMPLES: n}, "groups": 0,
-            "samples": n, "samples_with_stack": with_stack, "samples_with_stack_records": n, "samples_adopted_stacks": n,
-            "samples_settled_by_keys": n, "stack_keys_unresolved": unresolved, "adopted_stacks_rejoined": 0}
+    return BucketResult(bucket=task.writer, tables={"samples": path}, rows_in={KEYED_SAMPLES: n}, samples=n,
+                        samples_with_stack=with_stack, samples_with_stack_records=n, samples_adopted_stacks=n,
+                        samples_settled_by_keys=n, stack_keys_unresolved=unresolved)
 
 
 @nb.njit(**JIT)
