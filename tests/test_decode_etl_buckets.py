@@ -191,11 +191,11 @@ def _group_id(pieces: list[list[int]]) -> int:
     arrays = dict(ev_ts=np.zeros(n, np.int64), tid=np.zeros(n, np.uint32), pid=np.zeros(n, np.uint32),
                   valid=np.ones(n, np.uint8), h1=np.array([x[0] for x in h], np.uint64),
                   h2=np.array([x[1] for x in h], np.uint64), count=np.array([x[2] for x in h], np.int64))
-    out = [np.empty(n, t) for t in (np.int64, np.int64, np.uint32, np.uint32, np.uint64, np.uint64, np.int64, np.int32)]
+    out = buckets.PieceGroups(*(np.empty(n, t) for t in buckets.PieceGroups.DTYPES))
     # Stored shuffled, read in order through the permutation, as the buckets read their pieces.
     perm = np.random.default_rng(n).permutation(n)
-    stored = [a[perm] for a in arrays.values()]
-    assert buckets.group_pieces(np.argsort(perm), *stored, *out) == 1
+    stored = buckets.GroupPieces(**{k: a[perm] for k, a in arrays.items()})
+    assert buckets.group_pieces(np.argsort(perm), stored, out) == 1
     sid, check = np.empty(1, np.int64), np.empty(1, np.uint64)
     K.stack_ids(out[4][:1], out[5][:1], out[6][:1], sid, check)
     return int(sid[0])

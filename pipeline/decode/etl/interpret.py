@@ -9,6 +9,7 @@ rows need information from other buffers (stacks, process of a sample, lifetimes
 
 from __future__ import annotations
 
+from collections import namedtuple
 from typing import Callable
 
 import numpy as np
@@ -218,15 +219,21 @@ def _distinct_frames(b: Batch, pos, length, width, h1, h2, leaf, count) -> dict:
     return {"h1": h1, "h2": h2, "n": count, "user": user}
 
 
+class StackWalkOut(namedtuple("StackWalkOut", ["ev", "pid", "tid", "h1", "h2", "leaf", "count"])):
+    """What ``kernels.stack_walk_records`` writes per StackWalk record."""
+
+    DTYPES = (np.int64, np.uint32, np.uint32, np.uint64, np.uint64, np.uint64, np.int32)
+
+
 def stack_walk(b: Batch, idx: np.ndarray) -> None:
     idx = b.require(idx, 16, "StackWalk")
     W = L.STACK_WALK
     n = len(idx)
-    ev, pid, tid = np.empty(n, np.int64), np.empty(n, np.uint32), np.empty(n, np.uint32)
-    h1, h2, leaf, count = np.empty(n, np.uint64), np.empty(n, np.uint64), np.empty(n, np.uint64), np.empty(n, np.int32)
+    out = StackWalkOut(*(np.empty(n, t) for t in StackWalkOut.DTYPES))
     # One pass per record: the header fields and the hashes of the frames that follow them.
-    K.stack_walk_records(b.blob, b.c["pay_off"], b.c["pay_len"], b.c["ptr"], idx, W["event_ts"], W["pid"], W["tid"],
-                         W["frames"], ev, pid, tid, h1, h2, leaf, count)
+    K.stack_walk_records(b.blob, b.c["pay_off"], b.c["pay_len"], b.c["ptr"], idx,
+                         (W["event_ts"], W["pid"], W["tid"], W["frames"]), out)
+    ev, pid, tid, h1, h2, leaf, count = out
     # A record whose leaf frame is a user address is the user half of a stack (or a user-only stack).
     b.emit("_stack_refs", {
         **b.common(idx, ns=False), "event_ts": ev, "pid": pid, "tid": tid,

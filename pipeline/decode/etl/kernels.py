@@ -627,10 +627,13 @@ def hash_frames_at(blob, pos, nbytes, width, h1, h2, leaf, count):
 
 
 @nb.njit(**JIT)
-def stack_walk_records(blob, pay_off, pay_len, ptr, idx, o_ts, o_pid, o_tid, o_frames,
-                       ev, pid, tid, h1, h2, leaf, count):
+def stack_walk_records(blob, pay_off, pay_len, ptr, idx, offsets, out):
     """StackWalk records ``idx`` (payload at least ``o_frames`` bytes, checked by the caller) in one pass:
-    EventTimeStamp, StackProcess, StackThread, and ``hash_frames_at`` of the frames after them."""
+    EventTimeStamp, StackProcess, StackThread, and ``hash_frames_at`` of the frames after them. ``offsets``:
+    the payload offsets of those four (``layout.STACK_WALK``: event_ts, pid, tid, frames); ``out``: the
+    arrays ev, pid, tid, h1, h2, leaf, count, one entry per record of ``idx`` (``interpret.StackWalkOut``)."""
+    o_ts, o_pid, o_tid, o_frames = offsets
+    ev, pid, tid, h1, h2, leaf, count = out
     n = blob.shape[0]
     for i in range(idx.shape[0]):
         r = idx[i]
