@@ -187,6 +187,33 @@ def test_a_lazy_pool_starts_its_cluster_when_a_task_needs_it():
         assert not pool.started
 
 
+@pytest.mark.timeout(180)
+def test_a_background_pool_starts_beside_the_caller_and_ends_with_the_context(dask_pool):
+    """``connect(background=True)``: the context is entered before the cluster is up (a thread starts it); the
+    first task, or ``ready()``, waits for it; results arrive as they finish while another client (the session's,
+    ``dask_pool``) stays this thread's current one (``Pool.map`` tracks its futures on its own client's loop).
+    The thread ends the cluster with the context."""
+    import threading
+
+    from distributed import default_client
+
+    from pipeline.cluster import connect
+    from pipeline.config import ClusterConfig
+
+    other = dask_pool.client
+    with other.as_current():
+        with connect(ClusterConfig(mode="local", n_workers=1, memory_limit="1GiB"), background=True) as pool:
+            assert not pool.started and any(t.name == "bootprof-cluster" for t in threading.enumerate())
+            pool.ready()
+            assert pool.started and default_client() is other
+            seen = []
+            results = pool.map(_slow_square, range(4), on_result=lambda r: seen.append(r["x"]))
+            assert [r["square"] for r in results] == [0, 1, 4, 9] and sorted(seen) == [0, 1, 2, 3]
+            client = pool.client
+        assert client.status == "closed"
+        assert not any(t.name == "bootprof-cluster" for t in threading.enumerate())
+
+
 def _slow_square(x):
     import time
 
