@@ -40,9 +40,10 @@ from pipeline.decode.etl.batch import to_ns, unique_pairs
 from pipeline.decode.etl.kernels import JIT, POLY_B1, POLY_B2, poly_pow, stack_ids
 from pipeline.decode.etl.scratch import (I64_MIN, KEYED_REF_COLUMNS, STRIDE, _np, _sorted_rows, _stack_column, read_bucket,
                                         read_samples, sort_order, write_final)
-from pipeline.decode.etl.settle import HEAP_COLUMNS, adopted_stacks, keyed_samples_task, unshared
+from pipeline.decode.etl.settle import adopted_stacks, keyed_samples_task, unshared
 from pipeline.decode.etl.stackkeys import resolve_keys, thread_pids, thread_slots
 from pipeline.decode.etl.stacks import Stacks
+from pipeline.decode.etl.tables import THREAD_STACKED
 from pipeline.decode.etl.tasks import BucketResult, BucketTask, KeyedSamplesTask
 from pipeline.decode.etl.workerstate import reuse_freed_memory
 
@@ -205,15 +206,15 @@ class Adopted:
         self.d, self.unsorted = d, unsorted
         self.mask = self.idx >= 0
 
-    def shared(self, s: pa.Table, pieces, heap, links, vallocs) -> np.ndarray:
-        """The adopted samples whose pieces another row of the bucket could need: a piece, heap event or
-        stack link with the sample's (time, thread), another sample with it, or a VirtualAlloc event
-        with its (time, cpu) (such an event finds its thread through a piece logged on its cpu for its
-        time, and adopted pieces were logged on their sample's cpu)."""
+    def shared(self, s: pa.Table, pieces, stacked: list[pa.Table], vallocs) -> np.ndarray:
+        """The adopted samples whose pieces another row of the bucket could need: a piece or a row of a
+        ``THREAD_STACKED`` table (``stacked``) with the sample's (time, thread), another sample with it, or a
+        VirtualAlloc event with its (time, cpu) (such an event finds its thread through a piece logged on its
+        cpu for its time, and adopted pieces were logged on their sample's cpu)."""
         if not self.mask.any():
             return np.zeros(0, np.int64)
-        others = [(_np(t, c), _np(t, "tid")) for t, c in ((pieces, "event_ts"), (heap, "timestamp"), (links, "timestamp"))
-                  if t is not None]
+        others = ([(_np(pieces, "event_ts"), _np(pieces, "tid"))] if pieces is not None else []) + [
+            (_np(t, "timestamp"), _np(t, "tid")) for t in stacked]
         return np.flatnonzero(self.mask & ~unshared(s, self.mask, others, vallocs))
 
     def give_back(self, s: pa.Table, which: np.ndarray) -> pa.Table | None:
@@ -253,26 +254,29 @@ def _bucket_task(task: BucketTask) -> BucketResult:
     threads = thread_slots(task.threads)
 
     s, adopted_d, unsorted = read_samples(src.get("_samples", []), lo, hi)
-    v, h, e = (_sorted_rows(src.get(t, []), lo, hi) for t in ("_virtual_allocs", "_heap_events", "_event_stack_links"))
+    v = _sorted_rows(src.get("_virtual_allocs", []), lo, hi)
+    # The rows that take the stack of their (time, thread) (``tables.THREAD_STACKED``), by scratch table.
+    stacked = {t.scratch: _sorted_rows(src.get(t.scratch, []), lo, hi) for t in THREAD_STACKED}
     pieces = read_bucket(src.get("_pieces", []), "event_ts", lo, hi, PIECE_COLUMNS)
     keyed = read_bucket(src.get("_keyed_refs", []), "event_ts", lo, hi, KEYED_REF_COLUMNS)
-    for table, t in (("_samples", s), ("_virtual_allocs", v), ("_heap_events", h), ("_event_stack_links", e),
-                     ("_pieces", pieces), ("_keyed_refs", keyed)):
+    for table, t in (("_samples", s), ("_virtual_allocs", v), *stacked.items(), ("_pieces", pieces), ("_keyed_refs", keyed)):
         result.rows_in[table] = t.num_rows if t is not None else 0
     if keyed is not None:
         keyed, result.stack_keys_unresolved = resolve_keys(keyed, task.stack_defs)
         pieces = keyed if pieces is None else pa.concat_tables([pieces, keyed.cast(pieces.schema)]).combine_chunks()
-    if e is not None:
-        ts, cpu, spos = _np(e, "timestamp"), _np(e, "cpu"), _np(e, "stream_pos")
-        # One row per event: an event with several stack items has several identical links.
-        dup = np.zeros(len(ts), np.bool_)
-        dup[1:] = (ts[1:] == ts[:-1]) & (cpu[1:] == cpu[:-1]) & (spos[1:] == spos[:-1])
-        e = e.filter(pa.array(~dup))
+    for t in THREAD_STACKED:
+        rows = stacked[t.scratch]
+        if t.one_per_event and rows is not None:
+            ts, cpu, spos = _np(rows, "timestamp"), _np(rows, "cpu"), _np(rows, "stream_pos")
+            # (the rows are in (time, cpu, stream position) order: an event's rows are side by side)
+            dup = np.zeros(len(ts), np.bool_)
+            dup[1:] = (ts[1:] == ts[:-1]) & (cpu[1:] == cpu[:-1]) & (spos[1:] == spos[:-1])
+            stacked[t.scratch] = rows.filter(pa.array(~dup))
 
     adopted = Adopted(s, adopted_d, unsorted) if s is not None else None
     if adopted is not None:
         # Adopted pieces that another row of the bucket could share go back among the pieces.
-        which = adopted.shared(s, pieces, h, e, v)
+        which = adopted.shared(s, pieces, [r for r in stacked.values() if r is not None], v)
         result.adopted_stacks_rejoined = len(which)
         back = adopted.give_back(s, which)
         if back is not None:
@@ -334,16 +338,10 @@ def _bucket_task(task: BucketTask) -> BucketResult:
         })
         written["virtual_allocs"] = write_final(table, out_dir / "virtual_allocs.parquet", k)
 
-    if h is not None:
-        gi = groups.match(_np(h, "timestamp"), _np(h, "tid"))
-        stack = groups.stack[gi]
-        table = h.select(HEAP_COLUMNS).append_column("stack_id", _stack_column(stack))
-        written["heap_events"] = write_final(table, out_dir / "heap_events.parquet", k)
-
-    if e is not None:
-        gi = groups.match(_np(e, "timestamp"), _np(e, "tid"))
-        stack = groups.stack[gi]
-        table = e.select(["timestamp", "timestamp_ns", "cpu", "stream_pos", "tid"]).append_column(
-            "stack_id", _stack_column(stack))
-        written["event_stacks"] = write_final(table, out_dir / "event_stacks.parquet", k)
+    for t in THREAD_STACKED:
+        rows = stacked[t.scratch]
+        if rows is not None:
+            stack = groups.stack[groups.match(_np(rows, "timestamp"), _np(rows, "tid"))]
+            table = rows.select(t.columns).append_column("stack_id", _stack_column(stack))
+            written[t.table] = write_final(table, out_dir / f"{t.table}.parquet", k)
     return result

@@ -28,6 +28,7 @@ from pipeline.decode.etl.scratch import (BUCKETED, KEYED_REF_COLUMNS, KEYED_SAMP
                                         write_final, write_part, write_scratch)
 from pipeline.decode.etl.settle import adopt_pieces, settle_heap_events, settle_keyed_samples, settle_samples
 from pipeline.decode.etl.stacks import Stacks
+from pipeline.decode.etl.tables import THREAD_STACKED
 from pipeline.decode.etl.tasks import PartitionResult, PartitionTask, WrittenParts
 from pipeline.decode.etl.xpress import decompress_buffers
 
@@ -248,26 +249,28 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> Writte
         t = tables.get(table)
         return [(t.column(ts).to_numpy(), t.column("tid").to_numpy())] if t is not None and t.num_rows else []
 
-    links = keys("_event_stack_links", "timestamp")
+    def stacked_keys(*but: str) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``keys`` of every ``THREAD_STACKED`` scratch table but ``but``."""
+        return [k for t in THREAD_STACKED if t.scratch not in but for k in keys(t.scratch, "timestamp")]
+
     stacks = Stacks.empty()
     heap_final = 0
     if "_heap_events" in tables and "_stack_refs" in tables and "_rec" in tables["_stack_refs"].column_names:
         final, tables["_heap_events"], tables["_stack_refs"], stacks = settle_heap_events(
-            tables["_heap_events"], tables["_stack_refs"], b.c["rbuf"], keys("_samples", "timestamp") + links,
-            tables.get("_virtual_allocs"))
+            tables["_heap_events"], tables["_stack_refs"], b.c["rbuf"],
+            keys("_samples", "timestamp") + stacked_keys("_heap_events"), tables.get("_virtual_allocs"))
         if final is not None:
             written["heap_events"] = write_final(final, out_dir / "heap_events.parquet", part, prefix="partition-")
             heap_final = final.num_rows
     if "_samples" in tables and "_stack_refs" in tables and "_rec" in tables["_stack_refs"].column_names:
         keyed, tables["_samples"], tables["_stack_refs"], claimed = settle_keyed_samples(
-            tables["_samples"], tables["_stack_refs"], b.c["rbuf"], keys("_heap_events", "timestamp") + links,
-            tables.get("_virtual_allocs"))
+            tables["_samples"], tables["_stack_refs"], b.c["rbuf"], stacked_keys(), tables.get("_virtual_allocs"))
         if keyed is not None:       # (a source of its own task, not of the buckets: its times are not planned)
             _write_bucketed(keyed, KEYED_SAMPLES, part, scratch_dir, sources, rows)
             settled["stack_keys_with_samples"] = claimed
     if "_samples" in tables:
         final, tables["_samples"], sample_stacks, counts = settle_samples(
-            tables["_samples"], keys("_stack_refs", "event_ts") + keys("_heap_events", "timestamp") + links,
+            tables["_samples"], keys("_stack_refs", "event_ts") + stacked_keys(),
             tables.get("_virtual_allocs"), (b.consts["header_ts"], b.consts["perf_freq"]))
         if final is not None:
             written["samples"] = write_final(final, out_dir / "samples.parquet", part, prefix="partition-",

@@ -21,11 +21,11 @@ import pyarrow.parquet as pq
 
 from pipeline.decode.etl.batch import unique_pairs
 from pipeline.decode.etl.kernels import JIT
-from pipeline.decode.etl.tables import OUTPUT
+from pipeline.decode.etl.tables import OUTPUT, THREAD_STACKED
 
 #: Scratch tables that partitions write for the bucket joins: table -> time column.
 BUCKETED = {"_samples": "timestamp", "_pieces": "event_ts", "_keyed_refs": "event_ts", "_virtual_allocs": "timestamp",
-            "_heap_events": "timestamp", "_event_stack_links": "timestamp"}
+            **{t.scratch: "timestamp" for t in THREAD_STACKED}}
 
 
 #: The scratch table of the samples settled by their stack keys (``settle_keyed_samples``): one file per

@@ -22,6 +22,7 @@ from pipeline.decode.etl.kernels import JIT, POLY_B1, POLY_B2, poly_pow, stack_i
 from pipeline.decode.etl.scratch import ADOPTED_FIELDS, KEYED_SAMPLES, _np, _stack_column, mapped, write_final
 from pipeline.decode.etl.stackkeys import defined_ids, first_at_or_after, load_defs
 from pipeline.decode.etl.stacks import Stacks, _run_has
+from pipeline.decode.etl.tables import THREAD_STACKED
 from pipeline.decode.etl.tasks import BucketResult, KeyedSamplesTask
 from pipeline.decode.etl.workerstate import reuse_freed_memory, write_stacks_once
 
@@ -412,8 +413,7 @@ def in_bitmap(ts: np.ndarray, key: np.ndarray, bitmap: np.ndarray) -> np.ndarray
 
 
 #: The columns of ``heap_events`` that come from the event itself.
-HEAP_COLUMNS = ["timestamp", "timestamp_ns", "cpu", "pid", "tid", "kind", "heap", "address", "size", "old_address",
-                "old_size", "flags", "source"]
+HEAP_COLUMNS = next(t for t in THREAD_STACKED if t.table == "heap_events").columns
 
 
 def settle_heap_events(heap: pa.Table, refs: pa.Table, rbuf: np.ndarray, others: list[tuple[np.ndarray, np.ndarray]],

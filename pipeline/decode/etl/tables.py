@@ -87,3 +87,29 @@ SCRATCH = _registry(
     Table("_bucket_stack_pieces", (("stack_id", I64), ("id_check", U64), ("bucket", I32), ("ord", I32), ("h1", U64),
                                    ("h2", U64))),
 )
+
+
+@dataclass(frozen=True)
+class ThreadStacked:
+    """An output table whose rows take the stack logged for their (time, thread): the partitions emit them as
+    ``scratch`` rows (the table's columns but ``stack_id``; ``timestamp``, ``cpu``, ``stream_pos`` and ``tid`` at
+    least), bucketed by time; each bucket joins them to its stack groups and writes the table's parts
+    (``buckets._bucket_task``), and a sample's adopted stack goes back among the pieces when such a row shares
+    its (time, thread). A new event kind with a stack: its extractor (``interpret.DISPATCH``), its ``Table`` in
+    ``OUTPUT``, and a row here."""
+
+    table: str
+    scratch: str
+    #: One row per event: an event with several stack items has one scratch row per item, all alike.
+    one_per_event: bool = False
+
+    @property
+    def columns(self) -> list[str]:
+        """The scratch columns the table keeps, in its order (``stack_id`` is added by the join)."""
+        return [c for c, _ in OUTPUT[self.table].columns if c != "stack_id"]
+
+
+THREAD_STACKED = (
+    ThreadStacked("heap_events", "_heap_events"),
+    ThreadStacked("event_stacks", "_event_stack_links", one_per_event=True),
+)
