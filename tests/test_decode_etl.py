@@ -842,14 +842,14 @@ def test_kernels_as_plain_python_equal_the_jit():
     assert X.xpress_decompress(raw, s0, s1, jit_out, 0, n) == (K.OK, n)
     assert X.xpress_decompress.py_func(raw, s0, s1, py_out, 0, n) == (K.OK, n)
     assert (jit_out == py_out).all()
-    from pipeline.decode.etl.batch import RECORD_COLUMNS, RecordColumns
+    from pipeline.decode.etl.batch import RECORD_COLUMNS
 
     starts, lens = np.array([0], np.int64), np.array([n], np.int64)
     results = []
     for fn in (K.walk_records, K.walk_records.py_func):
-        count = fn(jit_out, starts, lens, False, RecordColumns(*(np.zeros(0, t) for _, t in RECORD_COLUMNS)),
+        count = fn(jit_out, starts, lens, False, tuple(np.zeros(0, t) for _, t in RECORD_COLUMNS),
                    np.zeros(1, np.int32), np.zeros(1, np.int64))
-        cols = RecordColumns(*(np.zeros(count, t) for _, t in RECORD_COLUMNS))
+        cols = tuple(np.zeros(count, t) for _, t in RECORD_COLUMNS)
         fn(jit_out, starts, lens, True, cols, np.zeros(1, np.int32), np.zeros(1, np.int64))
         results.append(cols)
     assert count >= 1 and all((a == b).all() for a, b in zip(*results))
@@ -926,7 +926,7 @@ def test_sampled_profile_reads_both_pointer_sizes_and_reports_short_payloads():
     the record is not a sample."""
     from pipeline.decode.etl.batch import RECORD_COLUMNS, Batch
     from pipeline.decode.etl.buffers import BUFFER_DESC
-    from pipeline.decode.etl.interpret import sampled_profile
+    from pipeline.decode.etl.events.sampling import sampled_profile
 
     payloads = [struct.pack("<QII", 0xFFFFF80012345678, 4242, 1),    # 64-bit: 16 bytes
                 struct.pack("<III", 0x00401000, 77, 1),               # 32-bit: 12 bytes

@@ -194,8 +194,8 @@ def _group_id(pieces: list[list[int]]) -> int:
     out = buckets.PieceGroups(*(np.empty(n, t) for t in buckets.PieceGroups.DTYPES))
     # Stored shuffled, read in order through the permutation, as the buckets read their pieces.
     perm = np.random.default_rng(n).permutation(n)
-    stored = buckets.GroupPieces(**{k: a[perm] for k, a in arrays.items()})
-    assert buckets.group_pieces(np.argsort(perm), stored, out) == 1
+    stored = tuple(a[perm] for a in arrays.values())
+    assert buckets.group_pieces(np.argsort(perm), stored, tuple(out)) == 1
     sid, check = np.empty(1, np.int64), np.empty(1, np.uint64)
     K.stack_ids(out[4][:1], out[5][:1], out[6][:1], sid, check)
     return int(sid[0])

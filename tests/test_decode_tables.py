@@ -50,6 +50,28 @@ def test_written_scratch_tables_have_their_registry_schema(source, tmp_path, mon
     if source == "plain64":
         assert "_heapsnap_stacks" in checked
     shutil.rmtree(scratch)
+    _no_kernel_took_a_named_tuple()
+
+
+def _no_kernel_took_a_named_tuple() -> None:
+    """Kernels take plain tuples: numba's cache index pickles a named tuple's class with a kernel's signatures,
+    and loading that index fails outright (not as a cache miss) once the class has moved (``batch.record_columns``).
+    Checked on every signature this process compiled or loaded for the decoder's kernels."""
+    import importlib
+    import pkgutil
+
+    from numba.core import types
+    from numba.core.registry import CPUDispatcher
+
+    import pipeline.decode.etl as etl
+
+    names = [m.name for m in pkgutil.walk_packages(etl.__path__, "pipeline.decode.etl.")]
+    kernels = [(name, k) for name in names for k, obj in vars(importlib.import_module(name)).items()
+               if isinstance(obj, CPUDispatcher) and obj.signatures]
+    assert len(kernels) > 20
+    for name, k in kernels:
+        for sig in getattr(importlib.import_module(name), k).signatures:
+            assert not any(isinstance(t, types.BaseNamedTuple) for t in sig), f"{name}.{k} takes a named tuple: {sig}"
 
 
 def test_forms_come_from_one_declaration():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import namedtuple
 from typing import Any
 
 import numpy as np
@@ -17,8 +16,14 @@ RECORD_COLUMNS = [
     ("tid", np.uint32), ("pid", np.uint32), ("ts", np.int64), ("guid_off", np.int64),
     ("pay_off", np.int64), ("pay_len", np.int32), ("ext_off", np.int64), ("ext_len", np.int32),
 ]
-#: The record columns as ``kernels.walk_records`` takes them (numba takes named tuples of arrays).
-RecordColumns = namedtuple("RecordColumns", [name for name, _ in RECORD_COLUMNS])
+
+
+def record_columns(cols: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+    """The record columns as ``kernels.walk_records`` takes them: one tuple, in ``RECORD_COLUMNS`` order.
+
+    Kernels take plain tuples, never named ones: numba's cache index pickles a named tuple's class with the
+    kernel's signatures, and loading it fails outright (not as a cache miss) once that class has moved."""
+    return tuple(cols[name] for name, _ in RECORD_COLUMNS)
 
 
 #: Mean record size of the partitions this process decoded last (None: count before filling).
@@ -39,16 +44,16 @@ def walk(blob: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> tuple[dict[s
     n = -1
     if _record_size:
         cols = {name: np.empty(int(total / _record_size[-1] * 2) + 1024, t) for name, t in RECORD_COLUMNS}
-        n = K.walk_records(blob, starts, lens, True, RecordColumns(**cols), status, status_pos)
+        n = K.walk_records(blob, starts, lens, True, record_columns(cols), status, status_pos)
     if n < 0:
         status[:] = 0
         status_pos[:] = 0
-        empty = RecordColumns(*(np.zeros(0, t) for _, t in RECORD_COLUMNS))
+        empty = tuple(np.zeros(0, t) for _, t in RECORD_COLUMNS)
         n = K.walk_records(blob, starts, lens, False, empty, status, status_pos)
         cols = {name: np.empty(n, t) for name, t in RECORD_COLUMNS}
         status[:] = 0
         status_pos[:] = 0
-        K.walk_records(blob, starts, lens, True, RecordColumns(**cols), status, status_pos)
+        K.walk_records(blob, starts, lens, True, record_columns(cols), status, status_pos)
     if n:
         _record_size[:] = [max(total / n, 8.0)]
     # Shrunk in place (realloc gives the unused tail back to the heap): the margin would otherwise stay

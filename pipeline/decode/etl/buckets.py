@@ -62,20 +62,18 @@ def plan(samples: list[np.ndarray], rows_per_bucket: int, min_buckets: int,
     return [(edges[i], edges[i + 1]) for i in range(len(edges) - 1)]
 
 
-#: ``group_pieces``'s input: the pieces' columns (numba takes named tuples of arrays).
-GroupPieces = namedtuple("GroupPieces", ["ev_ts", "tid", "pid", "valid", "h1", "h2", "count"])
-
-
 class PieceGroups(namedtuple("PieceGroups", ["start", "ts", "tid", "pid", "h1", "h2", "count", "valid"])):
-    """``group_pieces``'s output, one entry per group (arrays as long as the pieces: the first ``ng`` hold)."""
+    """``group_pieces``'s output, one entry per group (arrays as long as the pieces: the first ``ng`` hold);
+    the kernel takes it as a plain tuple (see ``batch.record_columns``)."""
 
     DTYPES = (np.int64, np.int64, np.uint32, np.uint32, np.uint64, np.uint64, np.int64, np.int32)
 
 
 @nb.njit(**JIT)
 def group_pieces(order, pieces, groups):
-    """Pieces (a ``GroupPieces``) in ``order`` (sorting them by (event time, thread, user, time, cpu, stream
-    position)) -> one group per (event time, thread), written into ``groups`` (a ``PieceGroups``): its first
+    """Pieces (``pieces``: event time, thread, pid, valid, h1, h2, frame count) in ``order`` (sorting them by
+    (event time, thread, user, time, cpu, stream position)) -> one group per (event time, thread), written
+    into ``groups`` (a ``PieceGroups``' arrays): its first
     position in that order, pid (of its first piece), the hashes and frame count of the concatenation of its
     valid pieces (``kernels.hash_frames_at``) and its number of valid pieces. The pieces are read through
     ``order`` where they lie. Returns the group count."""
@@ -173,7 +171,7 @@ def _groups(pieces: pa.Table | None):
     valid, h1, h2 = _np(pieces, "valid", np.uint8), _np(pieces, "h1"), _np(pieces, "h2")
     n = len(ev)
     out = PieceGroups(*(np.empty(n, t) for t in PieceGroups.DTYPES))
-    ng = group_pieces(order, GroupPieces(ev, tid, _np(pieces, "pid"), valid, h1, h2, _np(pieces, "n")), out)
+    ng = group_pieces(order, (ev, tid, _np(pieces, "pid"), valid, h1, h2, _np(pieces, "n")), tuple(out))
     g_start, g_ts, g_tid, g_pid, g_h1, g_h2, g_count, g_valid = out
     g_start, g_ts, g_tid, g_pid = g_start[:ng], g_ts[:ng], g_tid[:ng], g_pid[:ng]
     sid, check = np.empty(ng, np.int64), np.empty(ng, np.uint64)

@@ -183,7 +183,7 @@ def walk_records(blob, starts, lens, fill, cols, status, status_pos):
     """Walk the records of every buffer blob[starts[i]:starts[i]+lens[i]].
 
     With ``fill`` False only counts (returns the number of records); with ``fill`` True writes one entry
-    per record into the column arrays ``cols`` (a ``batch.RecordColumns``) and returns how many, or -1 when
+    per record into the column arrays ``cols`` (``batch.record_columns``) and returns how many, or -1 when
     they are too short. A record that does not parse ends its buffer: status[i] gets the code and
     status_pos[i] the offset of the record inside the buffer.
     """
@@ -631,7 +631,8 @@ def stack_walk_records(blob, pay_off, pay_len, ptr, idx, offsets, out):
     """StackWalk records ``idx`` (payload at least ``o_frames`` bytes, checked by the caller) in one pass:
     EventTimeStamp, StackProcess, StackThread, and ``hash_frames_at`` of the frames after them. ``offsets``:
     the payload offsets of those four (``layout.STACK_WALK``: event_ts, pid, tid, frames); ``out``: the
-    arrays ev, pid, tid, h1, h2, leaf, count, one entry per record of ``idx`` (``interpret.StackWalkOut``)."""
+    arrays ev, pid, tid, h1, h2, leaf, count, one entry per record of ``idx`` (a plain tuple of a
+    ``events.stackwalk.StackWalkOut``: kernels take no named tuples, see ``batch.record_columns``)."""
     o_ts, o_pid, o_tid, o_frames = offsets
     ev, pid, tid, h1, h2, leaf, count = out
     n = blob.shape[0]

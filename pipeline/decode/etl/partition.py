@@ -23,7 +23,8 @@ from pipeline.decode.etl import layout as L
 from pipeline.decode.etl import workerstate as W
 from pipeline.decode.etl.batch import Batch, record_error, unique_pairs, walk
 from pipeline.decode.etl.buffers import MAX_BUFFER_SIZE
-from pipeline.decode.etl.interpret import extended_stacks, lookup
+from pipeline.decode.etl.events.stackwalk import extended_stacks
+from pipeline.decode.etl.interpret import lookup
 from pipeline.decode.etl.scratch import (BUCKETED, KEYED_REF_COLUMNS, KEYED_SAMPLES, MAP_POPULATE, pack_hashes, text_columns,
                                         write_final, write_part, write_scratch)
 from pipeline.decode.etl.settle import adopt_pieces, settle_heap_events, settle_keyed_samples, settle_samples

@@ -40,7 +40,7 @@ def claim_adjacent(rows, rbuf, piece_at, pieces, window, out):
     """``_claim_adjacent`` with the powers of the hash bases up to the largest frame count at hand."""
     pw1 = np.ones(1, np.uint64)
     pw2 = np.ones(1, np.uint64)
-    p_n = pieces.n
+    p_n = pieces[7]            # (the frame counts: the last of the pieces' columns)
     if p_n.shape[0]:
         top = max(0, p_n.max()) + 1
         pw1 = np.empty(top, np.uint64)
@@ -55,8 +55,8 @@ def claim_adjacent(rows, rbuf, piece_at, pieces, window, out):
 
 @nb.njit(**JIT)
 def _claim_adjacent(rows, rbuf, piece_at, pieces, window, out, pw1, pw2):
-    """For each sample (``rows``, a ``ClaimRows``: record ``s_rec``), the stack pieces (``pieces``, a
-    ``ClaimPieces``) of its (time, thread) that directly follow it in its buffer (consecutive records, at most
+    """For each sample (``rows``: record ``s_rec``, time, thread), the stack pieces (``pieces``: the
+    ``PIECE_CLAIM_COLUMNS`` then h1, h2, frame count) of its (time, thread) that directly follow it in its buffer (consecutive records, at most
     ``window``; ``piece_at``: the piece at each record, -1 none): at most one kernel piece (``out.k``) and one
     user piece (``out.u``), -1 for none, with their time after the sample and distance in records. A sample
     adopts nothing (both -1) when a side has two pieces there, a piece was adopted already, its time is too
@@ -168,9 +168,8 @@ def claimable(refs: pa.Table, full: bool) -> tuple[np.ndarray, np.ndarray]:
 
 #: The columns of a stack piece that ``claim_adjacent`` matches a row's with.
 PIECE_CLAIM_COLUMNS = ("event_ts", "tid", "user", "pid", "timestamp")
-#: ``claim_adjacent``'s inputs and outputs, as the kernel's arguments (numba takes named tuples of arrays).
-ClaimRows = namedtuple("ClaimRows", ["rec", "ts", "tid"])
-ClaimPieces = namedtuple("ClaimPieces", ["event_ts", "tid", "user", "pid", "timestamp", "h1", "h2", "n"])
+#: ``claim_adjacent``'s outputs (the kernel takes them as a plain tuple in this order: see
+#: ``batch.record_columns``).
 Claims = namedtuple("Claims", ["k", "u", "k_dt", "u_dt", "k_d", "u_d", "pid", "key1", "key2", "claimed"])
 
 
@@ -189,7 +188,7 @@ def claim_pieces(rows: list[np.ndarray], rbuf: np.ndarray, at: np.ndarray, recs:
     if len(at):                             # (no pieces of the kind: nothing to claim)
         piece_at = np.full(len(rbuf), -1, np.int64)
         piece_at[recs] = at
-        claim_adjacent(ClaimRows(*rows), rbuf, piece_at, ClaimPieces(*pieces, h1, h2, cnt), ADOPT_WINDOW, c)
+        claim_adjacent(tuple(rows), rbuf, piece_at, (*pieces, h1, h2, cnt), ADOPT_WINDOW, tuple(c))
     return c._asdict()
 
 

@@ -1,0 +1,26 @@
+"""CPU samples (PerfInfo SampledProfile, §3.4): ``_samples``, which take their stack in the partition or
+in the buckets."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.decode.etl import kernels as K
+from pipeline.decode.etl import layout as L
+from pipeline.decode.etl.batch import Batch
+
+
+# --- PerfInfo SampledProfile (§3.4) ----------------------------------------------------------------
+def sampled_profile(b: Batch, idx: np.ndarray) -> None:
+    S = L.SAMPLED_PROFILE
+    n = len(idx)
+    ip, tid, ok = np.empty(n, np.uint64), np.empty(n, np.uint32), np.empty(n, np.bool_)
+    # The hottest kind (one record per sample): both fields and the length check in one pass.
+    K.sampled_profile_records(b.blob, b.c["pay_off"], b.c["pay_len"], b.c["ptr"], idx, S["ip"][0], *S["tid"], 12,
+                              ip, tid, ok)
+    if not ok.all():
+        b.require(idx[~ok], b.c["ptr"][idx[~ok]].astype(np.int64) + 8, "SampledProfile")   # reports them
+        idx, ip, tid = idx[ok], ip[ok], tid[ok]
+    # timestamp_ns is computed by the bucket that writes the sample: one column less to write and read back.
+    # ``_rec`` (record index) lets the partition give each sample the stack pieces that follow it; not written.
+    b.emit("_samples", {**b.common(idx, ns=False), "tid": tid, "ip": ip, "_rec": idx}, idx)
