@@ -854,3 +854,9 @@ def test_sections_in_process_run_apart_and_keep_their_order(tmp_path, monkeypatc
     first, apart, last = report.run_sections(ctx)
     assert first.html == last.html == str(os.getpid()) != apart.html
     assert first.summary == {"pool": True} and apart.summary == {"pool": False}
+    # A run of inputs small enough to decode in one process: no fork server is started for its sections.
+    from pipeline.runs import stage_output
+
+    with stage_output(tmp_path, "decoded", inputs=[{"path": "small.etl", "size": 1000, "sha256_tree": "0"}]):
+        pass
+    assert {s.html for s in report.run_sections(ctx)} == {str(os.getpid())}

@@ -66,13 +66,18 @@ class Context:
 
 def run_sections(ctx: Context) -> list[Section | None]:
     """Every section of ``SECTIONS``, in that order: those of ``IN_PROCESS`` each in a process of its own
-    (:func:`pipeline.cluster.processes`; on a machine with more than one core), the rest here meanwhile. The
-    processes get the context without its pool."""
+    (:func:`pipeline.cluster.processes`), the rest here meanwhile. The processes get the context without its
+    pool. All run here on a machine of one core, and for a run whose inputs are small enough to decode in one
+    process (``cluster.inline_below``): there starting the fork server (~1 s) would cost more than the
+    sections take."""
     import os
 
-    from pipeline.cluster import processes
+    from pipeline.cluster import processes, runs_inline
+    from pipeline.runs import decoded_input_bytes
 
-    apart = [fn for fn in SECTIONS if fn in IN_PROCESS] if (os.cpu_count() or 1) > 1 else []
+    apart = [fn for fn in SECTIONS if fn in IN_PROCESS]
+    if (os.cpu_count() or 1) < 2 or runs_inline(ctx.config.cluster, decoded_input_bytes(ctx.run_dir)):
+        apart = []
     if not apart:
         return [fn(ctx) for fn in SECTIONS]
     lone = Context(ctx.run_dir, ctx.config, None, ctx.out)
