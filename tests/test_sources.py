@@ -131,3 +131,21 @@ def test_parse_keeps_urls_and_makes_paths():
     assert sources.parse("file:///tmp/x.etl") == Path("/tmp/x.etl")
     assert sources.parse("runs/x.etl") == Path("runs/x.etl")
     assert sources.stem("https://h/a/nightly.etl?sig=1") == "nightly"
+
+
+def test_a_local_input_is_hashed_once_per_version(tmp_path, monkeypatch):
+    """``fingerprint`` hashes a file once per version in a process (a job's up-to-date check, then its decode),
+    and again once the file changed."""
+    import pipeline.runs
+    from pipeline import sources
+
+    calls = []
+    real = pipeline.runs.sha256_tree
+    monkeypatch.setattr(pipeline.runs, "sha256_tree", lambda path: calls.append(path) or real(path))
+    f = tmp_path / "trace.etl"
+    f.write_bytes(b"a" * 1000)
+    first = sources.fingerprint(f)
+    assert sources.fingerprint(f) == first and len(calls) == 1
+    f.write_bytes(b"b" * 1001)
+    second = sources.fingerprint(f)
+    assert second["sha256_tree"] != first["sha256_tree"] and second["size"] == 1001 and len(calls) == 2
