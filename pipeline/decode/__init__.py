@@ -75,7 +75,7 @@ def run(run_dir: Path, config, pool, inputs: list[sources.Input]) -> dict[str, A
     files = ([trace] if trace else []) + profiles
     summary: dict[str, Any] = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as hasher:
-        # sha256 of a multi-GB trace runs beside the decode (hashlib releases the GIL).
+        # The inputs' content hashes (``sources.fingerprint``) run beside the decode (hashlib releases the GIL).
         prints = hasher.submit(lambda: [sources.fingerprint(f) for f in files])
         fps = None
         with stage_output(run_dir, STAGE, inputs=[], config=config.resolved()) as out:

@@ -76,9 +76,7 @@ def run_sections(ctx: Context) -> list[Section | None]:
     from pipeline.runs import decoded_input_bytes
 
     apart = [fn for fn in SECTIONS if fn in IN_PROCESS]
-    if (os.cpu_count() or 1) < 2 or runs_inline(ctx.config.cluster, decoded_input_bytes(ctx.run_dir)):
-        apart = []
-    if not apart:
+    if not apart or (os.cpu_count() or 1) < 2 or runs_inline(ctx.config.cluster, decoded_input_bytes(ctx.run_dir)):
         return [fn(ctx) for fn in SECTIONS]
     lone = Context(ctx.run_dir, ctx.config, None, ctx.out)
     with processes(len(apart)) as procs:

@@ -225,12 +225,9 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> Writte
     result, which writes them together (``InlineScratch``): ten files less per partition. Dictionary pages
     only for text columns: numeric columns compress better and faster without. Samples and heap events
     whose stack is complete are written final here (``settle_samples``, ``settle_heap_events``); samples
-    whose stack keys are (``settle_keyed_samples``) are left for one task of their own. Returns,
-    for the task's result: the paths (``tables``), the sample of times the bucket planner cuts
-    (``times``), the scratch files as bucket sources (``sources``: table -> (path, lo, hi)) with their rows
-    (``scratch_rows``: path -> rows; among them the samples settled by their stack keys,
-    ``KEYED_SAMPLES``), the small tables (``inline``) and the counts of the rows settled here
-    (``settled``)."""
+    whose stack keys are (``settle_keyed_samples``) are left for one task of their own. Returns what was
+    written, for the task's result (``tasks.WrittenParts``; among its ``scratch_rows`` the samples settled by
+    their stack keys, ``KEYED_SAMPLES``)."""
     written: dict[str, str] = {}
     sources: dict[str, tuple[str, int, int]] = {}
     rows: dict[str, int] = {}

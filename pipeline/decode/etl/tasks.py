@@ -43,7 +43,7 @@ class WrittenParts:
     times: np.ndarray
     #: Bucketed scratch table -> (IPC file, first time, last time): a bucket task's sources.
     sources: dict[str, tuple[str, int, int]]
-    #: Scratch file -> rows written into it.
+    #: Scratch file -> rows written into it (the samples settled by their stack keys, ``KEYED_SAMPLES``, too).
     scratch_rows: dict[str, int]
     #: Small scratch tables handed back instead of written (the client writes them together).
     inline: dict[str, pa.Table]
