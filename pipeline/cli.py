@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "aggregate": ("pipeline.aggregate.cli", "summarize CPU, memory, processes and queries"),
     "report": ("pipeline.report.cli", "write the HTML report, flamegraphs, tables and exports"),
     "warehouse": ("pipeline.warehouse.cli", "ingest runs into the DuckDB warehouse and query it"),
+    "cluster": ("pipeline.resident", "start, list or stop the resident dask cluster (cluster.mode: resident)"),
 }
 
 log = logging.getLogger("bootprof")

@@ -11,6 +11,7 @@ import atexit
 import contextlib
 import logging
 import os
+import socket
 import threading
 from typing import Any, Callable, Iterable, Iterator
 
@@ -174,14 +175,18 @@ def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = (), lazy:
     forked = cfg.mode == "local" and _fork_server(warm_up)
     if forked:
         _import(warm_up)
-    import dask
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     # distributed logs every scheduler/nanny step at INFO on its own handler; keep the CLI quiet
     # unless -vv asked for debug output.
     if logging.getLogger().level > logging.DEBUG:
         logging.getLogger("distributed").setLevel(logging.WARNING)
 
+    if cfg.mode == "resident":
+        with _resident_client(cfg, warm_up) as client, _gc_set_aside():
+            # (a cluster that has just started may still be warming its workers up)
+            yield Pool(client, warming=bool(warm_up))
+        return
     if cfg.mode == "address":
         if not cfg.address:
             from pipeline.errors import ConfigError
@@ -200,6 +205,18 @@ def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = (), lazy:
         with client:
             yield Pool(client)
         return
+    with local_cluster(cfg, warm_up, forked) as cluster, Client(cluster) as client, _gc_set_aside():
+        yield Pool(client, warming=bool(warm_up))
+
+
+@contextlib.contextmanager
+def local_cluster(cfg: ClusterConfig, warm_up: list[str], forked: bool, **options):
+    """The ``LocalCluster`` of mode 'local' (and of a resident cluster, :mod:`pipeline.resident`, which adds
+    ``options``): ``cfg``'s workers on 127.0.0.1, forked from the fork server when ``forked``
+    (:func:`_fork_server`), each warming up ``warm_up`` as it starts."""
+    import dask
+    from distributed import LocalCluster
+
     n = cfg.n_workers or os.cpu_count() or 1
     with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver" if forked else "spawn"}), LocalCluster(
         n_workers=n,
@@ -215,8 +232,34 @@ def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = (), lazy:
         # (a forked worker has the fork server's environment: it gets this process's as it is now, as a
         # spawned one would)
         env={**os.environ, warmup.ENV: ",".join(warm_up), **WORKER_ENV},
-    ) as cluster, Client(cluster) as client, _gc_set_aside():
-        yield Pool(client, warming=bool(warm_up))
+        **options,
+    ) as cluster:
+        yield cluster
+
+
+@contextlib.contextmanager
+def _resident_client(cfg: ClusterConfig, warm_up: list[str]):
+    """A client of the resident cluster of ``cfg`` (:mod:`pipeline.resident`), which is started when none runs.
+    One that does not answer (it was ending as this command found it) is forgotten, and another started."""
+    from distributed import Client
+    from distributed.comm import get_address_host_port
+
+    from pipeline import resident
+
+    for attempt in (1, 2):
+        state = resident.ensure(cfg, warm_up)
+        address = state["address"]
+        try:
+            # (a port that refuses is known at once; distributed's Client would retry it until its timeout)
+            socket.create_connection(get_address_host_port(address), timeout=5).close()
+            client = Client(address, timeout="10s", security=resident.security(state))
+            break
+        except OSError as exc:
+            resident.forget(cfg, address)
+            if attempt == 2:
+                raise resident.ClusterError(f"the resident dask cluster at {address} does not answer: {exc}") from None
+    with client:
+        yield client
 
 
 def processes(n: int):

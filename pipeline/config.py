@@ -52,10 +52,12 @@ class Section(BaseModel):
 
 
 class ClusterConfig(Section):
-    mode: Literal["local", "address", "synchronous"] = Field(
+    mode: Literal["local", "resident", "address", "synchronous"] = Field(
         "local",
-        description="local: start a dask LocalCluster on 127.0.0.1; address: connect to a running "
-        "scheduler; synchronous: no dask at all, tasks run in this process (for debugging).",
+        description="local: start a dask LocalCluster on 127.0.0.1 for the command; resident: use the local "
+        "cluster that stays between commands (started by the first one that needs it, or `bootprof cluster start`; "
+        "it ends after resident_idle_s unused); address: connect to a running scheduler; synchronous: no dask at "
+        "all, tasks run in this process (for debugging).",
     )
     address: str | None = Field(None, description="Scheduler address (tcp://host:8786) when mode is 'address'.")
     n_workers: int | None = Field(None, ge=1, description="Worker processes for mode 'local'; default: one per core.")
@@ -66,6 +68,10 @@ class ClusterConfig(Section):
         "64MB", description="In mode 'local', inputs (trace or self-profiles) smaller than this run in this process "
         "without starting a cluster: its start (1.2 s of the 2.4 s `bootprof decode` of a 4.4 MB trace) would "
         "cost more than its workers save. 0: always start the cluster.")
+    resident_dir: str = Field("~/.cache/bootprof/clusters", description="Where resident clusters (mode 'resident') "
+                              "keep their address, log and lock files.")
+    resident_idle_s: float = Field(900.0, gt=0, description="A resident cluster ends after this many seconds with no "
+                                   "command connected and no task running.")
 
 
 class DecodeConfig(Section):

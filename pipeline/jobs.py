@@ -115,6 +115,7 @@ def stale_reason(run_dir: Path, stage: str, config: Config, inputs: list[Path]) 
 
 def run_stages(job: Job, config: Config, inputs: list[sources.Input], run_dir: Path, force: bool = False) -> dict[str, Any]:
     """Every stage of ``job`` (but synth) on ``inputs`` in ``run_dir``; their summaries, by stage."""
+    run_dir = Path(run_dir).absolute()      # (the tasks may run in workers of another working directory)
     from pipeline.cluster import connect
 
     stages = [s for s in job.stages if s != "synth"]

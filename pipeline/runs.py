@@ -220,7 +220,8 @@ def stage_output(
     run_dir.mkdir(parents=True, exist_ok=True)
     clean_leftovers(run_dir)
     made_from = {s: h for s in upstream if (h := manifest_hash(run_dir, s)) is not None}
-    tmp = run_dir / f".{stage}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    # (absolute: the stage's tasks may run in workers of another working directory, a resident cluster's)
+    tmp = run_dir.absolute() / f".{stage}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     out = StageOutput(run_dir, stage, tmp)
     started = time.time()

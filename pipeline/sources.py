@@ -43,14 +43,15 @@ def parse(raw: str | os.PathLike) -> Input:
 
 
 def run_dir(text: str) -> Path:
-    """A run directory as typed on the command line: a path. Workers on other machines need it on a filesystem
-    they share (NFS, a cluster filesystem); a URL is refused, naming what it is."""
+    """A run directory as typed on the command line: a path, made absolute (the stage's tasks may run in workers
+    of another working directory). Workers on other machines need it on a filesystem they share (NFS, a cluster
+    filesystem); a URL is refused, naming what it is."""
     import argparse
 
     if URL.match(text) and not text.lower().startswith("file://"):
         raise argparse.ArgumentTypeError(f"{text}: a run directory is a path (on a filesystem the workers share); "
                                          "URLs are for inputs (--trace)")
-    return Path(urlparse(text).path) if text.lower().startswith("file://") else Path(text)
+    return (Path(urlparse(text).path) if text.lower().startswith("file://") else Path(text)).absolute()
 
 
 def is_url(x: Input) -> bool:

@@ -56,6 +56,8 @@ def classify(inputs: list[sources.Input]) -> tuple[sources.Input | None, list[so
         path = raw if sources.is_url(raw) else Path(raw)
         if not sources.exists(path):
             raise InputError(f"{path}: no such file or directory")
+        if not sources.is_url(path):
+            path = path.absolute()     # (the tasks may run in workers of another working directory)
         if sources.is_dir(path):
             found = sources.profiles_below(path)
             if not found:

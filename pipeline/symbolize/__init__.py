@@ -366,7 +366,7 @@ def run(run_dir: Path, config, pool, inputs: list[Path] | None = None) -> dict[s
                           upstream=(DECODED,)) as out:
             out.manifest["skipped"] = "no ETL stacks or images in decoded/"
         return {"frames": 0, "skipped": "no ETL stacks or images in decoded/"}
-    cache_dir = Path(cfg.cache_dir).expanduser()
+    cache_dir = Path(cfg.cache_dir).expanduser().absolute()
     symbol_path = cfg.symbol_path if cfg.symbol_path is not None else os.environ.get("_NT_SYMBOL_PATH", "")
     entries = parse_symbol_path(symbol_path, cache_dir)
 

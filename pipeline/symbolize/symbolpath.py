@@ -109,18 +109,26 @@ def parse_symbol_path(text: str | None, default_cache: Path) -> list[Entry]:
             rest = [p.strip() for p in rest]
             if not rest or not rest[-1]:
                 raise ConfigError(f"symbol path entry {item!r}: srv* needs a server URL or store directory")
-            caches = tuple(os.path.expanduser(c) if c else str(default_cache / "downloads") for c in rest[:-1])
+            caches = tuple(_local(c) if c else str(default_cache / "downloads") for c in rest[:-1])
             if not caches and _is_url(rest[-1]):
                 caches = (str(default_cache / "downloads"),)
-            entries.append(Entry("server", rest[-1], caches))
+            entries.append(Entry("server", rest[-1] if _is_url(rest[-1]) else _local(rest[-1]), caches))
         elif head == "cache":
             target = parts[1].strip() if len(parts) > 1 and parts[1].strip() else str(default_cache / "downloads")
-            entries.append(Entry("cache", os.path.expanduser(target)))
+            entries.append(Entry("cache", _local(target)))
         elif len(parts) == 1:
-            entries.append(Entry("dir", os.path.expanduser(item)))
+            entries.append(Entry("dir", _local(item)))
         else:
             raise ConfigError(f"symbol path entry {item!r}: unknown form (expected DIR, srv*CACHE*URL or cache*DIR)")
     return entries
+
+
+def _local(path: str) -> str:
+    """A directory of the symbol path, absolute: the lookups may run in workers of another working directory. A
+    Windows path (``C:\\sym``, ``\\\\server\\share``, from a copied ``_NT_SYMBOL_PATH``) stays as written."""
+    if len(path) > 2 and (path[1] == ":" and path[2] in "\\/" or path.startswith("\\\\")):
+        return path
+    return os.path.abspath(os.path.expanduser(path))
 
 
 def _is_url(text: str) -> bool:

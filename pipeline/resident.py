@@ -1,0 +1,330 @@
+"""A local dask cluster that outlives the command that started it (``cluster.mode: resident``).
+
+Starting a local cluster is most of what a big decode does not spend decoding: on 16 cores, the scheduler and
+16 warm workers took 3.5-4 s of a 9.3 s `bootprof decode` of a 4 GB trace. A resident cluster pays that
+once: the first command that needs it (or ``bootprof cluster start``) starts a server process of its own
+session, which runs a ``LocalCluster`` (:func:`pipeline.cluster.local_cluster`: the same workers, forked warm
+from a fork server) and writes its address to a state file; later commands connect to it. It ends after
+``cluster.resident_idle_s`` with no client connected and no task running, on ``bootprof cluster stop``, or on
+SIGTERM.
+
+One resident cluster per *key*: the code it runs (this bootprof's version, interpreter and the size and time of
+each of its source files) and its settings (workers, threads, memory limit). A command of other settings or of
+changed code starts (and then uses) a cluster of its own key; the old one ends when idle. Its files, in
+``cluster.resident_dir``: ``<key>.json`` (address, pid, settings, start time), ``<key>.log`` (the server's
+log), ``<key>.lock`` (held while a command starts it: two commands at once start one cluster).
+
+Tasks get absolute paths (run directories, symbol caches), as workers on other machines need: the server runs
+in ``resident_dir``, not in the directory of the command that started it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import hashlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pipeline import __version__
+from pipeline.config import ClusterConfig
+from pipeline.errors import BootprofError, ConfigError
+
+log = logging.getLogger(__name__)
+
+#: Seconds a command waits for a resident cluster it started to write its address.
+START_TIMEOUT_S = 120.0
+#: Seconds ``stop`` waits for a server to end after SIGTERM before it kills the server's process group.
+STOP_TIMEOUT_S = 30.0
+
+
+class ClusterError(BootprofError):
+    """A resident cluster could not be started or reached; the message names its log file."""
+
+
+def settings(cfg: ClusterConfig) -> dict[str, Any]:
+    """What makes two resident clusters interchangeable for a command, besides the code."""
+    return {"n_workers": cfg.n_workers or os.cpu_count() or 1, "threads_per_worker": cfg.threads_per_worker,
+            "memory_limit": cfg.memory_limit}
+
+
+@functools.cache
+def code_fingerprint() -> str:
+    """This bootprof's code: version, interpreter, and the size and modification time of every source file of
+    the package (a worker that imported other code must not run this command's tasks)."""
+    root = Path(__file__).parent
+    h = hashlib.sha256(f"{__version__}\0{sys.executable}\0{sys.version}\n".encode())
+    for path in sorted(root.rglob("*.py")):
+        st = path.stat()
+        h.update(f"{path.relative_to(root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def key(cfg: ClusterConfig) -> str:
+    return hashlib.sha256(json.dumps([code_fingerprint(), settings(cfg)], sort_keys=True).encode()).hexdigest()[:16]
+
+
+def directory(cfg: ClusterConfig) -> Path:
+    return Path(cfg.resident_dir).expanduser().absolute()
+
+
+def ensure(cfg: ClusterConfig, warm_up: list[str]) -> dict[str, Any]:
+    """The state of the resident cluster for ``cfg`` (its ``address``, and what :func:`security` needs), started
+    now (workers warming up ``warm_up``) when none runs."""
+    d = directory(cfg)
+    k = key(cfg)
+    state = _alive_state(d, k)
+    if state is not None:
+        return state
+    try:
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cluster.resident_dir {str(d)!r}: cannot create it: {exc}") from None
+    with _locked(d / f"{k}.lock"):
+        state = _alive_state(d, k)       # (another command may have started it while this one waited)
+        if state is not None:
+            return state
+        (d / f"{k}.json").unlink(missing_ok=True)
+        return _start(cfg, d, k, warm_up)
+
+
+def security(state: dict[str, Any]):
+    """The TLS settings a client of the cluster of ``state`` connects with (its own certificate, made when it
+    started, which only the user who can read the state file has): a scheduler on loopback without them would
+    run any local user's tasks as this user, for as long as it lives."""
+    from distributed.security import Security
+
+    tls = state.get("tls") or {}
+    return Security(tls_ca_file=tls.get("ca"), tls_client_cert=tls.get("cert"), tls_client_key=tls.get("key"),
+                    require_encryption=True)
+
+
+def forget(cfg: ClusterConfig, stale_address: str) -> None:
+    """The cluster at ``stale_address`` did not answer: drop its state file (if it is still that one's), so
+    the next :func:`address` starts another."""
+    path = directory(cfg) / f"{key(cfg)}.json"
+    state = _read(path)
+    if state is not None and state.get("address") == stale_address:
+        path.unlink(missing_ok=True)
+
+
+def running(cfg: ClusterConfig) -> list[dict[str, Any]]:
+    """The state of every resident cluster in ``cfg``'s directory whose server is alive, with ``current``: whether
+    it is the one this code and these settings use. Files of servers that are gone are removed."""
+    d = directory(cfg)
+    mine = key(cfg)
+    out = []
+    for path in sorted(d.glob("*.json")) if d.is_dir() else []:
+        state = _alive_state(d, path.stem)
+        if state is not None:
+            out.append({**state, "current": path.stem == mine})
+    return out
+
+
+def stop(state: dict[str, Any]) -> bool:
+    """End the server of ``state`` (SIGTERM: it closes its workers and removes its state file); kill its process
+    group if it has not ended after ``STOP_TIMEOUT_S``. Whether it was running."""
+    pid = int(state["pid"])
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while time.monotonic() < deadline and _pid_alive(pid):
+        time.sleep(0.05)
+    if _pid_alive(pid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+    return True
+
+
+# -- the command's side ------------------------------------------------------------------------------
+
+
+def _start(cfg: ClusterConfig, d: Path, k: str, warm_up: list[str]) -> dict[str, Any]:
+    log_path = d / f"{k}.log"
+    payload = {"cluster": cfg.model_dump(), "warm_up": list(warm_up), "code": code_fingerprint(),
+               "settings": settings(cfg)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in [str(Path(__file__).parents[1]),
+                                                                    os.environ.get("PYTHONPATH", "")] if p)}
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline.resident", str(d), k, json.dumps(payload)],
+                                cwd=d, env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    log.info("starting a resident dask cluster (%d workers; log %s)", payload["settings"]["n_workers"], log_path)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        state = _read(d / f"{k}.json")
+        if state is not None and state.get("pid") == proc.pid:
+            return state
+        if proc.poll() is not None:
+            raise ClusterError(f"the resident dask cluster did not start (exit status {proc.returncode}); "
+                               f"{log_path}: {_tail(log_path)}")
+        if time.monotonic() > deadline:
+            stop({"pid": proc.pid})
+            raise ClusterError(f"the resident dask cluster did not start within {START_TIMEOUT_S:.0f} s; "
+                               f"{log_path}: {_tail(log_path)}")
+        time.sleep(0.02)
+
+
+def _alive_state(d: Path, k: str) -> dict[str, Any] | None:
+    """The state file of key ``k`` if its server process lives; a file whose server is gone is removed."""
+    path = d / f"{k}.json"
+    state = _read(path)
+    if state is None:
+        return None
+    if _pid_alive(int(state.get("pid", 0))):
+        return state
+    path.unlink(missing_ok=True)
+    return None
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) and "address" in state and "pid" in state else None
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # (a server that ended but was not waited for by the command that started it is a zombie: not alive)
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _tail(path: Path, lines: int = 5) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "(no log)"
+    return " | ".join(text[-lines:]) or "(empty log)"
+
+
+# -- the server ---------------------------------------------------------------------------------------
+
+
+def serve(d: Path, k: str, payload: dict[str, Any]) -> int:
+    """Run the resident cluster of key ``k`` until it has been idle ``resident_idle_s``, or a signal ends it."""
+    from pipeline import cluster
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = ClusterConfig(**payload["cluster"])
+    warm_up = list(payload["warm_up"])
+    ending = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: ending.set())
+    state_path = d / f"{k}.json"
+    forked = cluster._fork_server(warm_up)
+    from distributed.security import Security  # (distributed's import sets its loggers' levels: quieter after it)
+
+    logging.getLogger("distributed").setLevel(logging.WARNING)
+    tls = Security.temporary()
+    with cluster.local_cluster(cfg, warm_up, forked, protocol="tls://", security=tls) as lc:
+        scheduler = lc.scheduler
+        state = {"address": scheduler.address, "pid": os.getpid(), "key": k, "code": payload["code"],
+                 "settings": payload["settings"], "version": __version__, "idle_s": cfg.resident_idle_s,
+                 "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                 "log": str(d / f"{k}.log"),
+                 "tls": {"ca": tls.tls_ca_file, "cert": tls.tls_client_cert, "key": tls.tls_client_key}}
+        # (readable by this user only: the certificate is what lets a client in)
+        tmp = state_path.with_name(f".{state_path.name}.{os.getpid()}.tmp")
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            f.write(json.dumps(state, indent=2))
+        os.replace(tmp, state_path)
+        log.info("resident cluster %s at %s: %d workers", k, scheduler.address, len(scheduler.workers))
+        idle_since = time.monotonic()
+        while not ending.wait(min(1.0, cfg.resident_idle_s / 4)):
+            if scheduler.status.name in ("closing", "closed"):
+                break
+            if _busy(scheduler):
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since > cfg.resident_idle_s:
+                log.info("idle for %.0f s: ending", cfg.resident_idle_s)
+                break
+        # (the state file goes first: a command that reads it from now on starts another cluster)
+        if (_read(state_path) or {}).get("pid") == os.getpid():
+            state_path.unlink(missing_ok=True)
+    return 0
+
+
+def _busy(scheduler) -> bool:
+    """A client is connected, or a task is queued or running (read from this thread: a dict that changes while
+    it is read counts as busy)."""
+    try:
+        clients = [c for c in scheduler.clients if c != "fire-and-forget"]
+        return bool(clients or scheduler.queued or scheduler.unrunnable
+                    or any(ws.processing for ws in list(scheduler.workers.values())))
+    except RuntimeError:
+        return True
+
+
+# -- the command line -----------------------------------------------------------------------------------
+
+
+def add_arguments(p) -> None:
+    p.add_argument("action", choices=["start", "status", "stop"],
+                   help="start: start the resident cluster of this config (if none runs) and print its address; "
+                        "status: list the resident clusters that run; stop: end this config's (with --all, every one)")
+    p.add_argument("--all", action="store_true", help="stop: every resident cluster in cluster.resident_dir")
+
+
+def main(args, config) -> int:
+    cfg = config.cluster
+    if args.action == "start":
+        from pipeline import decode
+
+        addr = ensure(cfg, list(decode.WARM_UP))["address"]
+        print(f"{addr}  ({settings(cfg)['n_workers']} workers; used by commands with cluster.mode: resident; "
+              f"ends after {cfg.resident_idle_s:.0f} s idle)")
+        return 0
+    states = running(cfg)
+    if args.action == "status":
+        if not states:
+            print(f"no resident cluster runs ({directory(cfg)})")
+        for s in states:
+            print(f"{s['address']}  pid {s['pid']}  {s['settings']['n_workers']} workers  started {s['started']}  "
+                  f"{'this code and config' if s['current'] else 'other code or settings'}  log {s['log']}")
+        return 0
+    chosen = states if args.all else [s for s in states if s["current"]]
+    for s in chosen:
+        if stop(s):
+            print(f"stopped {s['address']} (pid {s['pid']})")
+    if not chosen:
+        print("no resident cluster of this config runs" if not args.all else "no resident cluster runs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(serve(Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])))
