@@ -305,17 +305,23 @@ def by_frames(name: str, weights: str, keys: list[str], measures: list[str], car
     self_cols = ", ".join(f"sum(w.{m})::BIGINT AS self_{m}" for m in measures)
     incl_cols = ", ".join(f"sum(w.{m})::BIGINT AS inclusive_{m}" for m in measures)
     leaf_keys = ", ".join([f"w.{c}" for c in by] + [f"s.leaf_{c} AS {c}" for c in keys])
-    extra = f", any_value(f.{carry}) AS {carry}" if carry else ""
+    extra = f", any_value({carry}) AS {carry}" if carry else ""
     not_null = " AND ".join(f"{c} IS NOT NULL" for c in keys if c != "raw_name" and c != "module")
     on = " AND ".join(f"l.{c} IS NOT DISTINCT FROM i.{c}" for c in (*by, *keys))
-    group = ", ".join([f"w.{c}" for c in by] + ["f." + c for c in keys])
+    by_w = "".join(f"w.{c}, " for c in by)
+    # Each distinct key is numbered once (``kid``) and the units' rows are summed by that number: the key's text
+    # (module, function, raw name) is not hashed again for every (unit, frame) row of the weights (~11 M rows for
+    # the time-binned functions of the 1 GB synth trace: 0.57-0.79 s by text).
     return f"""
         WITH w AS ({weights}),
+        keys AS (SELECT row_number() OVER () AS kid, * FROM (
+                     SELECT {k}{extra} FROM {name}_funcs WHERE {not_null or "true"} GROUP BY {k})),
+        unit_keys AS (SELECT DISTINCT f.unit_id, keys.kid FROM {name}_funcs f
+                      JOIN keys ON {" AND ".join(f"f.{c} IS NOT DISTINCT FROM keys.{c}" for c in keys)}),
         leaf AS (SELECT {leaf_keys}, {self_cols} FROM w JOIN {name}_stacks s USING (unit_id) GROUP BY ALL),
-        incl AS (SELECT {group}{extra}, {incl_cols}
-                 FROM w JOIN (SELECT DISTINCT unit_id, {k}{", " + carry if carry else ""} FROM {name}_funcs
-                              WHERE {not_null or "true"}) f
-                 USING (unit_id) GROUP BY {group})
+        incl AS (SELECT x.* EXCLUDE (kid), {", ".join("keys." + c for c in keys)}{", keys." + carry if carry else ""}
+                 FROM (SELECT {by_w}u.kid, {incl_cols} FROM w JOIN unit_keys u USING (unit_id)
+                       GROUP BY {by_w}u.kid) x JOIN keys USING (kid))
         SELECT {", ".join(["i." + c for c in by] + ["i." + c for c in keys])}{", i." + carry if carry else ""},
                {", ".join(f"coalesce(l.self_{m}, 0)::BIGINT AS self_{m}, i.inclusive_{m}" for m in measures)}
         FROM incl i LEFT JOIN leaf l ON {on}"""
