@@ -15,6 +15,7 @@ import pytest
 from pipeline import resident
 from pipeline.cluster import connect
 from pipeline.config import ClusterConfig
+from pipeline.errors import ConfigError
 from tests.conftest import ROOT, assert_same_tables
 
 
@@ -170,3 +171,11 @@ def test_the_pipeline_on_a_resident_cluster_equals_a_local_run(tmp_path):
                    for stage in ("decoded", "symbolized", "aggregated"))
     assert compared >= 45
     assert (runs["resident"] / "report" / "index.html").exists()
+
+
+def test_a_resident_dir_that_cannot_be_made_is_a_config_error(tmp_path):
+    (tmp_path / "file").write_text("not a directory")
+    cfg = ClusterConfig(mode="resident", resident_dir=str(tmp_path / "file" / "clusters"))
+    with pytest.raises(ConfigError, match=r"cluster.resident_dir '.*file/clusters': cannot create it"):
+        with connect(cfg):
+            pass
