@@ -39,6 +39,7 @@ from typing import Any
 from pipeline import __version__
 from pipeline.config import ClusterConfig
 from pipeline.errors import BootprofError, ConfigError
+from pipeline.runs import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -140,9 +141,9 @@ def stop(state: dict[str, Any]) -> bool:
     except ProcessLookupError:
         return False
     deadline = time.monotonic() + STOP_TIMEOUT_S
-    while time.monotonic() < deadline and _pid_alive(pid):
+    while time.monotonic() < deadline and pid_alive(pid):
         time.sleep(0.05)
-    if _pid_alive(pid):
+    if pid_alive(pid):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
     return True
@@ -183,7 +184,7 @@ def _alive_state(d: Path, k: str) -> dict[str, Any] | None:
     state = _read(path)
     if state is None:
         return None
-    if _pid_alive(int(state.get("pid", 0))):
+    if pid_alive(int(state.get("pid", 0))):
         return state
     path.unlink(missing_ok=True)
     return None
@@ -195,23 +196,6 @@ def _read(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return state if isinstance(state, dict) and "address" in state and "pid" in state else None
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # (a server that ended but was not waited for by the command that started it is a zombie: not alive)
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 @contextlib.contextmanager

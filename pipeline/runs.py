@@ -164,23 +164,30 @@ def clean_leftovers(run_dir: Path) -> list[Path]:
     removed = []
     for entry in sorted(Path(run_dir).iterdir()) if Path(run_dir).is_dir() else []:
         m = LEFTOVER.match(entry.name)
-        if m is None or not entry.is_dir() or (m.group(1) and _alive(int(m.group(1)))):
+        if m is None or not entry.is_dir() or (m.group(1) and pid_alive(int(m.group(1)))):
             continue
         shutil.rmtree(entry, ignore_errors=True)
         removed.append(entry)
     return removed
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (this one does; a zombie, ended but not waited for, does not)."""
     if pid == os.getpid():
         return True
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 _hashes: dict[tuple[str, int, int], str] = {}

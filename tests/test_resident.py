@@ -27,7 +27,7 @@ def _cfg(tmp_path: Path, **kw) -> ClusterConfig:
 def _gone(pid: int, within: float = 60.0) -> bool:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        if not resident._pid_alive(pid):
+        if not resident.pid_alive(pid):
             return True
         time.sleep(0.1)
     return False
@@ -58,7 +58,7 @@ def test_a_resident_cluster_outlives_the_command_and_serves_the_next(tmp_path):
         assert all(pool.client.run(lambda: "pipeline.decode.etl.kernels" in sys.modules).values())
     state = json.loads((tmp_path / "clusters" / f"{resident.key(cfg)}.json").read_text())
     assert state["address"] == first and state["settings"]["n_workers"] == 1
-    assert resident._pid_alive(state["pid"]) and state["pid"] != os.getpid()
+    assert resident.pid_alive(state["pid"]) and state["pid"] != os.getpid()
     # (TLS with the cluster's own certificate, in a file only this user reads: no other local user gets in)
     assert first.startswith("tls://127.0.0.1:")
     assert (tmp_path / "clusters" / f"{resident.key(cfg)}.json").stat().st_mode & 0o077 == 0
@@ -85,7 +85,7 @@ def test_an_idle_resident_cluster_ends_by_itself(tmp_path):
         # (busy while a command is connected, however long: here 3 idle seconds)
         time.sleep(3)
         pid = json.loads((tmp_path / "clusters" / f"{resident.key(cfg)}.json").read_text())["pid"]
-        assert resident._pid_alive(pid)
+        assert resident.pid_alive(pid)
         assert pool.map(abs, [-2]) == [2]
     assert _gone(pid)
     assert not (tmp_path / "clusters" / f"{resident.key(cfg)}.json").exists()
