@@ -11,7 +11,6 @@ import atexit
 import contextlib
 import logging
 import os
-import socket
 import threading
 from typing import Any, Callable, Iterable, Iterator
 
@@ -242,7 +241,6 @@ def _resident_client(cfg: ClusterConfig, warm_up: list[str]):
     """A client of the resident cluster of ``cfg`` (:mod:`pipeline.resident`), which is started when none runs.
     One that does not answer (it was ending as this command found it) is forgotten, and another started."""
     from distributed import Client
-    from distributed.comm import get_address_host_port
 
     from pipeline import resident
 
@@ -250,8 +248,6 @@ def _resident_client(cfg: ClusterConfig, warm_up: list[str]):
         state = resident.ensure(cfg, warm_up)
         address = state["address"]
         try:
-            # (a port that refuses is known at once; distributed's Client would retry it until its timeout)
-            socket.create_connection(get_address_host_port(address), timeout=5).close()
             client = Client(address, timeout="10s", security=resident.security(state))
             break
         except OSError as exc:

@@ -179,15 +179,31 @@ def _start(cfg: ClusterConfig, d: Path, k: str, warm_up: list[str]) -> dict[str,
 
 
 def _alive_state(d: Path, k: str) -> dict[str, Any] | None:
-    """The state file of key ``k`` if its server process lives; a file whose server is gone is removed."""
+    """The state file of key ``k`` if its server process lives; a file whose server is gone (or whose pid is now
+    another process's) is removed."""
     path = d / f"{k}.json"
     state = _read(path)
     if state is None:
         return None
-    if pid_alive(int(state.get("pid", 0))):
+    if _serves(int(state.get("pid", 0)), k):
         return state
     path.unlink(missing_ok=True)
     return None
+
+
+def _serves(pid: int, k: str) -> bool:
+    """Whether process ``pid`` is the server of key ``k`` (its command line names the key; where there is no
+    ``/proc``, whether it runs)."""
+    if not pid_alive(pid):
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return b"pipeline.resident" in argv and k.encode() in argv
 
 
 def _read(path: Path) -> dict[str, Any] | None:
