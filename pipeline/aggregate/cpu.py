@@ -69,7 +69,7 @@ def aggregate(ctx) -> dict[str, Any] | None:
     con.execute(_FOLDED_NAMES)
     write(FOLDED, _folded_sql(binned=False), "sid", hidden=("sid",))
     _over_time(ctx, con, bins["t0_ns"], bins["span_ns"])
-    write(FOLDED_OVER_TIME, _folded_sql(binned=True), "bin, sid", hidden=("sid",))
+    _folded_over_time(ctx, con, total)
     binned = f"SELECT unit_id, bin, n AS samples FROM {UNITS}"
     write(FUNCTIONS_OVER_TIME, resolve.by_frames(UNITS, binned, ["module", "function", "raw_name"], ["samples"],
                                                  by=("bin",)), "bin, module, function, raw_name", with_pct=False)
@@ -109,6 +109,37 @@ def _folded_sql(binned: bool) -> str:
             GROUP BY ALL)
         SELECT {b}n.stack, x.samples, x.sid
         FROM summed x JOIN (SELECT sid, any_value(stack) AS stack FROM {UNITS}_folded GROUP BY sid) n USING (sid)"""
+
+
+#: What parquet's dictionary page of ``cpu_folded_over_time``'s stacks may hold; beyond it (more distinct stacks
+#: than the 1 GB synth trace's 38,919, ~39 MB), the writer falls back to plain pages for the rest.
+FOLDED_DICTIONARY_BYTES = 64 << 20
+
+
+def _folded_over_time(ctx, con, total: int) -> None:
+    """``cpu_folded_over_time``: the rows of ``_folded_sql(binned=True)`` in (bin, stack) order with ``pct`` of the
+    ``total`` samples, as ``_writer`` writes the other tables; the stacks written
+    as parquet's dictionary straight from the distinct folded stacks (``{UNITS}_folded``), so that each stack's
+    text is written once. DuckDB's COPY hashed it again for every row it is on: 540,895 rows of 38,919 stacks
+    (~1 KB each) on the 1 GB synth trace took it 0.9-1.6 s, this 0.34 s; the same rows and values."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = con.execute(f"SELECT bin, sid, samples, round(100.0 * samples / {max(total, 1)}, 3) AS pct "
+                       f"FROM ({_folded_sql(binned=True)})").fetchnumpy()
+    names = con.sql(f"SELECT sid, any_value(stack) AS stack FROM {UNITS}_folded GROUP BY sid").to_arrow_table()
+    order = np.lexsort((rows["sid"], rows["bin"]))        # (a stack's sid is its rank by text)
+    sid = names.column("sid").to_numpy()
+    at = np.zeros(int(sid.max(initial=0)) + 1, np.int32)
+    at[sid] = np.arange(len(sid), dtype=np.int32)
+    schema = pa.schema([pa.field("bin", pa.int32(), nullable=False), ("stack", pa.dictionary(pa.int32(), pa.string())),
+                        ("samples", pa.int64()), ("pct", pa.float64())])
+    table = pa.table([rows["bin"][order].astype(np.int32),
+                      pa.DictionaryArray.from_arrays(at[rows["sid"][order]], names.column("stack").combine_chunks()),
+                      rows["samples"][order].astype(np.int64), rows["pct"][order].astype(np.float64)], schema=schema)
+    pq.write_table(table, ctx.out.table_path(FOLDED_OVER_TIME), compression="zstd",
+                   dictionary_pagesize_limit=FOLDED_DICTIONARY_BYTES, store_schema=False)
 
 
 def _over_time(ctx, con, lo: int, width: int) -> None:
