@@ -122,11 +122,15 @@ def aggregate(ctx) -> dict[str, Any] | None:
                                                              ['samples'], 'crate', by=('label',))})
                           ORDER BY label NULLS LAST, self_samples DESC, inclusive_samples DESC, module, function, raw_name)
                    TO {sql_path(ctx.out.table_path(BY_QUERY_FUNCTION))} (FORMAT parquet, COMPRESSION zstd)""")
+    # (summed per root frame and unit first, so that each unit's ~1 KB folded stack is joined and hashed once per
+    # root, not once for every file, time bin and kind it has samples in)
     con.execute(f"""COPY (
-        SELECT CASE a.attribution WHEN 'query' THEN replace(a.label, ';', ':') WHEN 'outside' THEN '{OUTSIDE["outside"]}'
-                    ELSE '{OUTSIDE["unprofiled"]}' END || coalesce(';' || st.folded, '') AS stack,
-               sum(a.n)::BIGINT AS samples
-        FROM attributed a LEFT JOIN {UNITS}_stacks st USING (unit_id) GROUP BY 1 ORDER BY 1
+        WITH per AS (
+            SELECT CASE a.attribution WHEN 'query' THEN replace(a.label, ';', ':') WHEN 'outside' THEN '{OUTSIDE["outside"]}'
+                        ELSE '{OUTSIDE["unprofiled"]}' END AS root, a.unit_id, sum(a.n) AS n
+            FROM attributed a GROUP BY ALL)
+        SELECT p.root || coalesce(';' || st.folded, '') AS stack, sum(p.n)::BIGINT AS samples
+        FROM per p LEFT JOIN {UNITS}_stacks st USING (unit_id) GROUP BY 1 ORDER BY 1
         ) TO {sql_path(ctx.out.table_path(FOLDED))} (FORMAT parquet, COMPRESSION zstd)""")
     counts = dict(con.execute("SELECT attribution, sum(n)::BIGINT FROM attributed GROUP BY 1").fetchall())
     return {"processes": int(con.execute("SELECT count(*) FROM m").fetchone()[0]), "samples": int(sum(counts.values())),
