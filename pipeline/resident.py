@@ -158,7 +158,9 @@ def _start(cfg: ClusterConfig, d: Path, k: str, warm_up: list[str]) -> dict[str,
                "settings": settings(cfg)}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in [str(Path(__file__).parents[1]),
                                                                     os.environ.get("PYTHONPATH", "")] if p)}
-    with open(log_path, "ab") as log_file:
+    # (a log per server's life: a new start of the key begins a new file; one still ending writes to its own)
+    log_path.unlink(missing_ok=True)
+    with open(log_path, "wb") as log_file:
         proc = subprocess.Popen([sys.executable, "-m", "pipeline.resident", str(d), k, json.dumps(payload)],
                                 cwd=d, env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
                                 start_new_session=True)

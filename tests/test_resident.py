@@ -116,6 +116,8 @@ def test_a_stale_state_file_starts_a_new_cluster(tmp_path):
         assert pool.map(abs, [-4]) == [4]
         pid = json.loads(state.read_text())["pid"]
         assert pid != os.getpid()
+        # (the log is this server's alone: the earlier starts of the key are not in it)
+        assert (d / f"{resident.key(cfg)}.log").read_text().count(" at tls://") == 1
     for s in resident.running(cfg):
         resident.stop(s)
     assert _gone(pid)
