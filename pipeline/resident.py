@@ -112,7 +112,7 @@ def security(state: dict[str, Any]):
 
 def forget(cfg: ClusterConfig, stale_address: str) -> None:
     """The cluster at ``stale_address`` did not answer: drop its state file (if it is still that one's), so
-    the next :func:`address` starts another."""
+    the next :func:`ensure` starts another."""
     path = directory(cfg) / f"{key(cfg)}.json"
     state = _read(path)
     if state is not None and state.get("address") == stale_address:
