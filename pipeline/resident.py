@@ -39,7 +39,7 @@ from typing import Any
 from pipeline import __version__
 from pipeline.config import ClusterConfig
 from pipeline.errors import BootprofError, ConfigError
-from pipeline.runs import pid_alive
+from pipeline.runs import atomic_write_json, pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -260,11 +260,8 @@ def serve(d: Path, k: str, payload: dict[str, Any]) -> int:
                  "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                  "log": str(d / f"{k}.log"),
                  "tls": {"ca": tls.tls_ca_file, "cert": tls.tls_client_cert, "key": tls.tls_client_key}}
-        # (readable by this user only: the certificate is what lets a client in)
-        tmp = state_path.with_name(f".{state_path.name}.{os.getpid()}.tmp")
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-            f.write(json.dumps(state, indent=2))
-        os.replace(tmp, state_path)
+        # (readable by this user only, as mkstemp makes it: the certificate is what lets a client in)
+        atomic_write_json(state_path, state)
         log.info("resident cluster %s at %s: %d workers", k, scheduler.address, len(scheduler.workers))
         idle_since = time.monotonic()
         while not ending.wait(min(1.0, cfg.resident_idle_s / 4)):

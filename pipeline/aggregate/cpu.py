@@ -67,7 +67,8 @@ def aggregate(ctx) -> dict[str, Any] | None:
           "self_samples DESC, inclusive_samples DESC, module, function, raw_name")
     write(BY_CODE_CRATE, resolve.by_frames(UNITS, weights, ["crate"], ["samples"]), "self_samples DESC, crate")
     con.execute(_FOLDED_NAMES)
-    write(FOLDED, _folded_sql(binned=False), "sid", hidden=("sid",))
+    write(FOLDED, f"SELECT n.stack, x.samples, x.sid FROM ({_folded_sql(binned=False)}) x JOIN ({_STACK_NAMES}) n USING (sid)",
+          "sid", hidden=("sid",))
     _over_time(ctx, con, bins["t0_ns"], bins["span_ns"])
     _folded_over_time(ctx, con, total)
     binned = f"SELECT unit_id, bin, n AS samples FROM {UNITS}"
@@ -87,9 +88,8 @@ def aggregate(ctx) -> dict[str, Any] | None:
 
 #: ``{UNITS}_folded``: the folded stack of each (process instance, unit) that has samples, once, with ``sid``, its
 #: rank among the distinct folded stacks. The folded tables sum their rows by ``sid`` and are ordered by it: their
-#: strings (~1 KB each on the 1 GB synth trace) are neither hashed nor compared per row of ``{UNITS}``. Summed and
-#: ordered by the strings themselves, ``cpu_folded_over_time`` (565,580 unit rows into 540,895 rows) took 1.9-2.3 s
-#: there; by ``sid``, 1.1-1.5 s, with the same rows in the same order.
+#: strings (~1 KB each on the 1 GB synth trace) are neither hashed nor compared per row of ``{UNITS}`` (565,580
+#: rows there for ``cpu_folded_over_time``'s 540,895).
 _FOLDED_NAMES = f"""
     CREATE TEMP TABLE {UNITS}_folded AS
     SELECT *, dense_rank() OVER (ORDER BY stack) AS sid FROM (
@@ -98,17 +98,18 @@ _FOLDED_NAMES = f"""
         LEFT JOIN procs p USING (process_key) LEFT JOIN {UNITS}_stacks st USING (unit_id))"""
 
 
+#: Each ``sid``'s folded stack, once.
+_STACK_NAMES = f"SELECT sid, any_value(stack) AS stack FROM {UNITS}_folded GROUP BY sid"
+
+
 def _folded_sql(binned: bool) -> str:
-    """Samples per folded stack (and time bin), with the stack's ``sid`` (``_FOLDED_NAMES``)."""
+    """Samples per folded stack (and time bin), by the stack's ``sid`` (``_FOLDED_NAMES``; its text:
+    ``_STACK_NAMES``)."""
     b = "bin, " if binned else ""
     return f"""
-        WITH summed AS (
-            SELECT {b}f.sid, sum(s.n)::BIGINT AS samples
-            FROM {UNITS} s JOIN {UNITS}_folded f
-              ON f.unit_id = s.unit_id AND f.process_key IS NOT DISTINCT FROM s.process_key
-            GROUP BY ALL)
-        SELECT {b}n.stack, x.samples, x.sid
-        FROM summed x JOIN (SELECT sid, any_value(stack) AS stack FROM {UNITS}_folded GROUP BY sid) n USING (sid)"""
+        SELECT {b}f.sid, sum(s.n)::BIGINT AS samples
+        FROM {UNITS} s JOIN {UNITS}_folded f ON f.unit_id = s.unit_id AND f.process_key IS NOT DISTINCT FROM s.process_key
+        GROUP BY ALL"""
 
 
 #: What parquet's dictionary page of ``cpu_folded_over_time``'s stacks may hold; beyond it (more distinct stacks
@@ -126,9 +127,9 @@ def _folded_over_time(ctx, con, total: int) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rows = con.execute(f"SELECT bin, sid, samples, round(100.0 * samples / {max(total, 1)}, 3) AS pct "
+    rows = con.execute(f"SELECT bin, sid, samples, {_pct_sql('samples', total)} AS pct "
                        f"FROM ({_folded_sql(binned=True)})").fetchnumpy()
-    names = con.sql(f"SELECT sid, any_value(stack) AS stack FROM {UNITS}_folded GROUP BY sid").to_arrow_table()
+    names = con.sql(_STACK_NAMES).to_arrow_table()
     order = np.lexsort((rows["sid"], rows["bin"]))        # (a stack's sid is its rank by text)
     sid = names.column("sid").to_numpy()
     at = np.zeros(int(sid.max(initial=0)) + 1, np.int32)
@@ -153,13 +154,18 @@ def _over_time(ctx, con, lo: int, width: int) -> None:
         ORDER BY process_key NULLS LAST, bin) TO {sql_path(ctx.out.table_path(OVER_TIME))} (FORMAT parquet, COMPRESSION zstd)""")
 
 
+def _pct_sql(measure: str, total: int) -> str:
+    """SQL: ``measure`` as a percentage of ``total``, to 3 decimals."""
+    return f"round(100.0 * {measure} / {max(total, 1)}, 3)"
+
+
 def _writer(ctx, con, total: int):
     """write(table, sql, order): the query's rows in ``order`` plus ``pct`` of all samples (unless not
     ``with_pct``), as parquet, without its ``hidden`` columns (which ``order`` may use)."""
     def write(table: str, sql: str, order: str, with_pct: bool = True, hidden: tuple[str, ...] = ()) -> None:
         columns = [d[0] for d in con.execute(f"SELECT * FROM ({sql}) LIMIT 0").description]
         measure = "self_samples" if "self_samples" in columns else "samples"
-        pct = f", round(100.0 * {measure} / {max(total, 1)}, 3) AS pct" if with_pct else ""
+        pct = f", {_pct_sql(measure, total)} AS pct" if with_pct else ""
         exclude = f" EXCLUDE ({', '.join(hidden)})" if hidden else ""
         con.execute(f"""COPY (SELECT *{exclude}{pct} FROM ({sql})
                         ORDER BY {order}) TO {sql_path(ctx.out.table_path(table))} (FORMAT parquet, COMPRESSION zstd)""")
