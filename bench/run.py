@@ -20,6 +20,7 @@ prints a combined table. ``python bench/run.py [name ...]`` runs only the named 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -66,7 +67,9 @@ def main(argv: list[str]) -> int:
         section_path.unlink(missing_ok=True)
         print(f"\n>>> {script.relative_to(BENCH.parent)}", flush=True)
         t0 = time.perf_counter()
-        rc = subprocess.run([sys.executable, str(script)], cwd=BENCH.parent).returncode
+        # (every command a bench starts runs in its own process, as measured, unless it asks for a command server)
+        rc = subprocess.run([sys.executable, str(script)], cwd=BENCH.parent,
+                            env={**os.environ, "BOOTPROF_SERVER": "off"}).returncode
         elapsed = round(time.perf_counter() - t0, 1)
         if rc != 0 or not section_path.exists():
             failed.append(name)

@@ -1,3 +1,3 @@
-from pipeline.cli import entry
+from pipeline.front import entry
 
 entry()

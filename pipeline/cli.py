@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 from typing import NoReturn
 
-from pipeline import __version__, sources
+from pipeline import __version__, front, sources
 from pipeline.config import Config, load_config
 from pipeline.errors import BootprofError
 
@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("pipeline.report.cli", "write the HTML report, flamegraphs, tables and exports"),
     "warehouse": ("pipeline.warehouse.cli", "ingest runs into the DuckDB warehouse and query it"),
     "cluster": ("pipeline.resident", "start, list or stop the resident dask cluster (cluster.mode: resident)"),
+    "server": ("pipeline.server", "start, list or stop the warm command server that runs later commands at once"),
 }
 
 log = logging.getLogger("bootprof")
@@ -75,10 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # One BLAS thread: nothing here multiplies matrices, and OpenBLAS's idle threads spin on a core the
-    # stages need (what dask already sets for its workers). Before numpy is first imported.
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(var, "1")
+    for var, value in front.ENV_DEFAULTS.items():       # (before numpy is first imported)
+        os.environ.setdefault(var, value)
     parser = build_parser()
     args = parser.parse_args(argv)
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]

@@ -14,7 +14,7 @@ import os
 import threading
 from typing import Any, Callable, Iterable, Iterator
 
-from pipeline import warmup
+from pipeline import front, warmup
 from pipeline.config import ClusterConfig
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 WORKER_ENV = {"MIMALLOC_PURGE_DELAY": "1000"}
 #: One thread for numpy's BLAS in the processes the workers are forked from, as dask sets for the workers
 #: it spawns (and the CLI for itself): read when numpy is imported, which the fork server does.
-FORK_SERVER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+FORK_SERVER_ENV = front.ENV_DEFAULTS
 
 
 class Pool:

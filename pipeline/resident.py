@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import hashlib
 import json
 import logging
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import __version__
+from pipeline.front import code_fingerprint
 from pipeline.config import ClusterConfig
 from pipeline.errors import BootprofError, ConfigError
 from pipeline.runs import atomic_write_json, pid_alive
@@ -59,18 +59,6 @@ def settings(cfg: ClusterConfig) -> dict[str, Any]:
             "memory_limit": cfg.memory_limit}
 
 
-@functools.cache
-def code_fingerprint() -> str:
-    """This bootprof's code: version, interpreter, and the size and modification time of every source file of
-    the package (a worker that imported other code must not run this command's tasks)."""
-    root = Path(__file__).parent
-    h = hashlib.sha256(f"{__version__}\0{sys.executable}\0{sys.version}\n".encode())
-    for path in sorted(root.rglob("*.py")):
-        st = path.stat()
-        h.update(f"{path.relative_to(root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return h.hexdigest()[:16]
-
-
 def key(cfg: ClusterConfig) -> str:
     return hashlib.sha256(json.dumps([code_fingerprint(), settings(cfg)], sort_keys=True).encode()).hexdigest()[:16]
 
@@ -84,15 +72,15 @@ def ensure(cfg: ClusterConfig, warm_up: list[str]) -> dict[str, Any]:
     now (workers warming up ``warm_up``) when none runs."""
     d = directory(cfg)
     k = key(cfg)
-    state = _alive_state(d, k)
+    state = alive_state(d, k)
     if state is not None:
         return state
     try:
         d.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"cluster.resident_dir {str(d)!r}: cannot create it: {exc}") from None
-    with _locked(d / f"{k}.lock"):
-        state = _alive_state(d, k)       # (another command may have started it while this one waited)
+    with locked(d / f"{k}.lock"):
+        state = alive_state(d, k)       # (another command may have started it while this one waited)
         if state is not None:
             return state
         (d / f"{k}.json").unlink(missing_ok=True)
@@ -126,7 +114,7 @@ def running(cfg: ClusterConfig) -> list[dict[str, Any]]:
     mine = key(cfg)
     out = []
     for path in sorted(d.glob("*.json")) if d.is_dir() else []:
-        state = _alive_state(d, path.stem)
+        state = alive_state(d, path.stem)
         if state is not None:
             out.append({**state, "current": path.stem == mine})
     return out
@@ -156,46 +144,57 @@ def _start(cfg: ClusterConfig, d: Path, k: str, warm_up: list[str]) -> dict[str,
     log_path = d / f"{k}.log"
     payload = {"cluster": cfg.model_dump(), "warm_up": list(warm_up), "code": code_fingerprint(),
                "settings": settings(cfg)}
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in [str(Path(__file__).parents[1]),
-                                                                    os.environ.get("PYTHONPATH", "")] if p)}
     # (a log per server's life: a new start of the key begins a new file; one still ending writes to its own)
     log_path.unlink(missing_ok=True)
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen([sys.executable, "-m", "pipeline.resident", str(d), k, json.dumps(payload)],
-                                cwd=d, env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                cwd=d, env=server_env(), stdin=subprocess.DEVNULL, stdout=log_file,
+                                stderr=subprocess.STDOUT, start_new_session=True)
     log.info("starting a resident dask cluster (%d workers; log %s)", payload["settings"]["n_workers"], log_path)
-    deadline = time.monotonic() + START_TIMEOUT_S
+    return wait_for_state(proc, d / f"{k}.json", log_path, "the resident dask cluster", START_TIMEOUT_S)
+
+
+def server_env() -> dict[str, str]:
+    """The environment of a server process started from this one: this one's, with this bootprof first on its
+    ``PYTHONPATH`` (the server runs in its own directory, where ``python -m`` would not find a checkout)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in [str(Path(__file__).parents[1]),
+                                                                    os.environ.get("PYTHONPATH", "")] if p)}
+
+
+def wait_for_state(proc: subprocess.Popen, state_path: Path, log_path: Path, what: str,
+                   timeout: float) -> dict[str, Any]:
+    """Wait until the server process ``proc`` has written its state file (once it serves), and return the state.
+    A server that ends first, or is not serving within ``timeout`` seconds (it is then stopped), is a
+    :class:`ClusterError` that quotes its log."""
+    deadline = time.monotonic() + timeout
     while True:
-        state = _read(d / f"{k}.json")
+        state = _read(state_path)
         if state is not None and state.get("pid") == proc.pid:
             return state
         if proc.poll() is not None:
-            raise ClusterError(f"the resident dask cluster did not start (exit status {proc.returncode}); "
-                               f"{log_path}: {_tail(log_path)}")
+            raise ClusterError(f"{what} did not start (exit status {proc.returncode}); {log_path}: {_tail(log_path)}")
         if time.monotonic() > deadline:
             stop({"pid": proc.pid})
-            raise ClusterError(f"the resident dask cluster did not start within {START_TIMEOUT_S:.0f} s; "
-                               f"{log_path}: {_tail(log_path)}")
+            raise ClusterError(f"{what} did not start within {timeout:.0f} s; {log_path}: {_tail(log_path)}")
         time.sleep(0.02)
 
 
-def _alive_state(d: Path, k: str) -> dict[str, Any] | None:
-    """The state file of key ``k`` if its server process lives; a file whose server is gone (or whose pid is now
-    another process's) is removed."""
+def alive_state(d: Path, k: str, module: str = "pipeline.resident") -> dict[str, Any] | None:
+    """The state file of key ``k`` in ``d`` if its server process (of ``python -m <module>``) lives; a file whose
+    server is gone (or whose pid is now another process's) is removed."""
     path = d / f"{k}.json"
     state = _read(path)
     if state is None:
         return None
-    if _serves(int(state.get("pid", 0)), k):
+    if _serves(int(state.get("pid", 0)), k, module):
         return state
     path.unlink(missing_ok=True)
     return None
 
 
-def _serves(pid: int, k: str) -> bool:
-    """Whether process ``pid`` is the server of key ``k`` (its command line names the key; where there is no
-    ``/proc``, whether it runs)."""
+def _serves(pid: int, k: str, module: str) -> bool:
+    """Whether process ``pid`` is the server of key ``k`` (its command line names ``module`` and the key; where
+    there is no ``/proc``, whether it runs)."""
     if not pid_alive(pid):
         return False
     try:
@@ -205,7 +204,7 @@ def _serves(pid: int, k: str) -> bool:
         return False
     except OSError:
         return True
-    return b"pipeline.resident" in argv and k.encode() in argv
+    return module.encode() in argv and k.encode() in argv
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -213,11 +212,11 @@ def _read(path: Path) -> dict[str, Any] | None:
         state = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return state if isinstance(state, dict) and "address" in state and "pid" in state else None
+    return state if isinstance(state, dict) and "pid" in state else None
 
 
 @contextlib.contextmanager
-def _locked(path: Path):
+def locked(path: Path):
     with open(path, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:

@@ -1,0 +1,157 @@
+"""The command server (``bootprof server``, :mod:`pipeline.server`, :mod:`pipeline.front`): a real server process
+started by the CLI, real ``bootprof`` commands handed to it, their outputs against the same commands run in their
+own process (``BOOTPROF_SERVER=off``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, assert_same_tables, fixture_path
+
+TRACE = fixture_path("etl/perfview-net452-x64/net.4.5.2.x64.etl")
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "BOOTPROF_SERVER"}
+    return {**env, "BOOTPROF_SERVER_DIR": str(tmp_path / "servers"), **extra}
+
+
+def _bootprof(env: dict[str, str], *args: str, cwd: Path = ROOT, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600, **kw)
+
+
+def _state(tmp_path: Path) -> dict:
+    states = [json.loads(p.read_text()) for p in (tmp_path / "servers").glob("*.json")]
+    assert len(states) == 1, states
+    return states[0]
+
+
+def _gone(pid: int, within: float = 30.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(") ")[1].startswith("Z"):
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
+
+
+@pytest.fixture
+def server(tmp_path):
+    env = _env(tmp_path)
+    proc = _bootprof(env, "server", "start", "--idle", "600")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("started: pid"), proc.stdout
+    state = _state(tmp_path)
+    yield env, state
+    _bootprof(env, "server", "stop", "--all")
+    assert _gone(state["pid"])
+
+
+def _summary(stdout: str) -> dict:
+    """A decode's printed summary without its timings."""
+    etl = json.loads(stdout)["etl"]
+    return {k: v for k, v in etl.items() if not k.endswith("_s") and k not in ("mb_per_s", "join_phases_s")}
+
+
+def test_a_command_on_the_server_does_what_it_does_in_its_own_process(server, tmp_path):
+    """The same tables, the same summary on stdout, the same errors and exit statuses; paths relative to the
+    client's directory, the client's umask."""
+    env, state = server
+    work = tmp_path / "work"
+    work.mkdir()
+    old = os.umask(0o027)
+    try:
+        served = _bootprof(env, "decode", str(TRACE), "--run", "served", cwd=work)
+    finally:
+        os.umask(old)
+    assert served.returncode == 0, served.stderr
+    assert _state(tmp_path)["served"] == 1        # (it went through the server)
+    local = _bootprof({**env, "BOOTPROF_SERVER": "off"}, "decode", str(TRACE), "--run", str(tmp_path / "local"))
+    assert local.returncode == 0, local.stderr
+    assert _state(tmp_path)["served"] == 1        # (and this one did not)
+    assert assert_same_tables(work / "served" / "decoded", tmp_path / "local" / "decoded") > 5
+    assert _summary(served.stdout) == _summary(local.stdout)
+    assert (work / "served").stat().st_mode & 0o007 == 0
+
+    for args in (["decode", str(tmp_path / "missing.etl"), "--run", str(tmp_path / "r")], ["decode"],
+                 ["--version"]):
+        on, off = _bootprof(env, *args), _bootprof({**env, "BOOTPROF_SERVER": "off"}, *args)
+        assert (on.returncode, on.stdout, on.stderr) == (off.returncode, off.stdout, off.stderr), args
+    assert _state(tmp_path)["served"] == 4
+    # (other settings that act at import time: another server's, so this one does not run it)
+    other = _bootprof({**env, "NUMBA_BOUNDSCHECK": "0"}, "--version")
+    assert other.returncode == 0 and _state(tmp_path)["served"] == 4
+    status = _bootprof(env, "server", "status")
+    assert f"pid {state['pid']}" in status.stdout and "4 commands" in status.stdout
+    assert "this code and environment" in status.stdout
+
+
+def test_ctrl_c_reaches_the_command_and_a_vanished_client_ends_it(server, tmp_path):
+    env, state = server
+    out = tmp_path / "synth"
+    args = [sys.executable, "-m", "pipeline", "synth", "--out", str(out / "t.etl"), "--size", "4GB"]
+    client = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while _state(tmp_path)["served"] < 1 or not _children(state["pid"]):
+        assert time.monotonic() < deadline and client.poll() is None
+        time.sleep(0.05)
+    time.sleep(1.0)
+    client.send_signal(signal.SIGINT)
+    _, err = client.communicate(timeout=120)
+    assert client.returncode == 130 and "bootprof: interrupted" in err, err
+    assert not (out / "t.etl").exists()
+
+    client = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    while _state(tmp_path)["served"] < 2 or not _children(state["pid"]):
+        assert time.monotonic() < deadline + 60 and client.poll() is None
+        time.sleep(0.05)
+    handler = _children(state["pid"])[0]
+    command = _children(handler)[0]
+    time.sleep(0.5)
+    client.kill()
+    client.wait()
+    assert _gone(command) and _gone(handler)
+
+
+def test_a_server_gone_leaves_the_commands_to_their_own_process(tmp_path):
+    """A server killed where it stood leaves its socket and state behind: commands run in their own process, and
+    `server status` removes what it left."""
+    env = _env(tmp_path)
+    assert _bootprof(env, "server", "start", "--idle", "600").returncode == 0
+    state = _state(tmp_path)
+    os.kill(state["pid"], signal.SIGKILL)
+    assert _gone(state["pid"])
+    assert Path(state["socket"]).exists()
+    proc = _bootprof(env, "decode", str(TRACE), "--run", str(tmp_path / "run"))
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "run" / "decoded" / "samples.parquet").exists()
+    assert "no command server runs" in _bootprof(env, "server", "status").stdout
+    assert not Path(state["socket"]).exists()
+
+
+def test_an_idle_server_ends_by_itself(tmp_path):
+    env = _env(tmp_path)
+    assert _bootprof(env, "server", "start", "--idle", "1").returncode == 0
+    state = _state(tmp_path)
+    assert _bootprof(env, "--version").returncode == 0
+    assert _gone(state["pid"])
+    assert not list((tmp_path / "servers").glob("*.json")) and not Path(state["socket"]).exists()
+    assert "ended: 1 commands served" in Path(state["log"]).read_text()
