@@ -30,11 +30,12 @@ SERVER_ENV = "BOOTPROF_SERVER"
 #: The environment variable naming the servers' directory.
 SERVER_DIR_ENV = "BOOTPROF_SERVER_DIR"
 DEFAULT_SERVER_DIR = "~/.cache/bootprof/server"
-#: Prefixes of the environment variables that take effect when a module is imported (numba's and dask's
-#: settings, the interpreter's, the allocators', the thread pools', bootprof's own): a server that was started
-#: with other values (or without them) would run the command with the wrong ones, so it is not used.
-IMPORT_TIME_ENV = ("NUMBA_", "DASK_", "PYTHON", "OMP_", "OPENBLAS_", "MKL_", "MALLOC_", "MIMALLOC_", "ARROW_",
-                   "LD_", "BOOTPROF_")
+#: Prefixes of the environment variables that take effect when a process starts or a module is imported (numba's
+#: and dask's settings, the interpreter's, the locale, the allocators', the thread pools', bootprof's own): a server
+#: that was started with other values (or without them) would run the command with the wrong ones, so it is not
+#: used.
+IMPORT_TIME_ENV = ("NUMBA_", "DASK_", "PYTHON", "LANG", "LC_", "OMP_", "OPENBLAS_", "MKL_", "MALLOC_", "MIMALLOC_",
+                   "ARROW_", "LD_", "BOOTPROF_")
 #: What every command sets in its environment, if unset, before numpy is first imported (:func:`pipeline.cli.main`):
 #: one BLAS thread. Nothing here multiplies matrices, and OpenBLAS's idle threads spin on a core the stages need
 #: (what dask already sets for its workers).

@@ -41,6 +41,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -296,6 +297,8 @@ def _run_command(request: dict[str, Any], fds: list[int]) -> None:
         os.umask(int(request["umask"]))
         os.environ.clear()
         os.environ.update(request["env"])
+        tempfile.tempdir = None         # (what the server's environment chose is chosen again from this one)
+        time.tzset()
         sys.argv = [request["argv0"], *request["argv"]]
         from pipeline import cli
 
