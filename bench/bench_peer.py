@@ -19,7 +19,8 @@ cache; the median of ``--runs`` (default 3) is reported, and every ratio is of t
   workers; here it is reported for the cores there are.
 * the same decode with the fewest and the most workers on a **resident cluster** (``cluster.mode: resident``:
   started before the runs, its workers warm), which takes the cluster's start out of each run's serial seconds;
-  ``speedup_most_workers_resident`` is the speed-up between those two.
+  ``speedup_most_workers_resident`` is the speed-up between those two. Then each of those runs again handed to a
+  command server, which also takes the client's start and imports out (``..._resident_server``).
 * the full pipeline on the 1 GB trace (``bootprof run jobs/single-trace.yaml``, its self-profiles too, every
   core): each stage's seconds and the whole against the decode alone on every core. Target: within 2x.
 
@@ -32,6 +33,7 @@ scaling check), its columns stay empty and the bootprof-only ratios are still re
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -88,6 +90,22 @@ def ours(trace: Path, cfg: Path | None, tag: str, env: dict[str, str] | None = N
 PHASES = ("walk_s", "cluster_wait_s", "partitions_s", "join_s", "hash_wait_s", "outside_s")
 
 
+#: The environment of a command handed to the bench's command server.
+SERVED = {"BOOTPROF_SERVER": "on", "BOOTPROF_SERVER_DIR": str(OUT / "servers")}
+
+
+@contextlib.contextmanager
+def command_server():
+    """A warm command server (``bootprof server start``) for the commands run with ``SERVED``, stopped after."""
+    server = [sys.executable, "-m", "pipeline", "server"]
+    subprocess.run([*server, "start", "--idle", "600"], cwd=ROOT, check=True, capture_output=True,
+                   env={**os.environ, **SERVED})
+    try:
+        yield
+    finally:
+        subprocess.run([*server, "stop"], cwd=ROOT, capture_output=True, env={**os.environ, **SERVED})
+
+
 def median(rows: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in rows)
 
@@ -126,18 +144,12 @@ def main() -> int:
     # Small real trace: bootprof in process (its default below cluster.inline_below) against the peer.
     if SMALL.exists():
         small_peer, small_ours, small_served = [], [], []
-        served = {"BOOTPROF_SERVER": "on", "BOOTPROF_SERVER_DIR": str(OUT / "servers")}
-        server = [sys.executable, "-m", "pipeline", "server"]
-        subprocess.run([*server, "start", "--idle", "600"], cwd=ROOT, check=True, capture_output=True,
-                       env={**os.environ, **served})
-        try:
+        with command_server():
             for _ in range(args.runs):
                 if has_peer:
                     small_peer.append(peer(SMALL))
                 small_ours.append(ours(SMALL, None, "small")["seconds"])
-                small_served.append(ours(SMALL, None, "small-server", served)["seconds"])
-        finally:
-            subprocess.run([*server, "stop"], cwd=ROOT, capture_output=True, env={**os.environ, **served})
+                small_served.append(ours(SMALL, None, "small-server", SERVED)["seconds"])
         p = statistics.median(small_peer) if has_peer else None
         for how, times, key in (("own process", small_ours, "small_ratio"),
                                 ("command server", small_served, "small_ratio_server")):
@@ -163,6 +175,7 @@ def main() -> int:
     # The fewest and the most workers again, each on a resident cluster started (and warmed) before its runs and
     # stopped after them: no cluster start in any run, so the speed-up is the decode's own.
     resident: dict[int, list[dict]] = {}
+    served: dict[int, list[dict]] = {}      # (the same, each command handed to a warm command server)
     for n in dict.fromkeys([counts[0], most]):
         cfg = OUT / f"decode-resident-{n}w.yaml"
         cfg.write_text(f"cluster:\n  mode: resident\n  n_workers: {n}\n  memory_limit: 4GiB\n"
@@ -170,7 +183,10 @@ def main() -> int:
         cluster = [sys.executable, "-m", "pipeline", "--config", str(cfg), "cluster"]
         subprocess.run([*cluster, "start"], cwd=ROOT, check=True, capture_output=True)
         try:
-            resident[n] = [ours(trace, cfg, f"{n}w-resident") for _ in range(args.runs)]
+            with command_server():
+                for _ in range(args.runs):
+                    resident.setdefault(n, []).append(ours(trace, cfg, f"{n}w-resident"))
+                    served.setdefault(n, []).append(ours(trace, cfg, f"{n}w-resident-server", SERVED))
         finally:
             subprocess.run([*cluster, "stop"], cwd=ROOT, capture_output=True)
     mb = trace.stat().st_size / 1e6
@@ -190,13 +206,15 @@ def main() -> int:
         # (the parallel seconds are the phase partitions_s)
         result[f"workers_{n}"] = {"wall_s": round(wall, 2), "serial_s": round(serial, 2),
                                   **{k: round(median(runs[n], k), 2) for k in PHASES}}
-    for n, done in resident.items():
-        wall, par = median(done, "seconds"), median(done, "partitions_s")
-        rows.append({"case": f"synth {args.size}: bootprof, {n} worker{'s' * (n > 1)}, resident cluster",
-                     "bootprof_s": wall, "mb_per_s": mb / wall, "serial_s": wall - par, "parallel_s": par,
-                     "speedup": one / wall, **({"ratio": wall / p} if has_peer else {})})
-        result[f"workers_{n}_resident"] = {"wall_s": round(wall, 2), "serial_s": round(wall - par, 2),
-                                           **{k: round(median(done, k), 2) for k in PHASES}}
+    for how, tag, of in ((", resident cluster", "resident", resident),
+                         (", resident cluster, command server", "resident_server", served)):
+        for n, done in of.items():
+            wall, par = median(done, "seconds"), median(done, "partitions_s")
+            rows.append({"case": f"synth {args.size}: bootprof, {n} worker{'s' * (n > 1)}{how}",
+                         "bootprof_s": wall, "mb_per_s": mb / wall, "serial_s": wall - par, "parallel_s": par,
+                         "speedup": one / wall, **({"ratio": wall / p} if has_peer else {})})
+            result[f"workers_{n}_{tag}"] = {"wall_s": round(wall, 2), "serial_s": round(wall - par, 2),
+                                            **{k: round(median(done, k), 2) for k in PHASES}}
     serial1, par1 = result[f"workers_{counts[0]}"]["serial_s"], result[f"workers_{counts[0]}"]["partitions_s"]
     if has_peer:
         result["ratio_one_worker"] = round(one / p, 2)
@@ -207,6 +225,10 @@ def main() -> int:
     r_one, r_most = result[f"workers_{counts[0]}_resident"], result[f"workers_{most}_resident"]
     result["speedup_most_workers_resident"] = round(r_one["wall_s"] / r_most["wall_s"], 2)
     result["speedup_16_bound_resident"] = round(r_one["wall_s"] / (r_most["serial_s"] + r_one["partitions_s"] / 16), 2)
+    r_one, r_most = result[f"workers_{counts[0]}_resident_server"], result[f"workers_{most}_resident_server"]
+    result["speedup_most_workers_resident_server"] = round(r_one["wall_s"] / r_most["wall_s"], 2)
+    result["speedup_16_bound_resident_server"] = round(
+        r_one["wall_s"] / (r_most["serial_s"] + r_one["partitions_s"] / 16), 2)
     result["serial_s_1_worker"] = serial1
 
     if not args.no_pipeline:
