@@ -120,3 +120,30 @@ def test_report_queries_follow_a_time_range(both, tmp_path, dask_pool):
     assert [line.split("~")[1:] for line in body["query-cpu"].splitlines()] == [
         [r["kind"] or "", f"{got[key(r)]:,}", f"{100 * got[key(r)] / whole:.2f}%"] for r in want]
     assert len(want) > 3 and body["query-cpu-whole"] == body["query-cpu-before"] != body["query-cpu"]
+
+
+def test_query_cpu_takes_its_frames_from_the_cpu_section(both, tmp_path, monkeypatch, dask_pool):
+    """query_cpu's samples are units of the cpu section too: it adopts their resolved frames from that section
+    (the stage resolves them once) and writes the tables it writes when it resolves them itself."""
+    import shutil
+
+    from pipeline import aggregate
+    from pipeline.aggregate import resolve
+    from tests.conftest import assert_same_tables
+
+    run, _, _ = both
+    config = etl_config(run.parent / "input" / "trace.etl", run.parent)
+    copies = []
+    for name in ("adopted", "resolved"):
+        copy = tmp_path / name
+        for stage in ("decoded", "symbolized"):
+            shutil.copytree(run / stage, copy / stage)
+        copies.append(copy)
+    adopted, real = [], resolve.adopt_units
+    monkeypatch.setattr(resolve, "adopt_units", lambda *a: adopted.append(real(*a)) or adopted[-1])
+    aggregate.run(copies[0], config, dask_pool)
+    assert adopted == [True]
+    monkeypatch.setattr(aggregate, "OFFERS", {})        # (query_cpu waits for nothing and resolves its units)
+    aggregate.run(copies[1], config, dask_pool)
+    assert adopted == [True, False]
+    assert assert_same_tables(copies[0] / "aggregated", copies[1] / "aggregated") > 20

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.aggregate import resolve
+from pipeline.aggregate import queries, resolve
 from pipeline.runs import sql_path
 
 SAMPLES = "samples"
@@ -49,6 +49,8 @@ def aggregate(ctx) -> dict[str, Any] | None:
     bin_sql, bins = resolve.time_bins(con, "samples", "s.timestamp_ns", CPU_BINS)
     resolve.assign_units(con, ctx, "(SELECT pid, stack_id, ip, timestamp_ns FROM samples)", UNITS, per_row=False,
                          bin_sql=bin_sql)
+    if ctx.wants(resolve.SAMPLE_UNITS) and ctx.has(queries.EVENTS):     # (query_cpu's samples are among these)
+        ctx.offer(resolve.SAMPLE_UNITS, resolve.export_units(con, UNITS))
     weights = f"SELECT unit_id, n AS samples FROM {UNITS}"
     total = con.execute(f"SELECT coalesce(sum(n), 0) FROM {UNITS}").fetchone()[0]
 

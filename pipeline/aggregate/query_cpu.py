@@ -60,8 +60,10 @@ def aggregate(ctx) -> dict[str, Any] | None:
         FROM sp JOIN procs p ON p.pid = sp.etl_pid AND p.start_ns + {base} = sp.etl_start_ns""")
     if not con.execute("SELECT count(*) FROM m").fetchone()[0]:
         return None
+    # (the units of these samples are units of the cpu section too: resolved there once)
     resolve.assign_units(con, ctx, "(SELECT pid, stack_id, ip, timestamp_ns, tid FROM samples "
-                                   "WHERE pid IN (SELECT pid FROM m))", UNITS, per_row=True)
+                                   "WHERE pid IN (SELECT pid FROM m))", UNITS, per_row=True,
+                         resolved=lambda: ctx.take(resolve.SAMPLE_UNITS))
     # (the cpu section's time bins: the same span of the same samples)
     bin_sql, _ = resolve.time_bins(con, "samples", "s.timestamp_ns", cpu.CPU_BINS)
     samples = con.execute(f"""

@@ -27,6 +27,8 @@ so the *leaf function* of a unit is (pos 0, largest inline_depth).
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 from pipeline.runs import parquet_glob, sql_path
 
 SYMBOLIZED = "symbolized"
@@ -164,9 +166,16 @@ def time_bins(con, rows: str, column: str, bins: int) -> tuple[str, dict[str, in
             {"count": bins, "t0_ns": lo, "span_ns": width})
 
 
-def assign_units(con, ctx, source: str, name: str, per_row: bool = True, bin_sql: str | None = None) -> None:
+#: What the cpu section offers (``Context.offer``) as soon as its sample units are resolved, and query_cpu takes
+#: (``Context.take``): its units are units of the same samples (:func:`adopt_units`).
+SAMPLE_UNITS = "resolved sample units"
+
+
+def assign_units(con, ctx, source: str, name: str, per_row: bool = True, bin_sql: str | None = None,
+                 resolved: Callable[[], dict[str, Any] | None] | None = None) -> None:
     """``{name}``: rows of ``source`` (pid, stack_id, ip, timestamp_ns, ...) plus process_key and unit_id;
-    ``{name}_units``: one row per unit (unit_id, pid, stack_id, ip, t).
+    ``{name}_units``: one row per unit (unit_id, pid, stack_id, ip, epoch, t); their frames resolved
+    (:func:`resolve_units`), or taken from ``resolved()`` where that holds every unit (:func:`adopt_units`).
 
     Without ``per_row`` (a section that only counts its rows, as the cpu section counts samples), ``{name}``
     has one row per unit instead (unit_id, pid, stack_id, ip, epoch, process_key, t) with ``n``, its number of rows:
@@ -209,7 +218,44 @@ def assign_units(con, ctx, source: str, name: str, per_row: bool = True, bin_sql
           ON r.pid = u.pid AND r.stack_id IS NOT DISTINCT FROM u.stack_id AND r.ip IS NOT DISTINCT FROM u.ip
          AND r.epoch = u.epoch""")
     con.execute(f"DROP TABLE {name}_raw")
-    resolve_units(con, ctx, name)
+    if resolved is None or not adopt_units(con, name, resolved()):
+        resolve_units(con, ctx, name)
+
+
+def export_units(con, name: str) -> dict[str, Any]:
+    """The resolved units ``name`` of this connection as Arrow tables, for :func:`adopt_units` in another."""
+    return {"units": con.sql(f"SELECT unit_id, pid, stack_id, ip, epoch FROM {name}_units").to_arrow_table(),
+            "funcs": con.sql(f"SELECT * FROM {name}_funcs").to_arrow_table(),
+            "stacks": con.sql(f"SELECT * FROM {name}_stacks").to_arrow_table()}
+
+
+def adopt_units(con, name: str, resolved: dict[str, Any] | None) -> bool:
+    """``{name}_funcs`` and ``{name}_stacks`` of the units in ``{name}_units`` from another section's resolved
+    units (:func:`export_units`) of the same events, without resolving them again: a unit is (pid, stack, ip,
+    epoch), and within an epoch any time of a unit resolves to the same frames, so a unit of some of the events
+    resolves as the unit of all of them with the same key does. Whether every unit was found there (if not,
+    nothing is made: the caller resolves them itself)."""
+    if resolved is None:
+        return False
+    for part in ("units", "funcs", "stacks"):
+        con.register(f"{name}_adopted_{part}", resolved[part])
+    try:
+        con.execute(f"""
+            CREATE TEMP TABLE {name}_adopted AS
+            SELECT u.unit_id, r.unit_id AS rid FROM {name}_units u LEFT JOIN {name}_adopted_units r
+              ON r.pid = u.pid AND r.stack_id IS NOT DISTINCT FROM u.stack_id AND r.ip IS NOT DISTINCT FROM u.ip
+             AND r.epoch = u.epoch""")
+        if con.execute(f"SELECT count(*) FROM {name}_adopted WHERE rid IS NULL").fetchone()[0]:
+            return False
+        con.execute(f"""CREATE TABLE {name}_funcs AS SELECT a.unit_id, f.* EXCLUDE (unit_id)
+                        FROM {name}_adopted a JOIN {name}_adopted_funcs f ON f.unit_id = a.rid""")
+        con.execute(f"""CREATE TABLE {name}_stacks AS SELECT a.unit_id, s.* EXCLUDE (unit_id)
+                        FROM {name}_adopted a JOIN {name}_adopted_stacks s ON s.unit_id = a.rid""")
+        return True
+    finally:
+        con.execute(f"DROP TABLE IF EXISTS {name}_adopted")
+        for part in ("units", "funcs", "stacks"):
+            con.unregister(f"{name}_adopted_{part}")
 
 
 def resolve_units(con, ctx, name: str) -> None:
