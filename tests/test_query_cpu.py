@@ -126,6 +126,8 @@ def test_query_cpu_takes_its_frames_from_the_cpu_section(both, tmp_path, monkeyp
     """query_cpu's samples are units of the cpu section too: it adopts their resolved frames from that section
     (the stage resolves them once) and writes the tables it writes when it resolves them itself."""
     import shutil
+    import threading
+    import time
 
     from pipeline import aggregate
     from pipeline.aggregate import resolve
@@ -141,7 +143,13 @@ def test_query_cpu_takes_its_frames_from_the_cpu_section(both, tmp_path, monkeyp
         copies.append(copy)
     adopted, real = [], resolve.adopt_units
     monkeypatch.setattr(resolve, "adopt_units", lambda *a: adopted.append(real(*a)) or adopted[-1])
-    aggregate.run(copies[0], config, dask_pool)
+    # (the cpu section offers late: query_cpu waits for it)
+    export = resolve.export_units
+    monkeypatch.setattr(resolve, "export_units", lambda *a: time.sleep(2) or export(*a))
+    stage = threading.Thread(target=aggregate.run, args=(copies[0], config, dask_pool), daemon=True)
+    stage.start()
+    stage.join(timeout=600)
+    assert not stage.is_alive(), "query_cpu waits for an offer that never comes"
     assert adopted == [True]
     monkeypatch.setattr(aggregate, "OFFERS", {})        # (query_cpu waits for nothing and resolves its units)
     aggregate.run(copies[1], config, dask_pool)

@@ -59,8 +59,13 @@ class Context:
     def take(self, key: str) -> Any:
         """What the section that offers ``key`` handed over, once it has (None when it does not run or offers
         nothing); for one taker: the offer is dropped, and its memory goes when the taker is done with it."""
-        future = self.offers.pop(key, None)
-        return None if future is None else future.result()
+        future = self.offers.get(key)
+        if future is None:
+            return None
+        try:
+            return future.result()
+        finally:
+            self.offers.pop(key, None)
 
     def has(self, table: str) -> bool:
         return has_table(self.run_dir, SOURCE, table)
