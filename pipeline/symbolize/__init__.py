@@ -110,28 +110,35 @@ STACK_SOURCES = {
 
 def stack_events(run_dir: Path) -> tuple[tuple[np.ndarray, ...], dict[str, int]]:
     """(pid, time, ip, stack_id) of every row of the decoded tables that references a stack (``STACK_SOURCES``;
-    ip 0 = none, stack_id -1 = none), concatenated, and the number of rows taken from each table."""
+    ip 0 = none, stack_id -1 = none), and the number of rows taken from each table.
+
+    One DuckDB query over all of them gives each column once, in its final type (6.5 M rows on the 1 GB synth
+    trace: every copy of a column is ~50 MB of fresh memory)."""
     import duckdb
 
     from pipeline.runs import parquet_glob, table_path
 
-    con = duckdb.connect()
-    parts, taken = [], {}
+    selects, params, names = [], [], []
     for name, sql in STACK_SOURCES.items():
         needs = re.findall(r"\{(\w+)\}", sql)
         if not all(has_table(run_dir, DECODED, t) for t in needs):
             continue
         # (paths are bound as parameters, never pasted into the SQL)
-        views = {t: f"read_parquet(${i + 1})" for i, t in enumerate(needs)}
-        tbl = con.sql(sql.format(**views), params=[parquet_glob(table_path(run_dir, DECODED, t)) for t in needs]).to_arrow_table()
-        where = f"{run_dir}/{DECODED}/{name}.parquet"
-        parts.append((_column(tbl, "pid", where, 0).astype(np.int64), _column(tbl, "timestamp_ns", where, 0).astype(np.int64),
-                      _column(tbl, "ip", where, 0).astype(np.uint64), _column(tbl, "stack_id", where, -1).astype(np.int64)))
-        taken[name] = tbl.num_rows
-    if not parts:
+        views = {t: f"read_parquet(${len(params) + i + 1})" for i, t in enumerate(needs)}
+        params += [parquet_glob(table_path(run_dir, DECODED, t)) for t in needs]
+        selects.append(f"""SELECT {len(names)}::UTINYINT AS source, coalesce(pid, 0)::BIGINT AS pid,
+                                  coalesce(timestamp_ns, 0)::BIGINT AS t, coalesce(ip, 0)::UBIGINT AS ip,
+                                  coalesce(stack_id, -1)::BIGINT AS stack_id
+                           FROM ({sql.format(**views)})""")
+        names.append(name)
+    if not selects:
         z = np.zeros(0, np.int64)
-        return (z, z, z.astype(np.uint64), z), taken
-    return tuple(np.concatenate(cols) for cols in zip(*parts)), taken
+        return (z, z, z.astype(np.uint64), z), {}
+    cols = duckdb.connect().execute(" UNION ALL ".join(selects), params).fetchnumpy()
+    counts = np.bincount(np.asarray(cols["source"]), minlength=len(names))
+    events = tuple(np.ascontiguousarray(cols[c], dtype=t) for c, t in
+                   (("pid", np.int64), ("t", np.int64), ("ip", np.uint64), ("stack_id", np.int64)))
+    return events, {name: int(n) for name, n in zip(names, counts.tolist())}
 
 
 def collect_frames(run_dir: Path) -> dict[str, np.ndarray]:
