@@ -275,7 +275,7 @@ def test_image_kernel_in_plain_python_matches_the_jit():
 
 def test_image_candidates_weighed_at_a_time_agree_with_find():
     """The frames of reused ranges list their candidate images once (``ImageIndex.candidates``) and weigh
-    them per occurrence (``choose``): the same image as ``find`` for every query, kernel images included,
+    them per occurrence (``mark_chosen``): the same image as ``find`` for every query, kernel images included,
     on random overlapping images (several pids, loads and unloads in any order, a kernel group)."""
     from pipeline.symbolize import images as im
 
@@ -291,9 +291,30 @@ def test_image_candidates_weighed_at_a_time_agree_with_find():
     rows, count = index.find(q_pid, q_addr, q_t)
     cands = index.candidates(q_pid, q_addr, int(count.max()))
     assert ((cands >= 0).sum(axis=1) == count).all()
-    slot = index.choose(cands, np.arange(n), q_t)
-    chosen = np.where(slot >= 0, index.rows(cands[np.arange(n), np.maximum(slot, 0)]), -1)
-    assert np.array_equal(chosen, rows)
+    k = np.arange(n)
+
+    def chosen(used):
+        assert (used.sum(axis=1) == (count > 0)).all()          # (one image each, where there is one)
+        slot = np.where(used.any(axis=1), used.argmax(axis=1), -1)
+        return np.where(slot >= 0, index.rows(cands[k, np.maximum(slot, 0)]), -1)
+
+    # each query an event of its own
+    used = np.zeros(cands.shape, bool)
+    index.mark_chosen(cands, k, k, np.ones(n), k, q_t, used)
+    assert np.array_equal(chosen(used), rows)
+    # the queries in groups of two (in reverse), each group one event at the time of its queries
+    q_t2 = q_t.copy()
+    q_t2[1::2] = q_t[0::2]
+    rows, count = index.find(q_pid, q_addr, q_t2)
+    used = np.zeros(cands.shape, bool)
+    index.mark_chosen(cands, k[::-1], np.arange(0, n, 2), np.full(n // 2, 2), np.arange(n // 2)[::-1],
+                      q_t2[0::2], used)
+    assert np.array_equal(chosen(used), rows)
+    # (the kernel as plain Python: the same marks)
+    py_used = np.zeros(cands.shape, bool)
+    im._mark_kernel.py_func(cands, k[::-1].copy(), np.arange(0, n, 2), np.full(n // 2, 2), np.arange(n // 2)[::-1].copy(),
+                            q_t2[0::2].astype(np.int64), index.load, index.unload, py_used)
+    assert np.array_equal(py_used, used)
     assert (count >= 2).sum() > 500 and (rows < 0).sum() > 100 and (count == 1).sum() > 500
 
 

@@ -212,11 +212,9 @@ def map_images(frames: dict, images) -> dict[str, np.ndarray]:
     # Frames two images could hold: every occurrence of them in an event is weighed with the event's own time.
     a_pid, a_addr, a_leaf = out["pid"][ambiguous], out["address"][ambiguous], out["leaf"][ambiguous]
     cands = index.candidates(a_pid, a_addr, int(count[ambiguous].max()))
-    which, times = _occurrences(frames, a_pid, a_addr, a_leaf)
-    slot = index.choose(cands, which, times)
     used = np.zeros(cands.shape, bool)
-    known = slot >= 0
-    used[which[known], slot[known]] = True
+    for occurrences in _occurrences(frames, a_pid, a_addr, a_leaf):
+        index.mark_chosen(cands, *occurrences, used)
     a_row, a_slot = np.nonzero(used)
     keep = ~ambiguous
     out["pid"] = np.concatenate([out["pid"][keep], a_pid[a_row]])
@@ -226,14 +224,17 @@ def map_images(frames: dict, images) -> dict[str, np.ndarray]:
     return out
 
 
-def _occurrences(frames: dict, a_pid: np.ndarray, a_addr: np.ndarray, a_leaf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Every occurrence in an event of the frames (``a_pid``, ``a_addr``, ``a_leaf``): (which frame, the event's
-    time), from the events' stacks and the samples' instruction pointers.
+def _occurrences(frames: dict, a_pid: np.ndarray, a_addr: np.ndarray,
+                 a_leaf: np.ndarray) -> list[tuple[np.ndarray, ...]]:
+    """Every occurrence in an event of the frames (``a_pid``, ``a_addr``, ``a_leaf``), as groups of frames given to
+    events (what :meth:`.images.ImageIndex.mark_chosen` takes): ``(members, first, count, group, times)``, where
+    event ``j`` at ``times[j]`` holds the frames ``members[first[g]:first[g] + count[g]]`` of its group
+    ``g = group[j]``. From the events' stacks (a group: a distinct (pid, stack) pair's ambiguous frames) and the
+    samples' instruction pointers (a group of one frame each).
 
     The frames are found once per distinct (pid, stack) pair that holds one, then given to that pair's
-    samples: on the 1 GB synth trace (69,826 such frames, 6.6 M occurrences) ~0.5 s, where expanding every
-    stack of every sample of those processes and joining the result took ~0.75 s, then a search of the
-    pid's images per occurrence ~0.7-0.9 s (``ImageIndex.choose`` weighs the few candidates instead)."""
+    samples, which are never expanded into their occurrences one by one: on the 1 GB synth trace (89,994 such
+    frames in 8.7 M occurrences) the expansion alone was 5 arrays of 8.7 M rows."""
     import pyarrow as pa
 
     s_pid, s_t, s_ip, s_stack = frames["events"]
@@ -253,19 +254,15 @@ def _occurrences(frames: dict, a_pid: np.ndarray, a_addr: np.ndarray, a_leaf: np
     matched = pa.table({"pid": s_pid[mine], "stack_id": s_stack[mine], "t": s_t[mine]}).join(
         pa.table({"pid": p_pid[flagged], "stack_id": p_stack[flagged], "fp": np.arange(len(flagged), dtype=np.int64)}),
         keys=["pid", "stack_id"], join_type="inner")
-    m_fp, m_t = matched.column("fp").to_numpy(), matched.column("t").to_numpy()
-    counts = n[m_fp]
-    rep = np.repeat(np.arange(len(m_fp)), counts)
-    at = np.repeat(first[m_fp] - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()), dtype=np.int64)
-    which, times = [h_a[at]], [m_t[rep]]
+    groups = [(h_a, first, n, matched.column("fp").to_numpy(), matched.column("t").to_numpy())]
     # instruction pointers (leaf frames) that are ambiguous
     ips = np.flatnonzero(affected & (s_ip != 0))
     if len(ips):
         ip_hits = pa.table({"pid": s_pid[ips], "address": s_ip[ips], "leaf": np.ones(len(ips), bool),
                             "t": s_t[ips]}).join(amb, keys=["pid", "address", "leaf"], join_type="inner")
-        which.append(ip_hits.column("a").to_numpy())
-        times.append(ip_hits.column("t").to_numpy())
-    return np.concatenate(which).astype(np.int64), np.concatenate(times).astype(np.int64)
+        k = np.arange(ip_hits.num_rows, dtype=np.int64)
+        groups.append((ip_hits.column("a").to_numpy(), k, np.ones(len(k), np.int64), k, ip_hits.column("t").to_numpy()))
+    return [tuple(np.ascontiguousarray(a, dtype=np.int64) for a in g) for g in groups]
 
 
 def _sorted(mapped: dict, images) -> dict:

@@ -83,13 +83,15 @@ class ImageIndex:
                            self.group_stop, self.group_max_size, self.base, self.end, self.kernel_group, out)
         return out
 
-    def choose(self, cands: np.ndarray, which: np.ndarray, times: np.ndarray) -> np.ndarray:
-        """For occurrences (row ``which`` of ``cands``, at ``times``): the slot of the image ``find`` picks
-        at that time. One pass over the few candidates of each instead of a search of the pid's images."""
-        slot = np.empty(len(which), np.int64)
-        _choose_kernel(cands, np.ascontiguousarray(which, dtype=np.int64), np.ascontiguousarray(times, dtype=np.int64),
-                       self.load, self.unload, slot)
-        return slot
+    def mark_chosen(self, cands: np.ndarray, members: np.ndarray, first: np.ndarray, count: np.ndarray,
+                    group: np.ndarray, times: np.ndarray, used: np.ndarray) -> None:
+        """Mark in ``used`` (shaped as ``cands``) the slot of the image ``find`` picks for each occurrence: event
+        ``j`` at ``times[j]`` holds the queries (rows of ``cands``) ``members[first[g]:first[g] + count[g]]``,
+        ``g = group[j]``. One pass over the few candidates of each, instead of a search of the pid's images, and
+        no array of the occurrences one by one."""
+        i64 = lambda a: np.ascontiguousarray(a, dtype=np.int64)  # noqa: E731
+        _mark_kernel(cands, i64(members), i64(first), i64(count), i64(group), i64(times), self.load, self.unload,
+                     used)
 
     def rows(self, indices: np.ndarray) -> np.ndarray:
         """Rows (in the caller's original images order) of indices of this index; -1 stays -1."""
@@ -190,24 +192,33 @@ def _candidates_kernel(groups, addresses, group_start, group_stop, group_max, ba
 
 
 @numba.njit(cache=True, nogil=True)
-def _choose_kernel(cands, which, times, load, unload, slot):
-    """For each occurrence j (candidates ``cands[which[j]]`` at time ``times[j]``): the slot of the image
-    ``_search_group`` picks (-1 when there is none)."""
-    for j in range(which.shape[0]):
-        row = which[j]
-        best = -1
-        best_slot = -1
-        best_gap = np.int64(0)
-        for s in range(cands.shape[1]):
-            i = cands[row, s]
-            if i < 0:
-                break
-            gap = _gap(i, times[j], load, unload)
-            if _better(i, gap, best, best_gap, load):
-                best = i
-                best_slot = s
-                best_gap = gap
-        slot[j] = best_slot
+def _best_slot(cands, row, t, load, unload):
+    """The slot of ``cands[row]`` that ``_search_group`` picks at time ``t`` (-1 when the row has none)."""
+    best = -1
+    best_slot = -1
+    best_gap = np.int64(0)
+    for s in range(cands.shape[1]):
+        i = cands[row, s]
+        if i < 0:
+            break
+        gap = _gap(i, t, load, unload)
+        if _better(i, gap, best, best_gap, load):
+            best = i
+            best_slot = s
+            best_gap = gap
+    return best_slot
+
+
+@numba.njit(cache=True, nogil=True)
+def _mark_kernel(cands, members, first, count, group, times, load, unload, used):
+    """For each event j, each query of its group: mark the slot ``_search_group`` picks at the event's time."""
+    for j in range(group.shape[0]):
+        g = group[j]
+        for k in range(first[g], first[g] + count[g]):
+            row = members[k]
+            s = _best_slot(cands, row, times[j], load, unload)
+            if s >= 0:
+                used[row, s] = True
 
 
 @numba.njit(cache=True, nogil=True)
