@@ -72,6 +72,49 @@ def test_build_tree_layout():
     assert tree["d"] == [0, 1, 2, 3, 2, 1]
 
 
+def test_build_tree_by_depths_equals_the_walk_node_by_node():
+    """Integer values are laid out one depth at a time with numpy; float values by the walk node by node. Both give
+    the same tree, on random stacks with repeated and empty frames, frames named like the root, narrow frames
+    (cut) and values of zero and below (left out); and so does the deepest-node search of add_bins."""
+    import random
+
+    import numpy as np
+    import pyarrow as pa
+
+    from pipeline.report import flame
+
+    rnd = random.Random(5)
+    frames = ["a", "b", "all", "", "Z", "é", "a b", "ab"]
+    trees = 0
+    for _ in range(300):
+        rows = [(";".join(rnd.choice(frames) for _ in range(rnd.randint(1, 7))),
+                 rnd.choice([0, 1, 2, 5, 1000, 10 ** 6, -3]), rnd.randint(0, 9), rnd.randint(0, 9))
+                for _ in range(rnd.randint(0, 40))]
+        by_depth = build_tree(rows, ("p", "q"))
+        walked = build_tree([(r[0], *map(float, r[1:])) for r in rows], ("p", "q"))
+        assert by_depth == {k: [int(v) for v in vs] if k not in ("names", "n", "d") else vs
+                            for k, vs in walked.items()}, rows
+        trees += len(by_depth["n"]) > 20
+        # each stack's deepest node on the tree, against following its frames by name
+        n = len(by_depth["n"])
+        parent, last = [0] * n, []
+        for i in range(1, n):
+            del last[by_depth["d"][i] - 1:]
+            parent[i] = last[-1] if last else 0
+            last.append(i)
+        stacks = [r[0] for r in rows] + ["a;nowhere", "zz"]
+        got = flame._deepest_nodes(pa.array(stacks), np.array(parent), np.array(by_depth["n"]), by_depth["names"])
+        for stack, node in zip(stacks, got.tolist()):
+            at = 0
+            for frame in stack.split(";"):
+                below = [i for i in range(1, n) if parent[i] == at and by_depth["names"][by_depth["n"][i]] == frame]
+                if not below:
+                    break
+                at = below[0]
+            assert node == at, (stack, rows)
+    assert trees > 50
+
+
 def test_build_tree_drops_tiny_frames_into_parent_self():
     stacks = [("a;big", 100_000), ("a;tiny", 5)]
     tree = build_tree(stacks)
