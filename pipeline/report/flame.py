@@ -353,15 +353,18 @@ open; Left closes it or goes to its parent; Up and Down move; Enter opens and cl
 
 def speedscope(name: str, stacks: list[tuple[str, int]], unit: str) -> dict:
     """A speedscope 'sampled' profile (https://www.speedscope.app/file-format-schema.json)."""
-    frames: dict[str, int] = {}
-    samples, weights = [], []
-    for stack, value in stacks:
-        samples.append([frames.setdefault(f, len(frames)) for f in stack.split(";")])
-        weights.append(int(value))
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    # (frames numbered as they first occur: pyarrow's dictionary keeps that order)
+    lists = pc.split_pattern(pa.array([s for s, _ in stacks], pa.string()), ";")
+    frames = pc.dictionary_encode(lists.flatten())
+    samples = pa.ListArray.from_arrays(lists.offsets, frames.indices).to_pylist()
+    weights = [int(v) for _, v in stacks]
     return {
         "$schema": "https://www.speedscope.app/file-format-schema.json",
         "exporter": "bootprof", "name": name, "activeProfileIndex": 0,
-        "shared": {"frames": [{"name": f} for f in frames]},
+        "shared": {"frames": [{"name": f} for f in frames.dictionary.to_pylist()]},
         "profiles": [{"type": "sampled", "name": name, "unit": unit, "startValue": 0,
                       "endValue": sum(weights), "samples": samples, "weights": weights}],
     }
