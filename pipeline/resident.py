@@ -307,20 +307,26 @@ def main(args, config) -> int:
         print(f"{addr}  ({settings(cfg)['n_workers']} workers; used by commands with cluster.mode: resident; "
               f"ends after {cfg.resident_idle_s:.0f} s idle)")
         return 0
-    states = running(cfg)
+    return status_or_stop(
+        args, running(cfg), f"no resident cluster runs ({directory(cfg)})", "no resident cluster of this config runs",
+        lambda s: (f"{s['address']}  pid {s['pid']}  {s['settings']['n_workers']} workers  started {s['started']}  "
+                   f"{'this code and config' if s['current'] else 'other code or settings'}  log {s['log']}"),
+        lambda s: f"stopped {s['address']} (pid {s['pid']})")
+
+
+def status_or_stop(args, states: list[dict[str, Any]], none: str, none_current: str, line, stopped) -> int:
+    """``status`` (a ``line`` per running server's state, or ``none``) or ``stop`` (the server of this code and
+    settings, with ``args.all`` every one: ``stopped`` for each, ``none_current`` when there was none) of the
+    servers whose ``states`` are given (each with ``current``)."""
     if args.action == "status":
-        if not states:
-            print(f"no resident cluster runs ({directory(cfg)})")
-        for s in states:
-            print(f"{s['address']}  pid {s['pid']}  {s['settings']['n_workers']} workers  started {s['started']}  "
-                  f"{'this code and config' if s['current'] else 'other code or settings'}  log {s['log']}")
+        print("\n".join(line(s) for s in states) if states else none)
         return 0
     chosen = states if args.all else [s for s in states if s["current"]]
     for s in chosen:
         if stop(s):
-            print(f"stopped {s['address']} (pid {s['pid']})")
+            print(stopped(s))
     if not chosen:
-        print("no resident cluster of this config runs" if not args.all else "no resident cluster runs")
+        print(none if args.all else none_current)
     return 0
 
 

@@ -346,21 +346,11 @@ def main(args, config) -> int:
               f"{f' (warm in {time.perf_counter() - t0:.1f} s)' if started else ''}; bootprof commands of this code "
               f"and environment run in it; ends after {state['idle_s']:.0f} s without one; log {state['log']}")
         return 0
-    states = running()
-    if args.action == "status":
-        if not states:
-            print(f"no command server runs ({directory()})")
-        for s in states:
-            print(f"pid {s['pid']}  started {s['started']}  {s['served']} commands  "
-                  f"{'this code and environment' if s['current'] else 'other code or environment'}  {s['socket']}")
-        return 0
-    chosen = states if args.all else [s for s in states if s["current"]]
-    for s in chosen:
-        if resident.stop(s):
-            print(f"stopped the command server pid {s['pid']}")
-    if not chosen:
-        print("no command server runs" if args.all else "no command server of this code and environment runs")
-    return 0
+    return resident.status_or_stop(
+        args, running(), f"no command server runs ({directory()})", "no command server of this code and environment runs",
+        lambda s: (f"pid {s['pid']}  started {s['started']}  {s['served']} commands  "
+                   f"{'this code and environment' if s['current'] else 'other code or environment'}  {s['socket']}"),
+        lambda s: f"stopped the command server pid {s['pid']}")
 
 
 if __name__ == "__main__":
