@@ -83,6 +83,19 @@ def _explode(pids: np.ndarray, stack_ids: np.ndarray, times: np.ndarray, stack_k
     return pids[owner], address.astype(np.uint64), within == 0, times[owner], known[owner]
 
 
+def _first_ips(pid: np.ndarray, ip: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct (pid, ip) of the events that have an instruction pointer, with their first time: one DuckDB
+    group-by over the events where they lie (6 M samples of the 1 GB synth trace: 39,725 of them), so that the
+    frames' own group-by and its inputs are not of every sample."""
+    import duckdb
+    import pyarrow as pa
+
+    con = duckdb.connect()
+    con.register("events", pa.table({"pid": pid, "ip": ip, "t": t}))
+    got = con.execute("SELECT pid, ip, min(t) AS t FROM events WHERE ip <> 0 GROUP BY pid, ip").fetchnumpy()
+    return (np.asarray(got["pid"], np.int64), np.asarray(got["ip"], np.uint64), np.asarray(got["t"], np.int64))
+
+
 def _unique_frames(pid, address, leaf, t):
     """One row per (pid, address, role): the role is leaf or return address; time = min."""
     import pyarrow as pa
@@ -171,11 +184,11 @@ def collect_frames(run_dir: Path) -> dict[str, np.ndarray]:
     pairs = pairs.group_by(["pid", "stack_id"], use_threads=True).aggregate([("t", "min")])
     p_pid, p_stack = pairs.column("pid").to_numpy(), pairs.column("stack_id").to_numpy()
     f_pid, f_addr, f_leaf, f_t, f_pair = _explode(p_pid, p_stack, pairs.column("t_min").to_numpy(), *stack_index)
-    has_ip = s_ip != 0
-    pid = np.concatenate([f_pid, s_pid[has_ip]])
-    address = np.concatenate([f_addr, s_ip[has_ip]])
-    leaf = np.concatenate([f_leaf, np.ones(int(has_ip.sum()), dtype=bool)])
-    t = np.concatenate([f_t, s_t[has_ip]])
+    i_pid, i_ip, i_t = _first_ips(s_pid, s_ip, s_t)
+    pid = np.concatenate([f_pid, i_pid])
+    address = np.concatenate([f_addr, i_ip])
+    leaf = np.concatenate([f_leaf, np.ones(len(i_ip), dtype=bool)])
+    t = np.concatenate([f_t, i_t])
     u_pid, u_addr, u_leaf, u_t = _unique_frames(pid, address, leaf, t)
     return {
         "pid": u_pid.astype(np.int64), "address": u_addr.astype(np.uint64), "leaf": u_leaf.astype(bool),
