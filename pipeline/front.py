@@ -94,8 +94,20 @@ def socket_path(key: str) -> str:
 
 
 def _may_use_server(argv: list[str]) -> bool:
-    return (bool(argv) and argv[0] not in LOCAL_COMMANDS and os.environ.get(SERVER_ENV, "").lower() != "off"
+    return (bool(argv) and _subcommand(argv) not in LOCAL_COMMANDS and os.environ.get(SERVER_ENV, "").lower() != "off"
             and hasattr(socket, "send_fds") and hasattr(os, "pidfd_open"))
+
+
+def _subcommand(argv: list[str]) -> str | None:
+    """The subcommand of a command line (its first word that is neither a global option nor ``--config``'s
+    value), as :func:`pipeline.cli.build_parser` reads it; None when there is none."""
+    words = iter(argv)
+    for word in words:
+        if word == "--config":
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
 
 
 def run_on_server(argv: list[str]) -> int | None:

@@ -131,6 +131,15 @@ def test_ctrl_c_reaches_the_command_and_a_vanished_client_ends_it(server, tmp_pa
     assert _gone(command) and _gone(handler)
 
 
+def test_which_commands_go_to_a_server():
+    from pipeline import front
+
+    assert front._subcommand(["decode", "x.etl"]) == "decode"
+    assert front._subcommand(["--config", "server", "-v", "server", "stop"]) == "server"   # (never served)
+    assert front._subcommand(["-vv", "--config=c.yaml", "run", "jobs/x.yaml"]) == "run"
+    assert front._subcommand(["--version"]) is None and front._subcommand([]) is None
+
+
 def test_a_server_gone_leaves_the_commands_to_their_own_process(tmp_path):
     """A server killed where it stood leaves its socket and state behind: commands run in their own process, and
     `server status` removes what it left."""
