@@ -43,7 +43,7 @@ from pipeline.runs import atomic_write_json, pid_alive
 
 log = logging.getLogger(__name__)
 
-#: Seconds a command waits for a resident cluster it started to write its address.
+#: Seconds a command waits for a server it started (a resident cluster, a command server) to serve.
 START_TIMEOUT_S = 120.0
 #: Seconds ``stop`` waits for a server to end after SIGTERM before it kills the server's process group.
 STOP_TIMEOUT_S = 30.0
@@ -70,21 +70,40 @@ def directory(cfg: ClusterConfig) -> Path:
 def ensure(cfg: ClusterConfig, warm_up: list[str]) -> dict[str, Any]:
     """The state of the resident cluster for ``cfg`` (its ``address``, and what :func:`security` needs), started
     now (workers warming up ``warm_up``) when none runs."""
-    d = directory(cfg)
-    k = key(cfg)
-    state = alive_state(d, k)
+    payload = {"cluster": cfg.model_dump(), "warm_up": list(warm_up), "code": code_fingerprint(),
+               "settings": settings(cfg)}
+    return start_server(directory(cfg), key(cfg), "pipeline.resident", [json.dumps(payload)],
+                        "the resident dask cluster", "cluster.resident_dir",
+                        f"starting a resident dask cluster ({payload['settings']['n_workers']} workers; log %s)")[0]
+
+
+def start_server(d: Path, k: str, module: str, args: list[str], what: str, setting: str,
+                 announce: str) -> tuple[dict[str, Any], bool]:
+    """The state of the server of key ``k`` in directory ``d`` (``python -m <module> d k *args``: a resident
+    cluster, a command server), started now when none runs (``announce``, with its log's path, is logged), and
+    whether it was; it is serving when this returns. Two commands at once start one server (``<k>.lock``).
+    ``setting`` names where ``d`` comes from, for the error when it cannot be made."""
+    state = alive_state(d, k, module)
     if state is not None:
-        return state
+        return state, False
     try:
         d.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(f"cluster.resident_dir {str(d)!r}: cannot create it: {exc}") from None
+        raise ConfigError(f"{setting} {str(d)!r}: cannot create it: {exc}") from None
     with locked(d / f"{k}.lock"):
-        state = alive_state(d, k)       # (another command may have started it while this one waited)
+        state = alive_state(d, k, module)       # (another command may have started it while this one waited)
         if state is not None:
-            return state
+            return state, False
         (d / f"{k}.json").unlink(missing_ok=True)
-        return _start(cfg, d, k, warm_up)
+        log_path = d / f"{k}.log"
+        # (a log per server's life: a new start of the key begins a new file; one still ending writes to its own)
+        log_path.unlink(missing_ok=True)
+        with open(log_path, "wb") as log_file:
+            proc = subprocess.Popen([sys.executable, "-m", module, str(d), k, *args], cwd=d, env=server_env(),
+                                    stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        log.info(announce, log_path)
+        return wait_for_state(proc, d / f"{k}.json", log_path, what), True
 
 
 def security(state: dict[str, Any]):
@@ -102,7 +121,7 @@ def forget(cfg: ClusterConfig, stale_address: str) -> None:
     """The cluster at ``stale_address`` did not answer: drop its state file (if it is still that one's), so
     the next :func:`ensure` starts another."""
     path = directory(cfg) / f"{key(cfg)}.json"
-    state = _read(path)
+    state = read_state(path)
     if state is not None and state.get("address") == stale_address:
         path.unlink(missing_ok=True)
 
@@ -140,20 +159,6 @@ def stop(state: dict[str, Any]) -> bool:
 # -- the command's side ------------------------------------------------------------------------------
 
 
-def _start(cfg: ClusterConfig, d: Path, k: str, warm_up: list[str]) -> dict[str, Any]:
-    log_path = d / f"{k}.log"
-    payload = {"cluster": cfg.model_dump(), "warm_up": list(warm_up), "code": code_fingerprint(),
-               "settings": settings(cfg)}
-    # (a log per server's life: a new start of the key begins a new file; one still ending writes to its own)
-    log_path.unlink(missing_ok=True)
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen([sys.executable, "-m", "pipeline.resident", str(d), k, json.dumps(payload)],
-                                cwd=d, env=server_env(), stdin=subprocess.DEVNULL, stdout=log_file,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    log.info("starting a resident dask cluster (%d workers; log %s)", payload["settings"]["n_workers"], log_path)
-    return wait_for_state(proc, d / f"{k}.json", log_path, "the resident dask cluster", START_TIMEOUT_S)
-
-
 def server_env() -> dict[str, str]:
     """The environment of a server process started from this one: this one's, with this bootprof first on its
     ``PYTHONPATH`` (the server runs in its own directory, where ``python -m`` would not find a checkout)."""
@@ -161,21 +166,20 @@ def server_env() -> dict[str, str]:
                                                                     os.environ.get("PYTHONPATH", "")] if p)}
 
 
-def wait_for_state(proc: subprocess.Popen, state_path: Path, log_path: Path, what: str,
-                   timeout: float) -> dict[str, Any]:
+def wait_for_state(proc: subprocess.Popen, state_path: Path, log_path: Path, what: str) -> dict[str, Any]:
     """Wait until the server process ``proc`` has written its state file (once it serves), and return the state.
-    A server that ends first, or is not serving within ``timeout`` seconds (it is then stopped), is a
+    A server that ends first, or is not serving within ``START_TIMEOUT_S`` (it is then stopped), is a
     :class:`ClusterError` that quotes its log."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + START_TIMEOUT_S
     while True:
-        state = _read(state_path)
+        state = read_state(state_path)
         if state is not None and state.get("pid") == proc.pid:
             return state
         if proc.poll() is not None:
             raise ClusterError(f"{what} did not start (exit status {proc.returncode}); {log_path}: {_tail(log_path)}")
         if time.monotonic() > deadline:
             stop({"pid": proc.pid})
-            raise ClusterError(f"{what} did not start within {timeout:.0f} s; {log_path}: {_tail(log_path)}")
+            raise ClusterError(f"{what} did not start within {START_TIMEOUT_S:.0f} s; {log_path}: {_tail(log_path)}")
         time.sleep(0.02)
 
 
@@ -183,7 +187,7 @@ def alive_state(d: Path, k: str, module: str = "pipeline.resident") -> dict[str,
     """The state file of key ``k`` in ``d`` if its server process (of ``python -m <module>``) lives; a file whose
     server is gone (or whose pid is now another process's) is removed."""
     path = d / f"{k}.json"
-    state = _read(path)
+    state = read_state(path)
     if state is None:
         return None
     if _serves(int(state.get("pid", 0)), k, module):
@@ -207,7 +211,7 @@ def _serves(pid: int, k: str, module: str) -> bool:
     return module.encode() in argv and k.encode() in argv
 
 
-def _read(path: Path) -> dict[str, Any] | None:
+def read_state(path: Path) -> dict[str, Any] | None:
     try:
         state = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -272,7 +276,7 @@ def serve(d: Path, k: str, payload: dict[str, Any]) -> int:
                 log.info("idle for %.0f s: ending", cfg.resident_idle_s)
                 break
         # (the state file goes first: a command that reads it from now on starts another cluster)
-        if (_read(state_path) or {}).get("pid") == os.getpid():
+        if (read_state(state_path) or {}).get("pid") == os.getpid():
             state_path.unlink(missing_ok=True)
     return 0
 

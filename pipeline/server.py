@@ -39,7 +39,6 @@ import select
 import signal
 import socket
 import struct
-import subprocess
 import sys
 import tempfile
 import threading
@@ -56,8 +55,6 @@ log = logging.getLogger("bootprof.server")
 MODULE = "pipeline.server"
 
 DEFAULT_IDLE_S = 3600.0
-#: Seconds ``start`` waits for a new server to be warm.
-START_TIMEOUT_S = 120.0
 #: Seconds a handler waits for a command whose client went away to end after SIGTERM, before SIGKILL.
 KILL_AFTER_S = 10.0
 #: Modules never imported by the server's warm-up: they act when imported.
@@ -91,28 +88,9 @@ def start(idle_s: float) -> tuple[dict[str, Any], bool]:
     """The state of the server of this code and environment, started now (and warm when this returns) if none
     runs; whether it was started now."""
     from pipeline import resident
-    from pipeline.errors import ConfigError
 
-    d, k = directory(), front.server_key()
-    state = resident.alive_state(d, k, MODULE)
-    if state is not None:
-        return state, False
-    try:
-        d.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"{front.SERVER_DIR_ENV} {str(d)!r}: cannot create it: {exc}") from None
-    with resident.locked(d / f"{k}.lock"):
-        state = resident.alive_state(d, k, MODULE)
-        if state is not None:
-            return state, False
-        (d / f"{k}.json").unlink(missing_ok=True)
-        log_path = d / f"{k}.log"
-        log_path.unlink(missing_ok=True)
-        with open(log_path, "wb") as log_file:
-            proc = subprocess.Popen([sys.executable, "-m", MODULE, str(d), k, str(idle_s)], cwd=d,
-                                    env=resident.server_env(), stdin=subprocess.DEVNULL, stdout=log_file,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-        return resident.wait_for_state(proc, d / f"{k}.json", log_path, "the command server", START_TIMEOUT_S), True
+    return resident.start_server(directory(), front.server_key(), MODULE, [str(idle_s)], "the command server",
+                                 front.SERVER_DIR_ENV, "starting a command server (log %s)")
 
 
 # -- the server ------------------------------------------------------------------------------------------
@@ -120,6 +98,7 @@ def start(idle_s: float) -> tuple[dict[str, Any], bool]:
 
 def serve(d: Path, k: str, idle_s: float) -> int:
     """Warm up, then serve commands on ``<k>.sock`` until idle for ``idle_s`` or ended by a signal."""
+    from pipeline.resident import read_state
     from pipeline.runs import atomic_write_json
 
     handler = logging.StreamHandler(sys.stderr)
@@ -192,7 +171,7 @@ def serve(d: Path, k: str, idle_s: float) -> int:
         # (the state and the socket go first: a command from now on runs in its own process)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
-        if (_read_json(state_path) or {}).get("pid") == os.getpid():
+        if (read_state(state_path) or {}).get("pid") == os.getpid():
             state_path.unlink(missing_ok=True)
             sock_path.unlink(missing_ok=True)
         listener.close()
@@ -210,13 +189,6 @@ def _warm_up() -> tuple[int, int]:
              if m.name not in NOT_WARMED]
     kernels = warmup.warm_up(names)
     return len(names), kernels
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _handle(conn: socket.socket) -> None:
