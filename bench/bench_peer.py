@@ -222,13 +222,10 @@ def main() -> int:
     # (what 16 workers could give at most, were the parallel phase to scale perfectly and the serial part stay)
     result["speedup_16_bound"] = round(one / (result[f"workers_{most}"]["serial_s"] + par1 / 16), 2)
     # (both ends on resident clusters: the fewest workers' run has no cluster start either)
-    r_one, r_most = result[f"workers_{counts[0]}_resident"], result[f"workers_{most}_resident"]
-    result["speedup_most_workers_resident"] = round(r_one["wall_s"] / r_most["wall_s"], 2)
-    result["speedup_16_bound_resident"] = round(r_one["wall_s"] / (r_most["serial_s"] + r_one["partitions_s"] / 16), 2)
-    r_one, r_most = result[f"workers_{counts[0]}_resident_server"], result[f"workers_{most}_resident_server"]
-    result["speedup_most_workers_resident_server"] = round(r_one["wall_s"] / r_most["wall_s"], 2)
-    result["speedup_16_bound_resident_server"] = round(
-        r_one["wall_s"] / (r_most["serial_s"] + r_one["partitions_s"] / 16), 2)
+    for tag in ("resident", "resident_server"):
+        r_one, r_most = result[f"workers_{counts[0]}_{tag}"], result[f"workers_{most}_{tag}"]
+        result[f"speedup_most_workers_{tag}"] = round(r_one["wall_s"] / r_most["wall_s"], 2)
+        result[f"speedup_16_bound_{tag}"] = round(r_one["wall_s"] / (r_most["serial_s"] + r_one["partitions_s"] / 16), 2)
     result["serial_s_1_worker"] = serial1
 
     if not args.no_pipeline:
