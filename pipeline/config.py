@@ -67,7 +67,8 @@ class ClusterConfig(Section):
     inline_below: Annotated[str, BeforeValidator(lambda v: str(v) if type(v) is int else v), _size_at_least(0)] = Field(
         "64MB", description="In mode 'local', inputs (trace or self-profiles) smaller than this run in this process "
         "without starting a cluster: its start (1.2 s of the 2.4 s `bootprof decode` of a 4.4 MB trace) would "
-        "cost more than its workers save. 0: always start the cluster.")
+        "cost more than its workers save. The aggregate and report stages weigh only the self-profiles (what they hand "
+        "to workers). 0: always start the cluster.")
     resident_dir: str = Field("~/.cache/bootprof/clusters", description="Where resident clusters (mode 'resident') "
                               "keep their address, log and lock files.")
     resident_idle_s: float = Field(900.0, gt=0, description="A resident cluster ends after this many seconds with no "

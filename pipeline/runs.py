@@ -316,6 +316,23 @@ def decoded_input_bytes(run_dir: Path) -> int | None:
         return None
 
 
+def self_profile_bytes(run_dir: Path) -> int | None:
+    """Bytes of the self-profiles among those inputs (0 for none; None when there is no finished decode): what
+    the aggregate and report stages hand to workers (their query sections, one task per part). The ETL trace's
+    sections run in DuckDB in the stage's own process, so its bytes do not make those stages start a cluster."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    try:
+        read_manifest(run_dir, "decoded")
+    except ManifestError:
+        return None
+    path = table_path(run_dir, "decoded", "self_profiles")
+    if not path.exists():
+        return 0
+    return int(pc.sum(pq.read_table(path, columns=["size"]).column("size")).as_py() or 0)
+
+
 def has_table(run_dir: Path, stage: str, table: str) -> bool:
     return table_path(run_dir, stage, table).exists()
 

@@ -598,3 +598,23 @@ def test_small_inputs_run_in_process_without_a_cluster(tmp_path):
         assert pool.client is None and pool.map(abs, [-1, -2]) == [1, 2]
     with connect(local.model_copy(update={"inline_below": "0"}), size=size) as pool:
         assert pool.client is not None and pool.map(abs, [-3]) == [3]
+
+
+def test_stages_size_their_workers_by_what_they_hand_them(tmp_path):
+    """The aggregate and report stages hand workers only the self-profiles' sections (the ETL trace's run in
+    DuckDB in the stage's process): their cluster is sized by the self-profiles' bytes, not by the trace's."""
+    from pipeline import decode
+    from pipeline.cluster import Pool
+    from pipeline.config import Config
+    from pipeline.runs import decoded_input_bytes, self_profile_bytes
+    from tests.conftest import fixture_path
+
+    trace = fixture_path("etl/perfview-net45-x86/PerfViewData.etl")
+    profiles = fixture_path("selfprofile/workspace-clean")
+    assert self_profile_bytes(tmp_path / "none") is None
+    decode.run(tmp_path / "both", Config(), Pool(None), inputs=[trace, profiles])
+    profile_bytes = sum(p.stat().st_size for p in profiles.rglob("*.mm_profdata"))
+    assert self_profile_bytes(tmp_path / "both") == profile_bytes
+    assert decoded_input_bytes(tmp_path / "both") == profile_bytes + trace.stat().st_size
+    decode.run(tmp_path / "etl", Config(), Pool(None), inputs=[trace])
+    assert self_profile_bytes(tmp_path / "etl") == 0

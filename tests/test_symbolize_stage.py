@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pipeline.cluster import Pool
 from pipeline.config import Config
 from pipeline.runs import read_manifest, read_table, stage_output
 from pipeline.symbolize import pdbpublics, run
@@ -316,6 +317,29 @@ def test_image_candidates_weighed_at_a_time_agree_with_find():
                             q_t2[0::2].astype(np.int64), index.load, index.unload, py_used)
     assert np.array_equal(py_used, used)
     assert (count >= 2).sum() > 500 and (rows < 0).sum() > 100 and (count == 1).sum() > 500
+
+
+def test_workers_start_only_for_symbol_files_to_find_and_read(scenario, tmp_path):
+    """A lazy pool's cluster starts only when a symbol file must be found and read: not for tables in the
+    cache, nor when there is nowhere to look; the frames are the same either way."""
+    starts = []
+
+    def lazy() -> Pool:
+        starts.append(1)
+        return Pool(None)
+
+    cfg = scenario["cfg"].model_copy(deep=True)
+    cfg.symbolize.symbol_path = ""
+    run(scenario["run_dir"], cfg, Pool(start=lazy))
+    assert starts == []
+    assert read_table(scenario["run_dir"], "symbolized", "frames").to_pylist() == scenario["frames"]
+    cfg.symbolize.cache_dir = tmp_path / "cold"
+    run(scenario["run_dir"], cfg, Pool(start=lazy))
+    assert starts == []         # (no symbol path, no cache: every image is missing, found nowhere)
+    cfg.symbolize.symbol_path = scenario["cfg"].symbolize.symbol_path
+    run(scenario["run_dir"], cfg, Pool(start=lazy))
+    assert starts == [1]
+    assert read_table(scenario["run_dir"], "symbolized", "frames").to_pylist() == scenario["frames"]
 
 
 def test_symbol_path_from_the_environment(scenario, dask_pool, monkeypatch, tmp_path):

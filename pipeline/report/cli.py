@@ -13,9 +13,10 @@ def main(args, config) -> int:
     from pipeline import report
     from pipeline.cluster import connect
 
-    from pipeline.runs import decoded_input_bytes
+    from pipeline.runs import self_profile_bytes
 
-    with connect(config.cluster, lazy=True, size=decoded_input_bytes(args.run_dir)) as pool:   # (ETL: no cluster)
+    # (workers only for the self-profiles' sections; the ETL trace's run here, in DuckDB)
+    with connect(config.cluster, lazy=True, size=self_profile_bytes(args.run_dir)) as pool:
         summary = report.run(args.run_dir, config, pool)
     print(f"report: {args.run_dir / 'report' / 'index.html'}")
     for section, counts in summary.items():

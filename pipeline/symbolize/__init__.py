@@ -369,8 +369,10 @@ def module_name(file_name: str | None) -> str | None:
 
 def run(run_dir: Path, config, pool, inputs: list[Path] | None = None) -> dict[str, Any]:
     """Symbolize ``RUN_DIR/decoded`` into ``RUN_DIR/symbolized``; returns the stage's summary."""
+    from pipeline.cluster import Pool
     from pipeline.symbolize.build import resolve_debug_id
     from pipeline.symbolize.symbolpath import parse_symbol_path
+    from pipeline.symbolize.table import is_cached
 
     run_dir = Path(run_dir)
     cfg = config.symbolize
@@ -400,10 +402,15 @@ def run(run_dir: Path, config, pool, inputs: list[Path] | None = None) -> dict[s
         if ids[row] is not None:
             wanted.setdefault(ids[row]["key"], ids[row])
     descs = [wanted[k] for k in sorted(wanted)]
+    # Workers only for the symbol files to find and read: a table in the cache, or an image with nowhere to
+    # look (no symbol path), takes milliseconds here, and a lazy pool then starts no cluster.
+    todo = [d for d in descs if entries and (d.get("code_file") or not is_cached(cache_dir, d["debug_id"]))]
+    here = [d for d in descs if d not in todo]
     # (on a terminal: how many symbol files are resolved, read or downloaded, out of how many)
     with Status("symbolize", len(descs), unit="symbol files") as shown:
-        results = pool.map(resolve_debug_id, descs, on_result=lambda _: shown.advance(1), entries=entries,
-                           cache_dir=str(cache_dir), fetch=fetch_limits(cfg))
+        results = [r for p, items in ((Pool(None), here), (pool, todo)) if items
+                   for r in p.map(resolve_debug_id, items, on_result=lambda _: shown.advance(1), entries=entries,
+                                  cache_dir=str(cache_dir), fetch=fetch_limits(cfg))]
     status = {r["key"]: r for r in results}
     t_symbols = time.perf_counter()
 

@@ -28,7 +28,8 @@ def main(args, config) -> int:
         config.symbolize.cache_dir = args.cache_dir
     from pipeline.runs import decoded_input_bytes
 
-    with connect(config.cluster, size=decoded_input_bytes(args.run_dir)) as pool:
+    # (lazy: a cluster only when there are symbol files to find and read)
+    with connect(config.cluster, lazy=True, size=decoded_input_bytes(args.run_dir)) as pool:
         summary = symbolize.run(args.run_dir, config, pool)
     print(json.dumps(summary, indent=2, sort_keys=True, default=str))
     return 0

@@ -212,13 +212,15 @@ def table_dir(cache_dir: Path, debug_id: str) -> Path:
     return Path(cache_dir) / "tables" / debug_id
 
 
+def is_cached(cache_dir: Path, debug_id: str) -> bool:
+    """Whether the cache holds a table of ``debug_id`` built by this version (its metadata alone is read)."""
+    try:
+        meta = json.loads((table_dir(cache_dir, debug_id) / "meta.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return meta.get("table_version") == TABLE_VERSION and meta.get("symbolic") == symbolic_version()
+
+
 def load_cached(cache_dir: Path, debug_id: str) -> AddressTable | None:
     """The cached table of ``debug_id`` if one exists and was built by this version, else None."""
-    d = table_dir(cache_dir, debug_id)
-    try:
-        meta = json.loads((d / "meta.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if meta.get("table_version") != TABLE_VERSION or meta.get("symbolic") != symbolic_version():
-        return None
-    return AddressTable.load(d)
+    return AddressTable.load(table_dir(cache_dir, debug_id)) if is_cached(cache_dir, debug_id) else None
