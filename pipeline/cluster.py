@@ -43,14 +43,17 @@ class Pool:
         self._warming = warming
         #: Starts the cluster when it is first needed (``connect(lazy=True)``); returns the started Pool.
         self._start = start
+        self._starting = threading.Lock()       # (two stages of a job may use one pool at once)
 
     @property
     def client(self):
         """The dask client (None: tasks run inline); a lazy pool starts its cluster here, once."""
         if self._start is not None:
-            started = self._start()        # (a start that fails is tried again, never taken for inline)
-            self._start = None
-            self._client, self._warming = started._client, started._warming
+            with self._starting:
+                if self._start is not None:
+                    started = self._start()        # (a start that fails is tried again, never taken for inline)
+                    self._client, self._warming = started._client, started._warming
+                    self._start = None
         return self._client
 
     @property

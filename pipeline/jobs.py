@@ -16,6 +16,7 @@ A stage rerun rewrites its manifest, so every stage after it is stale and runs t
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib
 import time
 from pathlib import Path
@@ -131,10 +132,21 @@ def run_stages(job: Job, config: Config, inputs: list[sources.Input], run_dir: P
     todo = stages[stages.index(first):]
     with connect(config.cluster, warm_up=[m for s in todo for m in getattr(modules[s], "WARM_UP", ())],
                  size=sources.input_bytes(inputs), background=True) as pool:
-        for stage in todo:
+        beside: concurrent.futures.Future | None = None     # (the stage that runs beside the next one)
+        for k, stage in enumerate(todo):
+            if beside is not None:
+                summaries[todo[k - 1]], summaries[stage] = _run_beside(todo[k - 1], beside, stage, modules[stage],
+                                                                       run_dir, config, pool, inputs)
+                beside = None
+                continue
             if not force and stage != first and stale_reason(run_dir, stage, config, inputs) is None:
                 print(f"  {stage:<10} {'skipped':>7}  (up to date)")
                 summaries[stage] = None
+                continue
+            after = todo[k + 1] if k + 1 < len(todo) else None
+            if after is not None and getattr(modules[after], "BESIDE", None) == stage:
+                # (the next stage starts now, beside this one, and waits for it where it needs its output)
+                beside = _start_beside(stage, modules[stage], run_dir, config, pool, inputs)
                 continue
             t0 = time.perf_counter()
             with Status(stage, 0) as status:
@@ -142,6 +154,50 @@ def run_stages(job: Job, config: Config, inputs: list[sources.Input], run_dir: P
                 summary = summaries[stage] = modules[stage].run(run_dir, config, pool, inputs=list(inputs))
             print(f"  {stage:<10} {time.perf_counter() - t0:7.2f} s  {summary or ''}")
     return summaries
+
+
+def _start_beside(stage: str, module, run_dir: Path, config: Config, pool, inputs) -> concurrent.futures.Future:
+    """``stage`` on a thread of its own: a future of (its summary, its seconds)."""
+    import threading
+
+    future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def work() -> None:
+        t0 = time.perf_counter()
+        try:
+            future.set_result((module.run(run_dir, config, pool, inputs=list(inputs)), time.perf_counter() - t0))
+        except BaseException as exc:  # noqa: BLE001 - handed to the stage that waits for it
+            future.set_exception(exc)
+
+    threading.Thread(target=work, name=f"stage-{stage}", daemon=True).start()
+    return future
+
+
+def _run_beside(first: str, running: concurrent.futures.Future, stage: str, module, run_dir: Path, config: Config,
+                pool, inputs) -> tuple[Any, Any]:
+    """``stage`` (whose module names ``first`` as its ``BESIDE``) while ``first`` runs on its thread
+    (``running``): it gets ``after``, which returns once ``first`` has ended (and raises its error). Both lines are
+    printed as each stage ends; an error of ``first`` is raised before one of ``stage``. Returns both summaries."""
+    t0 = time.perf_counter()
+    shown: list[Any] = []
+
+    def after() -> None:
+        summary, seconds = running.result()
+        if not shown:
+            shown.append(summary)
+            print(f"  {first:<10} {seconds:7.2f} s  {summary or ''}")
+
+    try:
+        with Status(f"{first}, {stage}", 0) as status:
+            status.say("running")
+            summary = module.run(run_dir, config, pool, inputs=list(inputs), after=after)
+    except BaseException:
+        concurrent.futures.wait([running])
+        after()                     # (raises first's error, if it failed)
+        raise
+    after()
+    print(f"  {stage:<10} {time.perf_counter() - t0:7.2f} s  (started beside {first}) {summary or ''}")
+    return shown[0], summary
 
 
 def _synth_demo(config: Config, run_dir: Path) -> list[Path]:

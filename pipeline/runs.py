@@ -206,6 +206,11 @@ def manifest_hash(run_dir: Path, stage: str) -> str | None:
     return _hashes[key]
 
 
+def upstream_hashes(run_dir: Path, stages: tuple[str, ...]) -> dict[str, str]:
+    """The hashes of the manifests of ``stages`` that are present now (a manifest's ``upstream``)."""
+    return {s: h for s in stages if (h := manifest_hash(run_dir, s)) is not None}
+
+
 @contextlib.contextmanager
 def stage_output(
     run_dir: Path,
@@ -226,7 +231,7 @@ def stage_output(
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     clean_leftovers(run_dir)
-    made_from = {s: h for s in upstream if (h := manifest_hash(run_dir, s)) is not None}
+    made_from = upstream_hashes(run_dir, upstream)
     # (absolute: the stage's tasks may run in workers of another working directory, a resident cluster's)
     tmp = run_dir.absolute() / f".{stage}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()

@@ -14,6 +14,7 @@ import pytest
 
 from pipeline.config import Config
 from pipeline.runs import read_manifest, read_table
+from tests.conftest import assert_same_tables
 from tests.synth_traces import VARIANTS
 
 # full stacks; stack keys, 32-bit and XPRESS-compressed; stack keys with 64-bit heap snapshots
@@ -405,3 +406,48 @@ def test_stacks_by_time_bin(aggregated_run):
             assert lo <= p["end_ns"]
     assert dict(per) == {k: p["samples"] for k, p in procs.items()}
     assert sections["memory"]["commit_time_bins"]["count"] == 200
+
+
+def test_aggregate_started_beside_symbolize_waits_for_its_frames(tmp_path):
+    """A job starts the aggregate stage while symbolize still runs (``aggregate.run(after=...)``): the sections do
+    what decoded/ alone allows, wait for symbolized/ before they read a frame, and write the same tables as
+    when symbolize ran first; the manifest names the symbolized/ they read. A symbolize that fails fails the
+    stage with its error, and nothing of the stage is written."""
+    import shutil
+    import threading
+
+    from pipeline import symbolize
+    from pipeline.aggregate import run as aggregate_run
+    from pipeline.cluster import Pool
+    from pipeline.runs import manifest_hash
+
+    run, _ = synth_run(tmp_path / "first", "plain64", Pool(None))
+    beside = tmp_path / "beside"
+    beside.mkdir()
+    shutil.copytree(run / "decoded", beside / "decoded")
+    config = etl_config(tmp_path / "first" / "input" / "trace.etl", tmp_path / "first")
+    asked, done, seen = threading.Event(), threading.Event(), []
+
+    def after():
+        seen.append((beside / "symbolized").exists())
+        asked.set()
+        assert done.wait(120)
+
+    stage = threading.Thread(target=lambda: seen.append(aggregate_run(beside, config, Pool(None), after=after)))
+    stage.start()
+    assert asked.wait(120)
+    symbolize.run(beside, config, Pool(None))
+    done.set()
+    stage.join(120)
+    assert seen[0] is False and isinstance(seen[1], dict)       # (it asked before symbolized/ existed)
+    assert_same_tables(run / "aggregated", beside / "aggregated")
+    assert read_manifest(beside, "aggregated")["upstream"]["symbolized"] == manifest_hash(beside, "symbolized")
+
+    shutil.rmtree(beside / "aggregated")
+
+    def failed():
+        raise RuntimeError("symbolize failed here")
+
+    with pytest.raises(RuntimeError, match="symbolize failed here"):
+        aggregate_run(beside, config, Pool(None), after=failed)
+    assert not (beside / "aggregated").exists()

@@ -26,7 +26,12 @@ def _config(tmp_path) -> str:
 def test_demo_job_without_trace_runs_every_stage(tmp_path, capsys):
     run = tmp_path / "demo-run"
     assert cli_main(["--config", _config(tmp_path), "run", str(ROOT / "jobs" / "single-trace.yaml"), "--run", str(run)]) == 0
-    assert f"report: {run / 'report' / 'index.html'}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"report: {run / 'report' / 'index.html'}" in out
+    # (aggregate starts beside symbolize; each stage's line comes as it ends, in the job's order)
+    lines = [line.split()[0] for line in out.splitlines() if line.startswith("  ")]
+    assert lines == ["synth", "decode", "symbolize", "aggregate", "report", "warehouse"]
+    assert "(started beside symbolize)" in next(line for line in out.splitlines() if line.startswith("  aggregate"))
     assert (run / "input" / "demo.etl").exists()
     manifests = {stage: read_manifest(run, stage) for stage in STAGES}
     assert manifests["decoded"]["etl"]["buffers_skipped"] == 0

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from pipeline.aggregate import cpu, memory, processes, queries, query_cpu, resolve
 from pipeline.errors import out_of_memory
-from pipeline.runs import has_table, read_manifest, stage_dir, stage_output, table_path
+from pipeline.runs import has_table, read_manifest, stage_dir, stage_output, table_path, upstream_hashes
 
 STAGE = "aggregated"
 SOURCE = "decoded"
@@ -45,6 +45,9 @@ class Context:
     out: Any                      # StageOutput of aggregated/
     decoded: dict[str, Any]       # manifest of decoded/
     offers: dict[str, Future] = field(default_factory=dict)     # (``OFFERS`` of the sections that run)
+    #: Waits until ``symbolized/`` is final (``run(after=...)``: the stage started while symbolize ran); a
+    #: section calls it (through ``resolve.has_frames``) before it reads frames.
+    frames_final: Callable[[], None] = lambda: None
 
     def offer(self, key: str, value: Any) -> None:
         """Hand ``value`` to the sections that wait for ``key`` (once; a section that offers nothing hands them
@@ -78,20 +81,57 @@ def section_name(section: Callable) -> str:
     return section.__module__.rsplit(".", 1)[-1]
 
 
-def run(run_dir: Path, config, pool, inputs=None) -> dict[str, Any]:
-    """Run every applicable section on ``RUN_DIR/decoded``; returns {section: summary}."""
+#: The stage that a job may run beside this one (``jobs.run_stages``): ``run(after=...)`` waits for it before
+#: any frame is read. What comes from ``decoded/`` alone (the queries and processes sections, the sample and
+#: allocation units and their epochs) is done meanwhile, on the cores that symbolize leaves idle.
+BESIDE = "symbolize"
+
+
+def run(run_dir: Path, config, pool, inputs=None, after: Callable[[], Any] | None = None) -> dict[str, Any]:
+    """Run every applicable section on ``RUN_DIR/decoded``; returns {section: summary}.
+
+    ``after``: the stage starts while ``symbolize`` still writes ``symbolized/``; ``after()`` returns once that
+    is final (and raises if symbolize failed). The sections call it before they read frames, and the stage
+    before it ends, so that its manifest names the ``symbolized/`` it was made from."""
     run_dir = Path(run_dir)
     decoded = read_manifest(run_dir, SOURCE)
     summary: dict[str, Any] = {}
     source = [{"stage": SOURCE, "path": str(stage_dir(run_dir, SOURCE)), "created_utc": decoded.get("created_utc")}]
-    if has_table(run_dir, "symbolized", "frames"):
-        read_manifest(run_dir, "symbolized")        # (refuses frames made from another decode)
+    def symbolized_final() -> None:
+        if after is not None:
+            after()
+        if has_table(run_dir, "symbolized", "frames"):
+            read_manifest(run_dir, "symbolized")        # (refuses frames made from another decode)
+
+    frames_final = _once(symbolized_final)
+    if after is None:
+        frames_final()
     with stage_output(run_dir, STAGE, inputs=source, config=config.resolved(), upstream=(SOURCE, "symbolized")) as out:
-        ctx = Context(run_dir, config, pool, out, decoded)
+        ctx = Context(run_dir, config, pool, out, decoded, frames_final=frames_final)
         results = _run_sections(ctx)
+        frames_final()
         summary = {section_name(s): results[s] for s in SECTIONS if results[s] is not None}
         out.manifest["sections"] = summary
+        out.manifest["upstream"] = upstream_hashes(run_dir, (SOURCE, "symbolized"))
     return summary
+
+
+def _once(fn: Callable[[], None]) -> Callable[[], None]:
+    """``fn`` run by the first caller, on any thread; the others wait for it and get its exception too."""
+    import threading
+
+    lock, done = threading.Lock(), Future()
+
+    def call() -> None:
+        with lock:
+            if not done.done():
+                try:
+                    fn()
+                    done.set_result(None)
+                except BaseException as exc:
+                    done.set_exception(exc)
+        done.result()
+    return call
 
 
 def _run_sections(ctx: Context) -> dict[Callable, dict[str, Any] | None]:

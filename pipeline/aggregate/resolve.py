@@ -94,8 +94,10 @@ def connect(ctx, *tables: str):
 
 
 def has_frames(ctx) -> bool:
+    """Whether the run has a symbolized ``frames`` table (once ``symbolized/`` is final: ``Context.frames_final``)."""
     from pipeline.runs import has_table, stage_dir
 
+    ctx.frames_final()
     return has_table(ctx.run_dir, SYMBOLIZED, FRAMES) and (stage_dir(ctx.run_dir, SYMBOLIZED) / "_manifest.json").exists()
 
 
@@ -261,6 +263,14 @@ def adopt_units(con, name: str, resolved: dict[str, Any] | None) -> bool:
 def resolve_units(con, ctx, name: str) -> None:
     """``{name}_funcs``: (unit_id, pos, inline_depth, module, function, raw_name, crate, label), one row per
     frame and inline level; ``{name}_stacks``: (unit_id, folded root-first 'module!function;...', leaf_*)."""
+    # (the frame positions come from decoded/ alone: made before waiting for symbolize, ``has_frames``)
+    con.execute(f"""
+        CREATE TEMP TABLE {name}_pos AS
+        WITH f AS (
+            SELECT u.unit_id, u.pid, u.t,
+                   coalesce(s.frames, CASE WHEN coalesce(u.ip, 0) = 0 THEN []::UBIGINT[] ELSE [u.ip::UBIGINT] END) AS frames
+            FROM {name}_units u LEFT JOIN stacks s ON s.stack_id = u.stack_id)
+        SELECT unit_id, pid, t, unnest(frames) AS address, unnest(range(len(frames)))::INTEGER AS pos FROM f""")
     if has_frames(ctx):
         from pipeline.runs import table_path
 
@@ -275,13 +285,6 @@ def resolve_units(con, ctx, name: str) -> None:
             NULL::BOOLEAN AS leaf, NULL::VARCHAR AS module, NULL::VARCHAR AS function, NULL::VARCHAR AS raw_name,
             NULL::USMALLINT AS inline_depth, NULL::BIGINT AS image_load_ns, NULL::BIGINT AS image_unload_ns
             WHERE false""")
-    con.execute(f"""
-        CREATE TEMP TABLE {name}_pos AS
-        WITH f AS (
-            SELECT u.unit_id, u.pid, u.t,
-                   coalesce(s.frames, CASE WHEN coalesce(u.ip, 0) = 0 THEN []::UBIGINT[] ELSE [u.ip::UBIGINT] END) AS frames
-            FROM {name}_units u LEFT JOIN stacks s ON s.stack_id = u.stack_id)
-        SELECT unit_id, pid, t, unnest(frames) AS address, unnest(range(len(frames)))::INTEGER AS pos FROM f""")
     con.execute(f"""
         CREATE TEMP TABLE {name}_pick AS
         SELECT p.unit_id, p.pos, p.pid, p.address, p.t, i.pid AS fpid, i.image_load_ns
