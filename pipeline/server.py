@@ -22,8 +22,8 @@ How a command reaches it (the client's side is :mod:`pipeline.front`):
 
 Its files, beside the socket: ``<key>.json`` (pid, key, start, commands served; written once warm, so a command
 that finds it finds a warm server), ``<key>.log`` (its log), ``<key>.lock`` (held while a command starts it). It
-ends after ``--idle`` seconds (default 3600) without a command, on ``bootprof server stop``, or on SIGTERM;
-commands that run then go on to their end.
+ends after ``--idle`` seconds (default 3600) without a command, when its code changes on disk (``CODE_CHECK_S``), on
+``bootprof server stop``, or on SIGTERM; commands that run then go on to their end.
 """
 
 from __future__ import annotations
@@ -57,6 +57,9 @@ MODULE = "pipeline.server"
 DEFAULT_IDLE_S = 3600.0
 #: Seconds a handler waits for a command whose client went away to end after SIGTERM, before SIGKILL.
 KILL_AFTER_S = 10.0
+#: Seconds between two looks, while idle, at whether the server's code is still on disk as it was when it started.
+#: Once a file changed, no client reaches it (their key names the new code): it ends, instead of idling for an hour.
+CODE_CHECK_S = 5.0
 #: Modules never imported by the server's warm-up: they act when imported.
 NOT_WARMED = ("pipeline.__main__", "pipeline.prefork")
 
@@ -139,7 +142,8 @@ def serve(d: Path, k: str, idle_s: float) -> int:
     atomic_write_json(state_path, state)
     log.info("serving on %s", sock_path)
     children: set[int] = set()
-    last = time.monotonic()
+    last = checked = time.monotonic()
+    code = front.code_fingerprint()
     try:
         while not ending:
             ready, _, _ = select.select([listener], [], [], 1.0)
@@ -167,6 +171,11 @@ def serve(d: Path, k: str, idle_s: float) -> int:
             elif time.monotonic() - last > idle_s:
                 log.info("idle for %.0f s: ending", idle_s)
                 break
+            elif time.monotonic() - checked > CODE_CHECK_S:
+                checked = time.monotonic()
+                if front.code_fingerprint() != code:
+                    log.info("its code changed on disk (no command can reach it now): ending")
+                    break
     finally:
         # (the state and the socket go first: a command from now on runs in its own process)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

@@ -164,3 +164,26 @@ def test_an_idle_server_ends_by_itself(tmp_path):
     assert _gone(state["pid"])
     assert not list((tmp_path / "servers").glob("*.json")) and not Path(state["socket"]).exists()
     assert "ended: 1 commands served" in Path(state["log"]).read_text()
+
+
+def test_a_server_whose_code_changed_ends(tmp_path):
+    """A server whose code changed on disk can serve no one (a client's key names the new code): it ends within
+    seconds (``server.CODE_CHECK_S``) instead of idling for an hour. Here on a copy of the package, which the test
+    may change."""
+    import shutil
+
+    from pipeline import server
+
+    copy = tmp_path / "code"
+    shutil.copytree(ROOT / "pipeline", copy / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**_env(tmp_path), "PYTHONPATH": str(copy)}
+    proc = _bootprof(env, "server", "start", "--idle", "600", cwd=copy)
+    assert proc.returncode == 0, proc.stderr
+    state = _state(tmp_path)
+    time.sleep(server.CODE_CHECK_S + 1)
+    assert not _gone(state["pid"], within=0.1)         # (unchanged code: it stays)
+    source = copy / "pipeline" / "errors.py"
+    source.write_text(source.read_text() + "\n# changed\n")
+    assert _gone(state["pid"], within=server.CODE_CHECK_S + 20)
+    assert "its code changed on disk" in Path(state["log"]).read_text()
+    assert not list((tmp_path / "servers").glob("*.json")) and not Path(state["socket"]).exists()
