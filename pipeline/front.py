@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import resource
 import signal
 import socket
 import sys
@@ -44,6 +45,15 @@ ENV_DEFAULTS = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_TH
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 #: Subcommands that always run in the client's process (they manage the servers).
 LOCAL_COMMANDS = ("server",)
+#: The resource limits (``ulimit``) a command takes from its client; a server that cannot grant one (a hard limit
+#: above its own) leaves the command to run in its client's process.
+RLIMITS = ("RLIMIT_AS", "RLIMIT_DATA", "RLIMIT_STACK", "RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_CPU", "RLIMIT_FSIZE",
+           "RLIMIT_CORE", "RLIMIT_MEMLOCK")
+
+
+def rlimits() -> dict[str, list[int]]:
+    """This process's ``RLIMITS`` by name: [soft, hard]."""
+    return {name: list(resource.getrlimit(getattr(resource, name))) for name in RLIMITS if hasattr(resource, name)}
 
 
 def entry() -> None:
@@ -121,7 +131,7 @@ def run_on_server(argv: list[str]) -> int | None:
     os.umask(umask)
     try:
         body = json.dumps({"argv": argv, "argv0": sys.argv[0], "cwd": os.getcwd(), "env": dict(os.environ),
-                           "umask": umask}).encode()
+                           "umask": umask, "rlimits": rlimits()}).encode()
         sock.connect(path)
         socket.send_fds(sock, [len(body).to_bytes(4, "big")], [0, 1, 2])
         sock.sendall(body)
@@ -129,8 +139,8 @@ def run_on_server(argv: list[str]) -> int | None:
         started = replies.readline()
     except OSError:
         return None                 # (a server gone, a stream or the directory gone: the command runs here)
-    if not started:
-        return None                 # (the server did not start the command)
+    if not started or "pid" not in json.loads(started):
+        return None                 # (the server did not start the command, or cannot as this process would run it)
     pid = int(json.loads(started)["pid"])
 
     def forward(signum, _frame):
@@ -139,8 +149,16 @@ def run_on_server(argv: list[str]) -> int | None:
         except ProcessLookupError:
             pass
 
+    def suspend(_signum, _frame):
+        # Ctrl-Z: the command stops with this process, as one job. (SIGSTOP: the command's process group has no
+        # terminal, and the kernel drops a SIGTSTP sent to such a group.) The shell's `fg` or `bg` sends SIGCONT.
+        forward(signal.SIGSTOP, None)
+        os.kill(os.getpid(), signal.SIGSTOP)
+
     for sig in FORWARDED:
         signal.signal(sig, forward)
+    signal.signal(signal.SIGTSTP, suspend)
+    signal.signal(signal.SIGCONT, lambda _s, _f: forward(signal.SIGCONT, None))
     try:
         ended = replies.readline()
     except OSError:

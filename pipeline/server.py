@@ -13,10 +13,12 @@ How a command reaches it (the client's side is :mod:`pipeline.front`):
   credentials are checked). The key is that of :func:`pipeline.front.server_key`: the code and the environment
   that acts at import time, so a command of other code or settings never reaches it.
 * For each connection it forks a *handler*, which receives the command (arguments, working directory,
-  environment, umask) and the client's standard input, output and error, and forks the *command* process: it
-  takes the client's descriptors, directory, environment and umask, and runs :func:`pipeline.cli.main` as a
+  environment, umask, resource limits) and the client's standard input, output and error, and forks the *command*
+  process: it takes the client's descriptors, directory, environment, umask and limits, and runs :func:`pipeline.cli.main` as a
   fresh process would; the handler reports its pid to the client (which passes signals on to it) and then its
-  exit status. A client that goes away ends its command (SIGTERM).
+  exit status. A client that goes away ends its command (SIGTERM); one stopped by Ctrl-Z stops its command too.
+  A client whose hard limit (``front.RLIMITS``) the server cannot grant is answered ``refused`` and runs the
+  command itself.
 * The server itself runs no thread (checked before it serves: a fork of a process with threads may inherit a
   lock a thread held) and does no work of a command.
 
@@ -212,6 +214,12 @@ def _handle(conn: socket.socket) -> None:
             log.warning("refused a command of uid %d", uid)
             os._exit(1)
         request, fds = _receive(conn)
+        refused = _rlimits_refused(request.get("rlimits") or {})
+        if refused:
+            conn.sendall(json.dumps({"refused": refused}).encode() + b"\n")
+            log.info("left a command to its client: %s", refused)
+            code = 0
+            return
         pid = os.fork()
         if pid == 0:
             conn.close()
@@ -242,6 +250,19 @@ def _handle(conn: socket.socket) -> None:
         log.exception("a command's handler failed")
     finally:
         os._exit(code)
+
+
+def _rlimits_refused(limits: dict[str, list[int]]) -> str | None:
+    """Why the command could not have its client's resource limits here (a hard limit above the server's), or None."""
+    import resource
+
+    for name, (_, hard) in limits.items():
+        if name not in front.RLIMITS:
+            return f"unknown resource limit {name!r}"
+        own = resource.getrlimit(getattr(resource, name))[1]
+        if own != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or hard > own):
+            return f"{name} hard limit {hard} is above the server's {own}"
+    return None
 
 
 def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
@@ -276,6 +297,10 @@ def _run_command(request: dict[str, Any], fds: list[int]) -> None:
         logging.getLogger("bootprof.server").handlers.clear()
         os.chdir(request["cwd"])
         os.umask(int(request["umask"]))
+        import resource
+
+        for name, (soft, hard) in (request.get("rlimits") or {}).items():    # (``_rlimits_refused`` checked them)
+            resource.setrlimit(getattr(resource, name), (soft, hard))
         os.environ.clear()
         os.environ.update(request["env"])
         tempfile.tempdir = None         # (what the server's environment chose is chosen again from this one)

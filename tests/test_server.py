@@ -187,3 +187,75 @@ def test_a_server_whose_code_changed_ends(tmp_path):
     assert _gone(state["pid"], within=server.CODE_CHECK_S + 20)
     assert "its code changed on disk" in Path(state["log"]).read_text()
     assert not list((tmp_path / "servers").glob("*.json")) and not Path(state["socket"]).exists()
+
+
+def test_ctrl_z_stops_the_command_with_its_client(server, tmp_path):
+    """Ctrl-Z (SIGTSTP to the client) stops the command too, and SIGCONT (the shell's fg/bg) resumes both."""
+    env, state = server
+    out = tmp_path / "synth"
+    args = [sys.executable, "-m", "pipeline", "synth", "--out", str(out / "t.etl"), "--size", "4GB"]
+    client = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while _state(tmp_path)["served"] < 1 or not _children(state["pid"]) or not _children(_children(state["pid"])[0]):
+        assert time.monotonic() < deadline and client.poll() is None
+        time.sleep(0.05)
+    command = _children(_children(state["pid"])[0])[0]
+
+    def run_state(pid: int) -> str:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+
+    def becomes(pid: int, states: str) -> bool:
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            if run_state(pid) in states:
+                return True
+            time.sleep(0.02)
+        return False
+
+    client.send_signal(signal.SIGTSTP)
+    assert becomes(client.pid, "T") and becomes(command, "T")
+    client.send_signal(signal.SIGCONT)
+    assert becomes(client.pid, "RSD") and becomes(command, "RSD")
+    client.send_signal(signal.SIGINT)
+    _, err = client.communicate(timeout=120)
+    assert client.returncode == 130, err
+
+
+def test_the_command_has_its_clients_resource_limits(tmp_path):
+    """A command runs with its client's ``ulimit``s; one whose hard limit the server cannot grant (above its own)
+    runs in its client's process instead."""
+    import resource
+
+    env = _env(tmp_path)
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowered = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, 512))  # noqa: E731
+    server = subprocess.run([sys.executable, "-m", "pipeline", "server", "start", "--idle", "600"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=600, preexec_fn=lowered)
+    assert server.returncode == 0, server.stderr
+    state = _state(tmp_path)
+    try:
+        out = tmp_path / "synth"
+        args = [sys.executable, "-m", "pipeline", "synth", "--out", str(out / "t.etl"), "--size", "4GB"]
+        low = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (200, 300))  # noqa: E731
+        client = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  preexec_fn=low)
+        deadline = time.monotonic() + 60
+        while not _children(state["pid"]) or not _children(_children(state["pid"])[0]):
+            assert time.monotonic() < deadline and client.poll() is None
+            time.sleep(0.05)
+        command = _children(_children(state["pid"])[0])[0]
+        with open(f"/proc/{command}/limits") as f:
+            files = next(line for line in f if line.startswith("Max open files")).split()
+        client.send_signal(signal.SIGINT)
+        client.communicate(timeout=120)
+        assert files[3:5] == ["200", "300"], files
+        served = _state(tmp_path)["served"]
+        if hard > 512 or hard == resource.RLIM_INFINITY:     # (a client above the server's hard limit: not served)
+            proc = _bootprof(env, "--version")
+            assert proc.returncode == 0 and proc.stdout.startswith("bootprof")
+            assert _state(tmp_path)["served"] == served + 1     # (it asked; the server left it to the client)
+            assert "left a command to its client: RLIMIT_NOFILE" in Path(state["log"]).read_text()
+    finally:
+        _bootprof(env, "server", "stop", "--all")
+    assert _gone(state["pid"])
