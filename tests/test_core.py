@@ -384,8 +384,8 @@ def test_a_job_on_a_terminal_shows_the_stage_that_runs(tmp_path):
                                  str(tmp_path / "run")])
     shown = [line.strip() for line in lines if line.strip()]
     stages = ["decode", "symbolize", "aggregate", "report", "warehouse"]
-    # (aggregate starts beside symbolize: one line names both)
-    running = ["decode", "symbolize, aggregate", "report", "warehouse"]
+    # (aggregate starts beside symbolize, warehouse beside report: one line names both)
+    running = ["decode", "symbolize, aggregate", "report, warehouse"]
     assert [line for line in shown if line.endswith(": running")] == [f"{stage}: running" for stage in running]
     assert any(line.startswith("synth: writing the demo trace") for line in shown)
     assert any(re.fullmatch(r"decode: \d+\.\d\d of \d+\.\d\d GB \(100 %\), \d+ MB/s", line) for line in shown)

@@ -32,6 +32,7 @@ def test_demo_job_without_trace_runs_every_stage(tmp_path, capsys):
     lines = [line.split()[0] for line in out.splitlines() if line.startswith("  ")]
     assert lines == ["synth", "decode", "symbolize", "aggregate", "report", "warehouse"]
     assert "(started beside symbolize)" in next(line for line in out.splitlines() if line.startswith("  aggregate"))
+    assert "(started beside report)" in next(line for line in out.splitlines() if line.startswith("  warehouse"))
     assert (run / "input" / "demo.etl").exists()
     manifests = {stage: read_manifest(run, stage) for stage in STAGES}
     assert manifests["decoded"]["etl"]["buffers_skipped"] == 0

@@ -388,3 +388,39 @@ def test_a_warehouse_of_an_older_bootprof_takes_new_runs(etl_run, tmp_path):
     c = warehouse.compare(db, "nightly-20260101-010000")
     assert c["baseline_run_id"] == "nightly-20251231-010000" and c["workload"].startswith("build of")
     assert {r["key"] for r in c["changes"] if r["kind"] == "cpu_crate" and r["baseline_value"] > 0}
+
+
+def test_ingest_beside_the_report_takes_its_manifest_once_it_ends(etl_run, tmp_path):
+    """A job ingests beside the report stage (``warehouse.run(after=...)``): the aggregated tables go in while the
+    report runs; the report's manifest is read once it has ended. A report that fails leaves nothing written."""
+    import threading
+
+    from pipeline import report
+
+    run = copy_run(etl_run, tmp_path / "nightly-20260101-010000")
+    db = tmp_path / "wh.duckdb"
+    asked, done, seen = threading.Event(), threading.Event(), []
+
+    def after():
+        seen.append((run / "report").exists())
+        asked.set()
+        assert done.wait(120)
+
+    ingesting = threading.Thread(target=lambda: seen.append(warehouse.ingest(db, run, after=after)))
+    ingesting.start()
+    assert asked.wait(120)
+    report.run(run, Config(), None)
+    done.set()
+    ingesting.join(120)
+    assert seen[0] is False and seen[1]["run_id"] == run.name
+    assert q(db, "SELECT stages FROM runs")[0][0] == ["decoded", "symbolized", "aggregated", "report"]
+    assert {r[0] for r in q(db, "SELECT stage FROM stage_manifests")} == {"decoded", "symbolized", "aggregated", "report"}
+
+    def failed():
+        raise RuntimeError("the report failed here")
+
+    other = copy_run(etl_run, tmp_path / "nightly-20260102-010000")
+    with pytest.raises(RuntimeError, match="the report failed here"):
+        warehouse.ingest(db, other, after=failed)
+    assert q(db, "SELECT count(*) FROM runs WHERE run_id = ?", [other.name])[0][0] == 0
+    assert q(db, "SELECT count(*) FROM cpu_by_function WHERE run_id = ?", [other.name])[0][0] == 0

@@ -17,7 +17,7 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pipeline.errors import InputError, ManifestError
 from pipeline.runs import MANIFEST, parquet_glob, read_manifest, sql_path, stage_dir
@@ -298,8 +298,12 @@ def holds(db: Path, run_dir: Path, labels: dict[str, str], lock_timeout_s: float
 
 
 def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: str | None = None,
-           lock_timeout_s: float = 300.0) -> dict[str, Any]:
-    """Put one run into the warehouse (replacing an earlier ingestion of the same run_id)."""
+           lock_timeout_s: float = 300.0, after: Callable[[], Any] | None = None) -> dict[str, Any]:
+    """Put one run into the warehouse (replacing an earlier ingestion of the same run_id).
+
+    ``after``: the report stage still runs (a job started this beside it, ``BESIDE``); the aggregated tables go
+    in meanwhile, and ``after()`` returns once it has ended (or raises its error: nothing is then written), before
+    the stages' manifests are read for the ``runs`` and ``stage_manifests`` rows."""
     run_dir = Path(run_dir).resolve()
     manifests = _manifests(run_dir)
     if AGGREGATED not in manifests:
@@ -343,6 +347,9 @@ def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: s
             # epoch microseconds: a TIMESTAMPTZ would need pytz on the way through Python
             trace_start = con.execute("SELECT epoch_us(min(start_utc)) FROM read_parquet($1)", [trace]).fetchone()[0]
         recorded = recorded_us(con, run_dir, trace_start)
+        if after is not None:
+            after()
+            manifests = _manifests(run_dir)
         sections = manifests[AGGREGATED].get("sections", {})
         query_total = con.execute("SELECT sum(total_ns) FROM query_totals WHERE run_id = ? AND scope = 'build'",
                                   [run_id]).fetchone()[0]
@@ -478,7 +485,11 @@ def _run_id(con, ref: str) -> str:
     return name
 
 
-def run(run_dir: Path, config, pool, inputs=None) -> dict[str, Any]:
+#: The stage that a job may run beside this one (``jobs.run_stages``): the report, whose manifest alone this reads.
+BESIDE = "report"
+
+
+def run(run_dir: Path, config, pool, inputs=None, after: Callable[[], Any] | None = None) -> dict[str, Any]:
     """Job stage: ingest ``run_dir`` into ``config.warehouse.path`` with ``config.warehouse.labels``."""
     return ingest(config.warehouse.path, run_dir, labels=dict(config.warehouse.labels),
-                  lock_timeout_s=config.warehouse.lock_timeout_s)
+                  lock_timeout_s=config.warehouse.lock_timeout_s, after=after)
