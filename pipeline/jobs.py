@@ -191,6 +191,8 @@ def _run_beside(first: str, running: concurrent.futures.Future, stage: str, modu
         with Status(f"{first}, {stage}", 0) as status:
             status.say("running")
             summary = module.run(run_dir, config, pool, inputs=list(inputs), after=after)
+    except KeyboardInterrupt:
+        raise                       # (the stage beside goes with the process; its output is never swapped in)
     except BaseException:
         concurrent.futures.wait([running])
         after()                     # (raises first's error, if it failed)

@@ -451,3 +451,43 @@ def test_aggregate_started_beside_symbolize_waits_for_its_frames(tmp_path):
     with pytest.raises(RuntimeError, match="symbolize failed here"):
         aggregate_run(beside, config, Pool(None), after=failed)
     assert not (beside / "aggregated").exists()
+
+
+@pytest.mark.timeout(300)
+def test_an_interrupted_aggregate_does_not_wait_for_symbolize(tmp_path):
+    """Ctrl-C while the sections wait for a symbolize that runs beside them: the stage ends at once (the sections
+    that wait are let go), and nothing of it is written."""
+    import os
+    import signal
+    import sys
+    import threading
+    import time
+
+    from pipeline.aggregate import run as aggregate_run
+    from pipeline.cluster import Pool
+
+    from pipeline.aggregate import FramesFinal
+
+    run, _ = synth_run(tmp_path, "plain64", Pool(None), stages=("decode",))
+    never, asked = threading.Event(), threading.Event()
+
+    def waiting() -> bool:
+        """Whether a section waits for the frames (a thread in ``FramesFinal.__call__``)."""
+        for frame in sys._current_frames().values():
+            while frame is not None:
+                if frame.f_code is FramesFinal.__call__.__code__:
+                    return True
+                frame = frame.f_back
+        return False
+
+    def interrupt() -> None:
+        end = time.monotonic() + 120
+        while not waiting() and time.monotonic() < end:
+            time.sleep(0.01)
+        asked.set()
+        os.kill(os.getpid(), signal.SIGINT)     # (a real signal: it wakes a main thread that waits)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        aggregate_run(run, Config(), Pool(None), after=never.wait)      # (a symbolize that does not end)
+    assert asked.is_set() and not (run / "aggregated").exists()

@@ -97,15 +97,7 @@ def run(run_dir: Path, config, pool, inputs=None, after: Callable[[], Any] | Non
     decoded = read_manifest(run_dir, SOURCE)
     summary: dict[str, Any] = {}
     source = [{"stage": SOURCE, "path": str(stage_dir(run_dir, SOURCE)), "created_utc": decoded.get("created_utc")}]
-    def symbolized_final() -> None:
-        if after is not None:
-            after()
-        if has_table(run_dir, "symbolized", "frames"):
-            read_manifest(run_dir, "symbolized")        # (refuses frames made from another decode)
-
-    frames_final = _once(symbolized_final)
-    if after is None:
-        frames_final()
+    frames_final = FramesFinal(run_dir, after)
     with stage_output(run_dir, STAGE, inputs=source, config=config.resolved(), upstream=(SOURCE, "symbolized")) as out:
         ctx = Context(run_dir, config, pool, out, decoded, frames_final=frames_final)
         results = _run_sections(ctx)
@@ -116,22 +108,47 @@ def run(run_dir: Path, config, pool, inputs=None, after: Callable[[], Any] | Non
     return summary
 
 
-def _once(fn: Callable[[], None]) -> Callable[[], None]:
-    """``fn`` run by the first caller, on any thread; the others wait for it and get its exception too."""
-    import threading
+class FramesFinal:
+    """``Context.frames_final``: returns once ``symbolized/`` is final (at once without ``after``), and raises what
+    symbolize raised, or a ``symbolized/`` made from another decode. With ``after``, a daemon thread waits for it,
+    so that the sections that wait can be let go (``cancel``) when the stage is interrupted."""
 
-    lock, done = threading.Lock(), Future()
+    class Cancelled(Exception):
+        pass
 
-    def call() -> None:
-        with lock:
-            if not done.done():
-                try:
-                    fn()
-                    done.set_result(None)
-                except BaseException as exc:
-                    done.set_exception(exc)
-        done.result()
-    return call
+    def __init__(self, run_dir: Path, after: Callable[[], Any] | None):
+        import threading
+
+        self.final: Future = Future()
+        self.cancelled = threading.Event()
+
+        def wait() -> None:
+            try:
+                if after is not None:
+                    after()
+                if has_table(run_dir, "symbolized", "frames"):
+                    read_manifest(run_dir, "symbolized")        # (refuses frames made from another decode)
+                self.final.set_result(None)
+            except BaseException as exc:  # noqa: BLE001 - handed to the sections that wait
+                self.final.set_exception(exc)
+
+        if after is None:
+            wait()
+            self.final.result()
+        else:
+            threading.Thread(target=wait, name="aggregate-frames", daemon=True).start()
+
+    def __call__(self) -> None:
+        import concurrent.futures
+
+        while not self.final.done():
+            if self.cancelled.is_set():
+                raise FramesFinal.Cancelled("the aggregate stage was interrupted")
+            concurrent.futures.wait([self.final], timeout=0.1)
+        self.final.result()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
 
 
 def _run_sections(ctx: Context) -> dict[Callable, dict[str, Any] | None]:
@@ -144,18 +161,23 @@ def _run_sections(ctx: Context) -> dict[Callable, dict[str, Any] | None]:
     beside = [s for s in SECTIONS if s not in ON_CALLER]
     ctx.offers = {key: Future() for key, section in OFFERS.items() if section in beside}
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(len(beside), 1), thread_name_prefix="aggregate") as threads:
-        futures = {section: threads.submit(_run_section, section, ctx) for section in beside}
-        for section in ON_CALLER:
-            try:
-                results[section] = _run_section(section, ctx)
-            except Exception as exc:        # (reported below, once the sections beside have ended)
-                errors[section] = exc
-                break
-        for section, future in futures.items():
-            if future.exception() is not None:
-                errors[section] = future.exception()
-            else:
-                results[section] = future.result()
+        try:
+            futures = {section: threads.submit(_run_section, section, ctx) for section in beside}
+            for section in ON_CALLER:
+                try:
+                    results[section] = _run_section(section, ctx)
+                except Exception as exc:        # (reported below, once the sections beside have ended)
+                    errors[section] = exc
+                    break
+            for section, future in futures.items():
+                if future.exception() is not None:
+                    errors[section] = future.exception()
+                else:
+                    results[section] = future.result()
+        except BaseException:       # (Ctrl-C: the sections waiting for symbolize are let go, the threads end)
+            if isinstance(ctx.frames_final, FramesFinal):
+                ctx.frames_final.cancel()
+            raise
     for section in SECTIONS:
         if section in errors:
             raise errors[section]
