@@ -78,11 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     for var, value in front.ENV_DEFAULTS.items():       # (before numpy is first imported)
         os.environ.setdefault(var, value)
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
+        args = build_parser().parse_args(argv)
+        level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
+        logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
         if args.command == "run":
             from pipeline.jobs import run_job
 

@@ -200,6 +200,9 @@ def test_ctrl_z_stops_the_command_with_its_client(server, tmp_path):
         assert time.monotonic() < deadline and client.poll() is None
         time.sleep(0.05)
     command = _children(_children(state["pid"])[0])[0]
+    while not (out.exists() and any(out.iterdir())):      # (the command runs the synth now, past its start)
+        assert time.monotonic() < deadline and client.poll() is None
+        time.sleep(0.05)
 
     def run_state(pid: int) -> str:
         with open(f"/proc/{pid}/stat") as f:
@@ -245,8 +248,12 @@ def test_the_command_has_its_clients_resource_limits(tmp_path):
             assert time.monotonic() < deadline and client.poll() is None
             time.sleep(0.05)
         command = _children(_children(state["pid"])[0])[0]
-        with open(f"/proc/{command}/limits") as f:
-            files = next(line for line in f if line.startswith("Max open files")).split()
+        while True:         # (the command sets them as it starts)
+            with open(f"/proc/{command}/limits") as f:
+                files = next(line for line in f if line.startswith("Max open files")).split()
+            if files[3:5] == ["200", "300"] or time.monotonic() > deadline or client.poll() is not None:
+                break
+            time.sleep(0.05)
         client.send_signal(signal.SIGINT)
         client.communicate(timeout=120)
         assert files[3:5] == ["200", "300"], files

@@ -247,9 +247,9 @@ def job_of(run_dir: Path) -> str:
     return m.group(1) if m else run_dir.name
 
 
-def _manifests(run_dir: Path) -> dict[str, dict]:
+def _manifests(run_dir: Path, stages: tuple[str, ...] = STAGES) -> dict[str, dict]:
     out = {}
-    for stage in STAGES:
+    for stage in stages:
         if (stage_dir(run_dir, stage) / MANIFEST).exists():
             out[stage] = read_manifest(run_dir, stage)
     return out
@@ -305,7 +305,9 @@ def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: s
     in meanwhile, and ``after()`` returns once it has ended (or raises its error: nothing is then written), before
     the stages' manifests are read for the ``runs`` and ``stage_manifests`` rows."""
     run_dir = Path(run_dir).resolve()
-    manifests = _manifests(run_dir)
+    # (the report's manifest, when the report still runs, is read once it has ended: the one there now may be an
+    # earlier run's, made from other upstream outputs)
+    manifests = _manifests(run_dir, STAGES if after is None else tuple(s for s in STAGES if s != "report"))
     if AGGREGATED not in manifests:
         raise ManifestError(f"{run_dir}: no finished '{AGGREGATED}' output (run the aggregate stage first)")
     run_id = run_dir.name
