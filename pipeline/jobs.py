@@ -178,14 +178,18 @@ def _run_beside(first: str, running: concurrent.futures.Future, stage: str, modu
     """``stage`` (whose module names ``first`` as its ``BESIDE``) while ``first`` runs on its thread
     (``running``): it gets ``after``, which returns once ``first`` has ended (and raises its error). Both lines are
     printed as each stage ends; an error of ``first`` is raised before one of ``stage``. Returns both summaries."""
+    import threading
+
     t0 = time.perf_counter()
     shown: list[Any] = []
+    printing = threading.Lock()
 
     def after() -> None:
         summary, seconds = running.result()
-        if not shown:
-            shown.append(summary)
-            print(f"  {first:<10} {seconds:7.2f} s  {summary or ''}")
+        with printing:
+            if not shown:
+                shown.append(summary)
+                print(f"  {first:<10} {seconds:7.2f} s  {summary or ''}")
 
     try:
         with Status(f"{first}, {stage}", 0) as status:

@@ -160,14 +160,26 @@ def _run_sections(ctx: Context) -> dict[Callable, dict[str, Any] | None]:
     errors: dict[Callable, BaseException] = {}
     beside = [s for s in SECTIONS if s not in ON_CALLER]
     ctx.offers = {key: Future() for key, section in OFFERS.items() if section in beside}
+    import duckdb
+
+    def failing(_=None) -> None:
+        """The stage fails: sections that wait for symbolize (``FramesFinal``) need not, and end."""
+        if isinstance(ctx.frames_final, FramesFinal):
+            ctx.frames_final.cancel()
+
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(len(beside), 1), thread_name_prefix="aggregate") as threads:
         try:
             futures = {section: threads.submit(_run_section, section, ctx) for section in beside}
+            for future in futures.values():
+                future.add_done_callback(lambda f: failing() if f.exception() is not None else None)
             for section in ON_CALLER:
                 try:
                     results[section] = _run_section(section, ctx)
+                except duckdb.InterruptException:       # (Ctrl-C during a DuckDB query of this thread)
+                    raise KeyboardInterrupt from None
                 except Exception as exc:        # (reported below, once the sections beside have ended)
                     errors[section] = exc
+                    failing()
                     break
             for section, future in futures.items():
                 if future.exception() is not None:
@@ -175,12 +187,11 @@ def _run_sections(ctx: Context) -> dict[Callable, dict[str, Any] | None]:
                 else:
                     results[section] = future.result()
         except BaseException:       # (Ctrl-C: the sections waiting for symbolize are let go, the threads end)
-            if isinstance(ctx.frames_final, FramesFinal):
-                ctx.frames_final.cancel()
+            failing()
             raise
-    for section in SECTIONS:
-        if section in errors:
-            raise errors[section]
+    # (the first error in SECTIONS order; a section let go of because another failed says less than that one)
+    for section in sorted(errors, key=lambda s: (isinstance(errors[s], FramesFinal.Cancelled), SECTIONS.index(s))):
+        raise errors[section]
     return {section: results.get(section) for section in SECTIONS}
 
 
