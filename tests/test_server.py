@@ -53,6 +53,19 @@ def _children(pid: int) -> list[int]:
         return [int(p) for p in f.read().split()]
 
 
+def _long_command(env: dict[str, str], state: dict, out: Path, **popen) -> tuple[subprocess.Popen, int]:
+    """A long command (a 4 GB synth into ``out``) handed to the server of ``state``: its client and the command's
+    pid, once the command runs (its output directory has a file: past its start)."""
+    args = [sys.executable, "-m", "pipeline", "synth", "--out", str(out / "t.etl"), "--size", "4GB"]
+    client = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              **popen)
+    deadline = time.monotonic() + 60
+    while not (out.exists() and any(out.iterdir())) or not _children(state["pid"]):
+        assert time.monotonic() < deadline and client.poll() is None
+        time.sleep(0.05)
+    return client, _children(_children(state["pid"])[0])[0]
+
+
 @pytest.fixture
 def server(tmp_path):
     env = _env(tmp_path)
@@ -106,26 +119,14 @@ def test_a_command_on_the_server_does_what_it_does_in_its_own_process(server, tm
 
 def test_ctrl_c_reaches_the_command_and_a_vanished_client_ends_it(server, tmp_path):
     env, state = server
-    out = tmp_path / "synth"
-    args = [sys.executable, "-m", "pipeline", "synth", "--out", str(out / "t.etl"), "--size", "4GB"]
-    client = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while _state(tmp_path)["served"] < 1 or not _children(state["pid"]):
-        assert time.monotonic() < deadline and client.poll() is None
-        time.sleep(0.05)
-    time.sleep(1.0)
+    client, _ = _long_command(env, state, tmp_path / "synth")
     client.send_signal(signal.SIGINT)
     _, err = client.communicate(timeout=120)
     assert client.returncode == 130 and "bootprof: interrupted" in err, err
-    assert not (out / "t.etl").exists()
+    assert not (tmp_path / "synth" / "t.etl").exists()
 
-    client = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    while _state(tmp_path)["served"] < 2 or not _children(state["pid"]):
-        assert time.monotonic() < deadline + 60 and client.poll() is None
-        time.sleep(0.05)
+    client, command = _long_command(env, state, tmp_path / "again")
     handler = _children(state["pid"])[0]
-    command = _children(handler)[0]
-    time.sleep(0.5)
     client.kill()
     client.wait()
     assert _gone(command) and _gone(handler)
@@ -192,17 +193,7 @@ def test_a_server_whose_code_changed_ends(tmp_path):
 def test_ctrl_z_stops_the_command_with_its_client(server, tmp_path):
     """Ctrl-Z (SIGTSTP to the client) stops the command too, and SIGCONT (the shell's fg/bg) resumes both."""
     env, state = server
-    out = tmp_path / "synth"
-    args = [sys.executable, "-m", "pipeline", "synth", "--out", str(out / "t.etl"), "--size", "4GB"]
-    client = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while _state(tmp_path)["served"] < 1 or not _children(state["pid"]) or not _children(_children(state["pid"])[0]):
-        assert time.monotonic() < deadline and client.poll() is None
-        time.sleep(0.05)
-    command = _children(_children(state["pid"])[0])[0]
-    while not (out.exists() and any(out.iterdir())):      # (the command runs the synth now, past its start)
-        assert time.monotonic() < deadline and client.poll() is None
-        time.sleep(0.05)
+    client, command = _long_command(env, state, tmp_path / "synth")
 
     def run_state(pid: int) -> str:
         with open(f"/proc/{pid}/stat") as f:
@@ -238,16 +229,9 @@ def test_the_command_has_its_clients_resource_limits(tmp_path):
     assert server.returncode == 0, server.stderr
     state = _state(tmp_path)
     try:
-        out = tmp_path / "synth"
-        args = [sys.executable, "-m", "pipeline", "synth", "--out", str(out / "t.etl"), "--size", "4GB"]
         low = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (200, 300))  # noqa: E731
-        client = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  preexec_fn=low)
+        client, command = _long_command(env, state, tmp_path / "synth", preexec_fn=low)
         deadline = time.monotonic() + 60
-        while not _children(state["pid"]) or not _children(_children(state["pid"])[0]):
-            assert time.monotonic() < deadline and client.poll() is None
-            time.sleep(0.05)
-        command = _children(_children(state["pid"])[0])[0]
         while True:         # (the command sets them as it starts)
             with open(f"/proc/{command}/limits") as f:
                 files = next(line for line in f if line.startswith("Max open files")).split()
