@@ -185,6 +185,8 @@ def _run_beside(first: str, running: concurrent.futures.Future, stage: str, modu
     printing = threading.Lock()
 
     def after() -> None:
+        while not running.done():       # (in steps: a Ctrl-C that the kernel gave another thread is seen within one)
+            concurrent.futures.wait([running], timeout=0.25)
         summary, seconds = running.result()
         with printing:
             if not shown:

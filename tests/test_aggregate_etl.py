@@ -457,7 +457,6 @@ def test_aggregate_started_beside_symbolize_waits_for_its_frames(tmp_path):
 def test_an_interrupted_aggregate_does_not_wait_for_symbolize(tmp_path):
     """Ctrl-C while the sections wait for a symbolize that runs beside them: the stage ends at once (the sections
     that wait are let go), and nothing of it is written."""
-    import os
     import signal
     import sys
     import threading
@@ -485,7 +484,8 @@ def test_an_interrupted_aggregate_does_not_wait_for_symbolize(tmp_path):
         while not waiting() and time.monotonic() < end:
             time.sleep(0.01)
         asked.set()
-        os.kill(os.getpid(), signal.SIGINT)     # (a real signal: it wakes a main thread that waits)
+        # (the kernel hands a process's SIGINT to any of its threads, not always the main one: here, this one)
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
 
     threading.Thread(target=interrupt, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):

@@ -181,6 +181,9 @@ def _run_sections(ctx: Context) -> dict[Callable, dict[str, Any] | None]:
                     errors[section] = exc
                     failing()
                     break
+            pending = set(futures.values())
+            while pending:      # (in steps: a Ctrl-C that the kernel gave another thread is seen here within one)
+                _, pending = concurrent.futures.wait(pending, timeout=0.25)
             for section, future in futures.items():
                 if future.exception() is not None:
                     errors[section] = future.exception()
