@@ -487,7 +487,13 @@ def test_an_interrupted_aggregate_does_not_wait_for_symbolize(tmp_path):
         # (the kernel hands a process's SIGINT to any of its threads, not always the main one: here, this one)
         signal.pthread_kill(threading.get_ident(), signal.SIGINT)
 
-    threading.Thread(target=interrupt, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        aggregate_run(run, Config(), Pool(None), after=never.wait)      # (a symbolize that does not end)
+    # (Python's own Ctrl-C handler, whatever this process was started with: a shell without job control starts
+    # a background command with SIGINT ignored, and Python then installs none)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=interrupt, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            aggregate_run(run, Config(), Pool(None), after=never.wait)      # (a symbolize that does not end)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert asked.is_set() and not (run / "aggregated").exists()
