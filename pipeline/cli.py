@@ -19,7 +19,7 @@ from typing import NoReturn
 
 from pipeline import __version__, front, sources
 from pipeline.config import Config, load_config
-from pipeline.errors import BootprofError
+from pipeline.errors import BootprofError, is_interrupt
 
 #: subcommand -> (module, one-line help). Order is the order of the pipeline.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -93,6 +93,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt as exc:
         print(f"bootprof: interrupted{': ' + str(exc) if str(exc) else ''}", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if not is_interrupt(exc):       # (DuckDB's own word for a Ctrl-C during its query)
+            raise
+        print("bootprof: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # (whoever read the output went away, as `| head` does: nothing more to say; 128 + SIGPIPE, as a shell does)

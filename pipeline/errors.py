@@ -23,3 +23,14 @@ def out_of_memory(where: object, work: str, setting: str, value: str, exc: BaseE
     detail = (str(exc).splitlines() or [type(exc).__name__])[0]
     return ConfigError(f"{where}: {work} needed more memory than {setting} ({value}) allows; raise it. "
                        f"DuckDB: {detail}")
+
+
+def is_interrupt(exc: BaseException) -> bool:
+    """Whether ``exc`` is a Ctrl-C: Python's ``KeyboardInterrupt``, or what DuckDB raises instead when the signal
+    arrives during one of its queries on the main thread (``RuntimeError('Query interrupted')`` in DuckDB 2.0,
+    ``duckdb.InterruptException`` in 1.x)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    if type(exc).__name__ == "InterruptException" and type(exc).__module__.startswith("duckdb"):
+        return True
+    return type(exc) is RuntimeError and str(exc) == "Query interrupted"

@@ -38,6 +38,7 @@ import gc
 import importlib
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -56,9 +57,14 @@ _warmed: dict[str, int] = {}
 
 def dask_setup(worker) -> None:
     """distributed's preload hook: start the warm-up and return at once. Whatever it warms up, the worker
-    ends as :func:`_at_exit` says, and keeps quiet about its scheduler closing (:class:`QuietClose`)."""
+    ends as :func:`_at_exit` says, keeps quiet about its scheduler closing (:class:`QuietClose`), and leaves a
+    Ctrl-C to the command that started it."""
     _on_exit()
     logging.getLogger("distributed.worker").addFilter(QuietClose())
+    if threading.current_thread() is threading.main_thread():
+        # A Ctrl-C at the terminal reaches every process of the command's group, these local workers too: the
+        # command ends and closes its cluster, and a worker that died of it printed a traceback beside it.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     names = [n for n in os.environ.get(ENV, "").split(",") if n and n not in _warmed]
     if names:
         _finished.clear()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -424,6 +425,30 @@ def test_local_workers_keep_quiet_about_a_closing_scheduler():
     assert "heartbeat" not in out.stderr
 
 
+def _sigint_self(_item) -> int:
+    """A task: send this worker a SIGINT (as a Ctrl-C at the terminal does), then say which process it is."""
+    import time
+
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.2)
+    return os.getpid()
+
+
+def test_local_workers_leave_ctrl_c_to_the_command():
+    """A Ctrl-C reaches every process of the command's group: a local worker ignores it (the command ends and
+    closes its cluster), instead of dying with a traceback beside the command's own 'interrupted'."""
+    code = ("from pipeline.cluster import connect\n"
+            "from pipeline.config import ClusterConfig\n"
+            "from tests.test_core import _sigint_self\n"
+            "if __name__ == '__main__':\n"
+            "    with connect(ClusterConfig(mode='local', n_workers=1, memory_limit='1GiB')) as pool:\n"
+            "        first = pool.map(_sigint_self, [None])\n"
+            "        print(first == pool.map(_sigint_self, [None]))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr       # (the same worker, twice)
+    assert "KeyboardInterrupt" not in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
 def test_set_aside_objects_stay_aside_at_exit_unless_duckdb_is_loaded():
     """A worker keeps its objects out of the collector as it exits (teardown has nothing to scan); a
     process with DuckDB gives them back first (its bindings report objects teardown never finalized)."""
@@ -620,3 +645,23 @@ def test_stages_size_their_workers_by_what_they_hand_them(tmp_path):
     assert decoded_input_bytes(tmp_path / "both") == profile_bytes + trace.stat().st_size
     decode.run(tmp_path / "etl", Config(), Pool(None), inputs=[trace])
     assert self_profile_bytes(tmp_path / "etl") == 0
+
+
+def test_ctrl_c_during_a_duckdb_query_is_an_interrupt(tmp_path):
+    """DuckDB turns a Ctrl-C during its query into its own exception (``RuntimeError('Query interrupted')``): the
+    command says 'interrupted' and exits 130, as for any other Ctrl-C, not with a traceback."""
+    import threading
+
+    import duckdb
+
+    from pipeline.errors import is_interrupt
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        with pytest.raises(BaseException) as caught:
+            duckdb.connect().execute("SELECT count(*) FROM range(100000000000)").fetchall()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert is_interrupt(caught.value), repr(caught.value)
+    assert not is_interrupt(RuntimeError("another error")) and not is_interrupt(ValueError("Query interrupted"))

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pipeline.aggregate import cpu, memory, processes, queries, query_cpu, resolve
-from pipeline.errors import out_of_memory
+from pipeline.errors import is_interrupt, out_of_memory
 from pipeline.runs import has_table, read_manifest, stage_dir, stage_output, table_path, upstream_hashes
 
 STAGE = "aggregated"
@@ -160,8 +160,6 @@ def _run_sections(ctx: Context) -> dict[Callable, dict[str, Any] | None]:
     errors: dict[Callable, BaseException] = {}
     beside = [s for s in SECTIONS if s not in ON_CALLER]
     ctx.offers = {key: Future() for key, section in OFFERS.items() if section in beside}
-    import duckdb
-
     def failing(_=None) -> None:
         """The stage fails: sections that wait for symbolize (``FramesFinal``) need not, and end."""
         if isinstance(ctx.frames_final, FramesFinal):
@@ -175,9 +173,9 @@ def _run_sections(ctx: Context) -> dict[Callable, dict[str, Any] | None]:
             for section in ON_CALLER:
                 try:
                     results[section] = _run_section(section, ctx)
-                except duckdb.InterruptException:       # (Ctrl-C during a DuckDB query of this thread)
-                    raise KeyboardInterrupt from None
                 except Exception as exc:        # (reported below, once the sections beside have ended)
+                    if is_interrupt(exc):       # (Ctrl-C during a DuckDB query of this thread)
+                        raise KeyboardInterrupt from None
                     errors[section] = exc
                     failing()
                     break
