@@ -94,15 +94,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as exc:
         print(f"bootprof: interrupted{': ' + str(exc) if str(exc) else ''}", file=sys.stderr)
         return 130
-    except Exception as exc:
-        if not is_interrupt(exc):       # (DuckDB's own word for a Ctrl-C during its query)
-            raise
-        print("bootprof: interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:
         # (whoever read the output went away, as `| head` does: nothing more to say; 128 + SIGPIPE, as a shell does)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except Exception as exc:        # (after the others: an exception re-raised here reaches no clause below it)
+        if not is_interrupt(exc):       # (DuckDB's own word for a Ctrl-C during its query)
+            raise
+        print("bootprof: interrupted", file=sys.stderr)
+        return 130
 
 
 def entry() -> NoReturn:

@@ -665,3 +665,14 @@ def test_ctrl_c_during_a_duckdb_query_is_an_interrupt(tmp_path):
         signal.signal(signal.SIGINT, previous)
     assert is_interrupt(caught.value), repr(caught.value)
     assert not is_interrupt(RuntimeError("another error")) and not is_interrupt(ValueError("Query interrupted"))
+
+
+def test_output_to_a_reader_that_went_away_ends_quietly(tmp_path):
+    """``bootprof ... | head``: the reader is gone before the command writes. The command ends with 141 (128 +
+    SIGPIPE, as a shell reports it) and no traceback."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "BOOTPROF_SERVER_DIR": str(tmp_path / "servers")}
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "server", "status"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()         # (before the command writes: it imports for a while first)
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141 and "Traceback" not in err, err
