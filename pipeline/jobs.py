@@ -180,13 +180,14 @@ def _run_beside(first: str, running: concurrent.futures.Future, stage: str, modu
     printed as each stage ends; an error of ``first`` is raised before one of ``stage``. Returns both summaries."""
     import threading
 
+    from pipeline.cluster import wait_for
+
     t0 = time.perf_counter()
     shown: list[Any] = []
     printing = threading.Lock()
 
     def after() -> None:
-        while not running.done():       # (in steps: a Ctrl-C that the kernel gave another thread is seen within one)
-            concurrent.futures.wait([running], timeout=0.25)
+        wait_for([running])
         summary, seconds = running.result()
         with printing:
             if not shown:
@@ -200,8 +201,7 @@ def _run_beside(first: str, running: concurrent.futures.Future, stage: str, modu
     except KeyboardInterrupt:
         raise                       # (the stage beside goes with the process; its output is never swapped in)
     except BaseException:
-        concurrent.futures.wait([running])
-        after()                     # (raises first's error, if it failed)
+        after()                     # (waits for first; raises its error, if it failed)
         raise
     after()
     print(f"  {stage:<10} {time.perf_counter() - t0:7.2f} s  (started beside {first}) {summary or ''}")

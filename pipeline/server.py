@@ -14,9 +14,10 @@ How a command reaches it (the client's side is :mod:`pipeline.front`):
   that acts at import time, so a command of other code or settings never reaches it.
 * For each connection it forks a *handler*, which receives the command (arguments, working directory,
   environment, umask, resource limits) and the client's standard input, output and error, and forks the *command*
-  process: it takes the client's descriptors, directory, environment, umask and limits, and runs :func:`pipeline.cli.main` as a
-  fresh process would; the handler reports its pid to the client (which passes signals on to it) and then its
-  exit status. A client that goes away ends its command (SIGTERM); one stopped by Ctrl-Z stops its command too.
+  process: it takes the client's descriptors, directory, environment, umask and limits, and runs
+  :func:`pipeline.cli.main` as a fresh process would; the handler reports its pid to the client (which passes
+  signals on to it) and then its exit status. A client that goes away ends its command (SIGTERM); one stopped by
+  Ctrl-Z stops its command too.
   A client whose hard limit (``front.RLIMITS``) the server cannot grant is answered ``refused`` and runs the
   command itself.
 * The server itself runs no thread (checked before it serves: a fork of a process with threads may inherit a

@@ -44,10 +44,10 @@ class Context:
     pool: Any
     out: Any                      # StageOutput of aggregated/
     decoded: dict[str, Any]       # manifest of decoded/
-    offers: dict[str, Future] = field(default_factory=dict)     # (``OFFERS`` of the sections that run)
     #: Waits until ``symbolized/`` is final (``run(after=...)``: the stage started while symbolize ran); a
     #: section calls it (through ``resolve.has_frames``) before it reads frames.
-    frames_final: Callable[[], None] = lambda: None
+    frames_final: FramesFinal
+    offers: dict[str, Future] = field(default_factory=dict)     # (``OFFERS`` of the sections that run)
 
     def offer(self, key: str, value: Any) -> None:
         """Hand ``value`` to the sections that wait for ``key`` (once; a section that offers nothing hands them
@@ -139,12 +139,10 @@ class FramesFinal:
             threading.Thread(target=wait, name="aggregate-frames", daemon=True).start()
 
     def __call__(self) -> None:
-        import concurrent.futures
+        from pipeline.cluster import wait_for
 
-        while not self.final.done():
-            if self.cancelled.is_set():
-                raise FramesFinal.Cancelled("the aggregate stage was interrupted")
-            concurrent.futures.wait([self.final], timeout=0.1)
+        if not wait_for([self.final], stop=self.cancelled, step=0.1):
+            raise FramesFinal.Cancelled("the aggregate stage was interrupted")
         self.final.result()
 
     def cancel(self) -> None:
@@ -156,20 +154,18 @@ def _run_sections(ctx: Context) -> dict[Callable, dict[str, Any] | None]:
     fails the stage (the first in ``SECTIONS`` order), once every section has ended."""
     import concurrent.futures
 
+    from pipeline.cluster import wait_for
+
     results: dict[Callable, Any] = {}
     errors: dict[Callable, BaseException] = {}
     beside = [s for s in SECTIONS if s not in ON_CALLER]
     ctx.offers = {key: Future() for key, section in OFFERS.items() if section in beside}
-    def failing(_=None) -> None:
-        """The stage fails: sections that wait for symbolize (``FramesFinal``) need not, and end."""
-        if isinstance(ctx.frames_final, FramesFinal):
-            ctx.frames_final.cancel()
-
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(len(beside), 1), thread_name_prefix="aggregate") as threads:
         try:
             futures = {section: threads.submit(_run_section, section, ctx) for section in beside}
             for future in futures.values():
-                future.add_done_callback(lambda f: failing() if f.exception() is not None else None)
+                # (the stage fails: sections that wait for symbolize need not, and end)
+                future.add_done_callback(lambda f: ctx.frames_final.cancel() if f.exception() is not None else None)
             for section in ON_CALLER:
                 try:
                     results[section] = _run_section(section, ctx)
@@ -177,18 +173,16 @@ def _run_sections(ctx: Context) -> dict[Callable, dict[str, Any] | None]:
                     if is_interrupt(exc):       # (Ctrl-C during a DuckDB query of this thread)
                         raise KeyboardInterrupt from None
                     errors[section] = exc
-                    failing()
+                    ctx.frames_final.cancel()
                     break
-            pending = set(futures.values())
-            while pending:      # (in steps: a Ctrl-C that the kernel gave another thread is seen here within one)
-                _, pending = concurrent.futures.wait(pending, timeout=0.25)
+            wait_for(futures.values())
             for section, future in futures.items():
                 if future.exception() is not None:
                     errors[section] = future.exception()
                 else:
                     results[section] = future.result()
         except BaseException:       # (Ctrl-C: the sections waiting for symbolize are let go, the threads end)
-            failing()
+            ctx.frames_final.cancel()
             raise
     # (the first error in SECTIONS order; a section let go of because another failed says less than that one)
     for section in sorted(errors, key=lambda s: (isinstance(errors[s], FramesFinal.Cancelled), SECTIONS.index(s))):

@@ -408,9 +408,10 @@ def run(run_dir: Path, config, pool, inputs: list[Path] | None = None) -> dict[s
     here = [d for d in descs if d not in todo]
     # (on a terminal: how many symbol files are resolved, read or downloaded, out of how many)
     with Status("symbolize", len(descs), unit="symbol files") as shown:
-        results = [r for p, items in ((Pool(None), here), (pool, todo)) if items
-                   for r in p.map(resolve_debug_id, items, on_result=lambda _: shown.advance(1), entries=entries,
-                                  cache_dir=str(cache_dir), fetch=fetch_limits(cfg))]
+        shared = dict(on_result=lambda _: shown.advance(1), entries=entries, cache_dir=str(cache_dir),
+                      fetch=fetch_limits(cfg))
+        # (a map of nothing starts no cluster)
+        results = Pool(None).map(resolve_debug_id, here, **shared) + pool.map(resolve_debug_id, todo, **shared)
     status = {r["key"]: r for r in results}
     t_symbols = time.perf_counter()
 

@@ -307,7 +307,7 @@ def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: s
     run_dir = Path(run_dir).resolve()
     # (the report's manifest, when the report still runs, is read once it has ended: the one there now may be an
     # earlier run's, made from other upstream outputs)
-    manifests = _manifests(run_dir, STAGES if after is None else tuple(s for s in STAGES if s != "report"))
+    manifests = _manifests(run_dir, STAGES if after is None else tuple(s for s in STAGES if s != BESIDE))
     if AGGREGATED not in manifests:
         raise ManifestError(f"{run_dir}: no finished '{AGGREGATED}' output (run the aggregate stage first)")
     run_id = run_dir.name
