@@ -64,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "fsspec URL (https://, s3://, ... : the workers read it there); repeatable "
                      "(one run holds one ETL trace and its self-profiles; a backfill job runs each one). Default: "
                      "what `bootprof capture` left in --run, else the synthesized demo trace")
-    run.add_argument("--run", dest="run_dir", type=sources.run_dir, help="run directory (default: <runs_dir>/<job>-<time>)")
+    run.add_argument("--run", dest="run_dir", type=sources.run_dir,
+                     help="run directory, or a store's URL (s3://...) the run is kept at (default: <runs_dir>/<job>-<time>)")
     run.add_argument("--symbol-path", dest="symbol_path", help="symbol path for the symbolize stage "
                      "(_NT_SYMBOL_PATH syntax: DIR;srv*CACHE*URL;cache*DIR; overrides symbolize.symbol_path)")
     run.add_argument("--set", dest="sets", action="append", default=[], metavar="SECTION.KEY=VALUE",
@@ -87,6 +88,11 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_job(args.job, args.trace, args.run_dir, args.config, args.symbol_path, args.sets, args.force)
         config: Config = load_config(args.config)
+        from pipeline.mirror import RunURL, mirrored
+
+        if isinstance(getattr(args, "run_dir", None), RunURL):
+            with mirrored(args.run_dir, config.runs.mirror_dir) as args.run_dir:
+                return int(args._module.main(args, config) or 0)
         return int(args._module.main(args, config) or 0)
     except BootprofError as exc:
         print(f"bootprof: error: {exc}", file=sys.stderr)

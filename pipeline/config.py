@@ -197,6 +197,13 @@ class WarehouseConfig(Section):
                               "at least this many percent (a nightly job fails on it).")
 
 
+class RunsConfig(Section):
+    mirror_dir: str = Field(
+        "~/.cache/bootprof/runs", description="A run directory given as a URL (`--run s3://...`): where commands keep "
+        "its working copy, one directory per URL. With cluster.mode 'address' the workers write there too: it must "
+        "then be on a filesystem they share, at the same path.")
+
+
 class Config(Section):
     cluster: ClusterConfig = ClusterConfig()
     decode: DecodeConfig = DecodeConfig()
@@ -205,6 +212,7 @@ class Config(Section):
     aggregate: AggregateConfig = AggregateConfig()
     report: ReportConfig = ReportConfig()
     warehouse: WarehouseConfig = WarehouseConfig()
+    runs: RunsConfig = RunsConfig()
 
     def resolved(self) -> dict[str, Any]:
         """Plain JSON form with every default filled in, as stored in manifests."""

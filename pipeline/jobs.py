@@ -27,6 +27,7 @@ import yaml
 from pipeline import __version__, sources
 from pipeline.config import Config, Job, load_config, load_job
 from pipeline.errors import BootprofError, ConfigError, ManifestError
+from pipeline.mirror import mirrored
 from pipeline.progress import Status
 from pipeline.runs import MANIFEST, canonical_hash, read_manifest, stage_dir
 
@@ -237,12 +238,19 @@ def run_job(job_path: Path, traces: list[Path] | None, run_dir: Path | None, con
         return backfill(job, config, traces, force)
     if run_dir is None:
         run_dir = job.runs_dir / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    with mirrored(run_dir, config.runs.mirror_dir) as local:
+        return _run_in(job, job_path, config, traces, Path(local), force, shown=str(run_dir))
+
+
+def _run_in(job: Job, job_path: Path, config: Config, traces: list[sources.Input], run_dir: Path, force: bool,
+            shown: str) -> int:
+    """``run_job`` in ``run_dir`` (``shown``: what the user named, a path or the URL it is a working copy of)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    print(f"run directory: {run_dir}")
+    print(f"run directory: {shown}")
     inputs = traces or captured_inputs(run_dir)
     if not inputs:
         if "synth" not in job.stages:
-            raise BootprofError(f"{job_path}: job has no 'synth' stage and {run_dir} holds no capture, "
+            raise BootprofError(f"{job_path}: job has no 'synth' stage and {shown} holds no capture, "
                                 "so --trace is required")
         inputs = _synth_demo(config, run_dir)
     summaries = run_stages(job, config, inputs, run_dir, force)

@@ -44,14 +44,31 @@ def parse(raw: str | os.PathLike) -> Input:
 
 def run_dir(text: str) -> Path:
     """A run directory as typed on the command line: a path, made absolute (the stage's tasks may run in workers
-    of another working directory). Workers on other machines need it on a filesystem they share (NFS, a cluster
-    filesystem); a URL is refused, naming what it is."""
+    of another working directory), or a store's URL (``mirror.RunURL``: the command works in a copy of it). Workers
+    on other machines need the path (or the copy) on a filesystem they share (NFS, a cluster filesystem)."""
     import argparse
 
     if URL.match(text) and not text.lower().startswith("file://"):
-        raise argparse.ArgumentTypeError(f"{text}: a run directory is a path (on a filesystem the workers share); "
-                                         "URLs are for inputs (--trace)")
+        from pipeline.mirror import RunURL
+
+        if text.lower().startswith(("http://", "https://")):
+            raise argparse.ArgumentTypeError(f"{text}: a run directory is written to, and HTTP(S) is read-only here; "
+                                             "give a path or a store's URL (s3://, gs://, abfs://, ...)")
+        return RunURL(text)
     return (Path(urlparse(text).path) if text.lower().startswith("file://") else Path(text)).absolute()
+
+
+def local_run_dir(text: str) -> Path:
+    """``run_dir`` for ``bootprof capture``, which records into files beside its stage output (the build's trace and
+    self-profiles): a path; a URL is refused, saying what to do instead."""
+    import argparse
+
+    run = run_dir(text)
+    if not isinstance(run, Path):
+        raise argparse.ArgumentTypeError(
+            f"{text}: capture records into a local run directory; capture into a path, then keep the run at the URL "
+            "with `bootprof run JOB --run URL --trace RUN_DIR/input/trace.etl --trace RUN_DIR/selfprofile`")
+    return run
 
 
 def is_url(x: Input) -> bool:

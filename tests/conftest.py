@@ -34,6 +34,49 @@ def dask_pool():
         yield pool
 
 
+#: Credentials of the S3 API server of ``s3_store`` (any will do; the commands take them from the environment).
+S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "bootprof-test", "AWS_SECRET_ACCESS_KEY": "bootprof-test",
+                  "AWS_DEFAULT_REGION": "us-east-1"}
+#: The bucket ``s3_store`` makes.
+S3_BUCKET = "runs-bucket"
+
+
+@pytest.fixture(scope="session")
+def s3_store():
+    """A real S3 API server on 127.0.0.1 (moto's, spoken to over HTTP by s3fs) with an empty bucket; its endpoint."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        s3_client(endpoint).mkdir(S3_BUCKET)
+        yield endpoint
+    finally:
+        server.stop()
+
+
+def s3_client(endpoint: str):
+    """A client of the store of its own (not the one the commands use)."""
+    import s3fs
+
+    return s3fs.S3FileSystem(key=S3_CREDENTIALS["AWS_ACCESS_KEY_ID"], secret=S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+                             endpoint_url=endpoint, skip_instance_cache=True, use_listings_cache=False)
+
+
+@pytest.fixture
+def s3_here(s3_store, monkeypatch):
+    """This process speaks to ``s3_store`` for ``s3://`` URLs (fsspec's config and the credentials)."""
+    import fsspec
+
+    for key, value in S3_CREDENTIALS.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": s3_store, "skip_instance_cache": True,
+                                                   "use_listings_cache": False})
+    return s3_store
+
+
 #: Columns that differ between two decodes of the same input by design: how long a self-profile took, and which
 #: part of ``query_events`` holds its rows.
 RUN_SPECIFIC = ("decode_s", "part")

@@ -7,7 +7,7 @@ import json
 
 from pipeline.cli import main as cli_main
 from pipeline.runs import read_manifest
-from tests.conftest import ROOT, assert_same_tables, fixture_path
+from tests.conftest import ROOT, S3_BUCKET, assert_same_tables, fixture_path
 from tests.rangeserver import serving
 
 STAGES = ["decoded", "symbolized", "aggregated", "report"]
@@ -183,11 +183,12 @@ def test_backfilled_runs_are_ordered_by_when_they_were_recorded(tmp_path, capsys
     assert [r[2][:10] for r in rows] == ["2025-12-12", "2025-12-13", "2025-12-14"]
 
 
-def test_the_pipeline_on_a_dask_scheduler_and_workers_equals_a_local_run(tmp_path, capsys):
+def test_the_pipeline_on_a_dask_scheduler_and_workers_equals_a_local_run(tmp_path, capsys, s3_here):
     """Scale-out stays on dask: a real `dask scheduler` and two `dask worker` processes on loopback run the whole
     single-trace job (cluster.mode address) on a synthesized trace and its self-profiles, given as http:// URLs of a
-    server on loopback (workers on other machines read their parts there); every table it decodes, symbolizes and
-    aggregates equals that of the same job run in this process on the files (rows compared in one order: the
+    server on loopback (workers on other machines read their parts there), with the run kept in an S3 store (a real
+    S3 API server on loopback); every table it decodes, symbolizes and aggregates, fetched from the store into a
+    fresh copy, equals that of the same job run in this process on the files (rows compared in one order: the
     decoder's parts may cut them otherwise; the input's path or URL aside)."""
     import os
     import re
@@ -222,8 +223,9 @@ def test_the_pipeline_on_a_dask_scheduler_and_workers_equals_a_local_run(tmp_pat
                 cluster = {"mode": mode, "address": address} if mode == "address" else {"mode": mode}
                 cfg = tmp_path / f"{mode}.yaml"
                 cfg.write_text(json.dumps({"cluster": cluster, "symbolize": {"cache_dir": str(tmp_path / f"c-{mode}")},
-                                           "warehouse": {"path": str(tmp_path / f"wh-{mode}.duckdb")}}))
-                runs[mode] = tmp_path / mode
+                                           "warehouse": {"path": str(tmp_path / f"wh-{mode}.duckdb")},
+                                           "runs": {"mirror_dir": str(tmp_path / "copies")}}))
+                runs[mode] = f"s3://{S3_BUCKET}/scale-out/{mode}" if mode == "address" else tmp_path / mode
                 # (the workers read the trace and the self-profiles from an HTTP server, as from an object store)
                 inputs = (["--trace", f"{base}/build.etl", "--trace", f"{base}/selfprofile/"] if mode == "address" else
                           ["--trace", str(trace), "--trace", str(trace.parent / "selfprofile")])
@@ -242,6 +244,11 @@ def test_the_pipeline_on_a_dask_scheduler_and_workers_equals_a_local_run(tmp_pat
         for p in workers + [scheduler]:
             p.wait(timeout=60)
     capsys.readouterr()
+    from pipeline.mirror import Mirror
+
+    fresh = Mirror(runs["address"], tmp_path / "fresh")
+    assert set(fresh.pull()) == {"decoded", "symbolized", "aggregated", "report"}
+    runs["address"] = fresh.path
     compared = sum(assert_same_tables(runs["synchronous"] / stage, runs["address"] / stage, ignore=("path", "file"))
                    for stage in ("decoded", "symbolized", "aggregated"))
     assert compared >= 45

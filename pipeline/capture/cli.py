@@ -35,7 +35,7 @@ def add_arguments(p) -> None:
                    "(very expensive; only when asked)")
     p.add_argument("--events", default="default",
                    help="-Z self-profile-events list, e.g. default,args or default,query-cache-hit (default: default)")
-    p.add_argument("--run", dest="run_dir", type=sources.run_dir,
+    p.add_argument("--run", dest="run_dir", type=sources.local_run_dir,
                    help="run directory (default: runs/capture-<time>); profiles go to RUN_DIR/selfprofile/, "
                    "the trace to RUN_DIR/input/trace.etl")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the build command, after --")

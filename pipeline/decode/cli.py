@@ -11,7 +11,8 @@ def add_arguments(p) -> None:
     p.add_argument("inputs", nargs="+", type=sources.parse, metavar="PATH",
                    help="an ETL trace, .mm_profdata files, or directories of them (recognized by content); a path "
                         "or an fsspec URL (https://, s3://, ...) that the workers read from")
-    p.add_argument("--run", dest="run_dir", type=sources.run_dir, required=True, help="run directory to write decoded/ into")
+    p.add_argument("--run", dest="run_dir", type=sources.run_dir, required=True,
+                   help="run directory (or a store's URL: s3://...) to write decoded/ into")
 
 
 def main(args, config) -> int:

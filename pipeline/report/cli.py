@@ -6,7 +6,8 @@ from pipeline import sources
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--run", dest="run_dir", type=sources.run_dir, required=True, help="run directory with an aggregated/ output")
+    p.add_argument("--run", dest="run_dir", type=sources.run_dir, required=True,
+                   help="run directory (or a store's URL: s3://...) with an aggregated/ output")
 
 
 def main(args, config) -> int:

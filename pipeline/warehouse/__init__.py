@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pipeline.errors import InputError, ManifestError
+from pipeline.mirror import location
 from pipeline.runs import MANIFEST, parquet_glob, read_manifest, sql_path, stage_dir
 from pipeline.warehouse.significance import (HISTORY_RUNS, MIN_HISTORY, significant_sql, threshold_sql,
                                               z_sql)
@@ -291,7 +292,7 @@ def holds(db: Path, run_dir: Path, labels: dict[str, str], lock_timeout_s: float
                                   [run_dir.name]).fetchall())
     finally:
         con.close()
-    if row is None or row[0] != str(run_dir) or dict(row[1] or {}) != {str(k): str(v) for k, v in labels.items()}:
+    if row is None or row[0] != location(run_dir) or dict(row[1] or {}) != {str(k): str(v) for k, v in labels.items()}:
         return False
     now = {stage: json.loads(json.dumps(m, sort_keys=True, default=str)) for stage, m in manifests.items()}
     return {stage: json.loads(m) for stage, m in stored.items()} == now
@@ -364,7 +365,7 @@ def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: s
                                ?, ?, ?::TIMESTAMP, ?, ?, ?, ?)""", [
             run_id, job or labels.get("job") or job_of(run_dir),
             labels.get("workload") or workload_of(con, run_id, inputs, trace_sha),
-            str(run_dir), recorded, run_time.replace("T", " ").rstrip("Z"), trace_start,
+            location(run_dir), recorded, run_time.replace("T", " ").rstrip("Z"), trace_start,
             trace_sha, len(inputs), sum(i.get("size") or 0 for i in inputs),
             list(labels), [labels[k] for k in labels], list(manifests), manifests[AGGREGATED].get("project_version"),
             time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),

@@ -24,7 +24,8 @@ def add_arguments(p) -> None:
     p.add_argument("--db", type=Path, help="DuckDB warehouse file (default: warehouse.path of the config)")
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     ing = sub.add_parser("ingest", help="ingest one run directory (re-ingesting replaces it)")
-    ing.add_argument("--run", dest="run_dir", type=sources.run_dir, required=True, help="run directory with an aggregated/ output")
+    ing.add_argument("--run", dest="run_dir", type=sources.run_dir, required=True,
+                   help="run directory (or a store's URL: s3://...) with an aggregated/ output")
     ing.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="label stored with the run")
     ing.add_argument("--job", help="job name (default: the run directory's name without its -YYYYmmdd-HHMMSS)")
     q = sub.add_parser("query", help="run SQL on the warehouse and print the result")

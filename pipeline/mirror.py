@@ -1,0 +1,261 @@
+"""A run directory given as a URL (``--run s3://bucket/runs/nightly-1``): the run is kept there, commands work on a copy.
+
+Every stage reads and writes a local directory (DuckDB, memory maps, atomic renames), so a command whose ``--run`` is
+a URL works in a *working copy* of it, ``runs.mirror_dir/<hash of the URL>/<its last name>`` (the last name stays the
+run's id in the warehouse). Around the command, :func:`mirrored`:
+
+* **fetches** (``pull``) every stage output of the URL (a directory there with a ``_manifest.json``) that the copy
+  does not hold as it is there, byte for byte (manifests name their upstream by hash);
+* **puts back** (``push``) every stage output the command made, once it ends, also when it failed (what a failed
+  stage leaves is never an output: ``runs.stage_output``). On Ctrl-C nothing is put back; the next command on that
+  URL from this copy puts it back.
+
+**What a reader sees.** A stage output on the URL is whole or absent. A push removes the stage's manifest first,
+writes its files, removes files of the old output, and writes the manifest last; a fetch reads the manifest, then the
+files, then the manifest again, and takes the files only when it is unchanged (else it tries again, then fails). A
+push cut short leaves files but no manifest: no output, which the next push of that stage replaces.
+
+**Who changed what.** The copy records the manifest of each stage as last fetched or put back (its *synced* hash,
+in ``.bootprof-mirror.json``). A stage changed on the URL since then is fetched; one changed only in the copy (a
+command interrupted before its push) is kept and put back. Changed on both: the URL's wins, and the command says so.
+One command at a time writes a stage of a run, as in a local run directory.
+
+Stores are fsspec's (``s3://`` with ``s3fs``, ``gs://`` with ``gcsfs``, ...), credentials and endpoints from their
+usual places (``FSSPEC_S3_ENDPOINT_URL``, ``AWS_*``). ``file://`` URLs are plain paths and get no copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import sys
+import uuid
+from pathlib import Path, PurePosixPath
+from typing import Iterator
+
+from pipeline.errors import InputError
+from pipeline.runs import MANIFEST, _swap_into_place, atomic_write_json, clean_leftovers, stage_dir
+
+#: What the working copy records of its URL and of the stages it synced (``stage -> sha256 of the manifest``).
+STATE = ".bootprof-mirror.json"
+#: A stage read while a push rewrote it is read again this many times before the command fails.
+PULL_TRIES = 3
+
+
+class RunURL(str):
+    """A ``--run`` given as a URL (``sources.run_dir``); commands get its working copy's path (:func:`mirrored`)."""
+
+
+def working_copy(url: str, mirror_dir: str | os.PathLike) -> Path:
+    """Where the working copy of ``url`` lies: a directory per URL, named as the run is."""
+    url = url.rstrip("/")
+    name = PurePosixPath(url.split("://", 1)[-1]).name or "run"
+    return Path(mirror_dir).expanduser().absolute() / hashlib.sha256(url.encode()).hexdigest()[:16] / name
+
+
+def location(run_dir: Path) -> str:
+    """What a run directory is to a user: the URL a working copy is of, else its path."""
+    try:
+        return json.loads((Path(run_dir) / STATE).read_text())["url"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return str(run_dir)
+
+
+class Mirror:
+    """The working copy of the run at ``url`` (see the module's text)."""
+
+    def __init__(self, url: str, mirror_dir: str | os.PathLike):
+        import fsspec
+
+        self.url = url.rstrip("/")
+        self.path = working_copy(self.url, mirror_dir)
+        try:
+            self.fs, self.root = fsspec.core.url_to_fs(self.url)
+        except (ImportError, ValueError) as exc:
+            raise InputError(f"{self.url}: cannot use this URL as a run directory: {exc}") from None
+        self.root = self.root.rstrip("/")
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.synced: dict[str, str] = {}
+        state = self.path / STATE
+        if state.exists():
+            try:
+                saved = json.loads(state.read_text())
+                if saved.get("url") == self.url:
+                    self.synced = dict(saved.get("synced") or {})
+            except (OSError, ValueError, AttributeError, TypeError):
+                pass        # (a damaged record: every stage is compared with the URL's again)
+        self._save()
+
+    # -- what is where --------------------------------------------------------------------------------------------
+
+    def _save(self) -> None:
+        atomic_write_json(self.path / STATE, {"url": self.url, "synced": self.synced})
+
+    def _local(self, stage: str) -> bytes | None:
+        try:
+            return (stage_dir(self.path, stage) / MANIFEST).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def _remote_manifests(self) -> dict[str, bytes]:
+        """The manifest of every stage output on the URL."""
+        self.fs.invalidate_cache()
+        found = self._io("list", self.fs.glob, f"{self.root}/*/{MANIFEST}")
+        if not found:
+            return {}
+        data = self._io("read", self.fs.cat, list(found))
+        return {PurePosixPath(p).parent.name: b for p, b in data.items() if isinstance(b, bytes)}
+
+    def _remote_manifest(self, stage: str) -> bytes | None:
+        try:
+            return self._io(f"read {stage}/{MANIFEST}", self.fs.cat_file, f"{self.root}/{stage}/{MANIFEST}")
+        except FileNotFoundError:
+            return None
+
+    def _io(self, what: str, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except FileNotFoundError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a store's errors are its own classes (botocore's are not OSErrors)
+            raise InputError(f"{self.url}: cannot {what}: {exc}") from None
+
+    # -- fetch and put back ---------------------------------------------------------------------------------------
+
+    def pull(self) -> list[str]:
+        """Fetch the stage outputs of the URL that changed there since this copy last synced; returns them."""
+        clean_leftovers(self.path)
+        remote = self._remote_manifests()
+        fetched = []
+        for stage in sorted(set(remote) | set(self.synced)):
+            there, here, synced = remote.get(stage), self._local(stage), self.synced.get(stage)
+            h_there, h_here = _hash(there), _hash(here)
+            if h_there == h_here:
+                self._mark(stage, h_there)
+            elif h_there == synced:
+                pass        # (changed here only: put back at the end)
+            elif there is None:
+                if h_here == synced:     # (removed there, unchanged here)
+                    import shutil
+
+                    shutil.rmtree(stage_dir(self.path, stage), ignore_errors=True)
+                self._mark(stage, None)
+            else:
+                if here is not None and h_here != synced:
+                    print(f"bootprof: {self.url}/{stage}/ changed there and in the working copy {self.path}: "
+                          "taking the URL's", file=sys.stderr)
+                self._fetch(stage, there)
+                fetched.append(stage)
+        self._save()
+        return fetched
+
+    def _fetch(self, stage: str, manifest: bytes) -> None:
+        prefix = f"{self.root}/{stage}"
+        for _ in range(PULL_TRIES):
+            tmp = self.path / f".{stage}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            try:
+                self.fs.invalidate_cache(prefix)
+                files = [p for p in self._io("list", self.fs.find, prefix) if PurePosixPath(p).name != MANIFEST]
+                targets = [str(tmp / PurePosixPath(p).relative_to(prefix)) for p in files]
+                for t in targets:
+                    Path(t).parent.mkdir(parents=True, exist_ok=True)
+                if files:
+                    self._io(f"fetch {stage}/", self.fs.get, files, targets)
+                again = self._remote_manifest(stage)
+                if again == manifest:
+                    tmp.mkdir(exist_ok=True)
+                    (tmp / MANIFEST).write_bytes(manifest)
+                    _swap_into_place(tmp, stage_dir(self.path, stage))
+                    self._mark(stage, _hash(manifest))
+                    return
+                if again is None:
+                    raise InputError(f"{self.url}/{stage}/: removed while it was fetched")
+                manifest = again        # (rewritten meanwhile: read the new one)
+            except FileNotFoundError:
+                pass        # (a file went while it was fetched: a push rewrites the stage; try again)
+            finally:
+                if tmp.exists():
+                    import shutil
+
+                    shutil.rmtree(tmp, ignore_errors=True)
+        raise InputError(f"{self.url}/{stage}/: rewritten while it was fetched, {PULL_TRIES} times "
+                         "(another command writes this run); try again once it has ended")
+
+    def push(self) -> list[str]:
+        """Put back every stage output of the copy that changed here since it last synced; returns them."""
+        put = []
+        for entry in sorted(self.path.iterdir()):
+            stage = entry.name
+            if entry.name.startswith(".") or not entry.is_dir():
+                continue
+            here = self._local(stage)
+            if here is None or _hash(here) == self.synced.get(stage):
+                continue
+            there = self._remote_manifest(stage)
+            if _hash(there) != _hash(here):
+                self._put(stage, here)
+                put.append(stage)
+            self._mark(stage, _hash(here))
+            self._save()
+        return put
+
+    def _put(self, stage: str, manifest: bytes) -> None:
+        prefix = f"{self.root}/{stage}"
+        local = stage_dir(self.path, stage)
+        with contextlib.suppress(FileNotFoundError):
+            self._io(f"remove {stage}/{MANIFEST}", self.fs.rm_file, f"{prefix}/{MANIFEST}")
+        files = sorted(p for p in local.rglob("*") if p.is_file() and p.name != MANIFEST)
+        targets = [f"{prefix}/{p.relative_to(local).as_posix()}" for p in files]
+        if files:
+            self._io(f"write {stage}/", self.fs.put, [str(p) for p in files], targets)
+        self.fs.invalidate_cache(prefix)
+        stale = set(self._io("list", self.fs.find, prefix)) - set(targets)
+        if stale:
+            self._io(f"remove old files of {stage}/", self.fs.rm, sorted(stale))
+        self._io(f"write {stage}/{MANIFEST}", self.fs.pipe_file, f"{prefix}/{MANIFEST}", manifest)
+
+    def _mark(self, stage: str, digest: str | None) -> None:
+        if digest is None:
+            self.synced.pop(stage, None)
+        else:
+            self.synced[stage] = digest
+
+
+def _hash(data: bytes | None) -> str | None:
+    return None if data is None else hashlib.sha256(data).hexdigest()
+
+
+@contextlib.contextmanager
+def mirrored(run: Path | str, mirror_dir: str | os.PathLike) -> Iterator[Path]:
+    """The directory a command works in for ``--run``: the path itself, or for a :class:`RunURL` its working copy,
+    fetched first and put back when the command ends (not on Ctrl-C)."""
+    if not isinstance(run, RunURL):
+        yield Path(run)
+        return
+    mirror = Mirror(run, mirror_dir)
+    fetched = mirror.pull()
+    print(f"bootprof: run {mirror.url}: working copy {mirror.path}"
+          + (f" (fetched {', '.join(s + '/' for s in fetched)})" if fetched else ""), file=sys.stderr)
+    try:
+        yield mirror.path
+    except BaseException as exc:
+        from pipeline.errors import BootprofError, is_interrupt
+
+        if isinstance(exc, KeyboardInterrupt) or is_interrupt(exc):
+            print(f"bootprof: nothing put back to {mirror.url}: the next command on it from this working copy puts "
+                  "back what this one made", file=sys.stderr)
+            raise
+        try:        # (what the stages that ended made; the command's own error is the one it reports)
+            _put_back(mirror)
+        except BootprofError as put_error:
+            print(f"bootprof: {put_error}", file=sys.stderr)
+        raise
+    _put_back(mirror)
+
+
+def _put_back(mirror: Mirror) -> None:
+    put = mirror.push()
+    if put:
+        print(f"bootprof: put back to {mirror.url}: {', '.join(s + '/' for s in put)}", file=sys.stderr)
