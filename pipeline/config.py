@@ -7,6 +7,7 @@ stored in each stage's manifest. ``configs/default.yaml`` lists every field with
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -225,13 +226,30 @@ class Config(Section):
 class Job(Section):
     """A job file in ``jobs/``: which stages run, with which config, on what."""
 
+    @field_validator("runs_dir", mode="before")
+    @classmethod
+    def _runs_dir(cls, value: Any) -> Any:
+        value = os.fspath(value) if isinstance(value, os.PathLike) else value
+        if isinstance(value, str) and value.lower().startswith(("http://", "https://")):
+            raise ValueError("runs are written, and HTTP(S) is read-only here: give a path or a store's URL "
+                             "(s3://, gs://, abfs://, ...)")
+        return value
+
+    def run_dir(self, name: str):
+        """Run ``name`` of this job: a path below ``runs_dir``, or a ``mirror.RunURL`` below its URL."""
+        from pipeline import sources
+
+        base = self.runs_dir.rstrip("/") or "/"
+        return sources.run_dir(f"{base}/{name}") if sources.URL.match(base) else Path(base) / name
+
     name: str = Field(description="Job name, used in run directory names.")
     config: Path | None = Field(None, description="Config file, relative to the project root.")
     stages: list[Literal["synth", "decode", "symbolize", "aggregate", "report", "warehouse", "compare"]] = Field(
         description="Stages in order. 'synth' makes the demo trace when no TRACE is given; 'compare' (after "
         "'warehouse') compares the run with its baseline and fails the job on a regression past the budget."
     )
-    runs_dir: Path = Field(Path("runs"), description="Where run directories are created.")
+    runs_dir: str = Field("runs", description="Where run directories are created: a path (relative to the working "
+                          "directory), or a store's URL (s3://bucket/runs, ...) that runs are kept at (see `runs`).")
     backfill: bool = Field(False, description="Each --trace (or each ETL trace in a --trace directory) is its own run, "
                            "in <runs_dir>/<name>-<trace name>; a trace that fails is reported and the others still run.")
 

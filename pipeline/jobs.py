@@ -237,7 +237,7 @@ def run_job(job_path: Path, traces: list[Path] | None, run_dir: Path | None, con
     if job.backfill:
         return backfill(job, config, traces, force)
     if run_dir is None:
-        run_dir = job.runs_dir / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        run_dir = job.run_dir(f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     with mirrored(run_dir, config.runs.mirror_dir) as local:
         return _run_in(job, job_path, config, traces, Path(local), force, shown=str(run_dir))
 
@@ -286,13 +286,14 @@ def backfill(job: Job, config: Config, traces: list[sources.Input], force: bool 
     for n, trace in enumerate(inputs, 1):
         stem = sources.name(trace) if sources.exists(trace) and sources.is_dir(trace) else sources.stem(trace)
         names[stem] = names.get(stem, 0) + 1
-        run_dir = job.runs_dir / (f"{job.name}-{stem}" + ("" if names[stem] == 1 else f"-{names[stem]}"))
-        run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir = job.run_dir(f"{job.name}-{stem}" + ("" if names[stem] == 1 else f"-{names[stem]}"))
         print(f"[{n}/{len(inputs)}] {trace} -> {run_dir}")
         try:
             if not sources.exists(trace):
                 raise BootprofError(f"{trace}: no such file or directory")
-            run_stages(job, config, [trace], run_dir, force)
+            with mirrored(run_dir, config.runs.mirror_dir) as local:
+                Path(local).mkdir(parents=True, exist_ok=True)
+                run_stages(job, config, [trace], Path(local), force)
         except BootprofError as exc:
             failed.append((trace, str(exc)))
             print(f"  failed: {exc}")

@@ -78,6 +78,7 @@ class Mirror:
         self.root = self.root.rstrip("/")
         self.path.mkdir(parents=True, exist_ok=True)
         self.synced: dict[str, str] = {}
+        self.moved = 0          # bytes fetched and put back, for what the command says
         state = self.path / STATE
         if state.exists():
             try:
@@ -163,6 +164,7 @@ class Mirror:
                     Path(t).parent.mkdir(parents=True, exist_ok=True)
                 if files:
                     self._io(f"fetch {stage}/", self.fs.get, files, targets)
+                    self.moved += sum(Path(t).stat().st_size for t in targets)
                 again = self._remote_manifest(stage)
                 if again == manifest:
                     tmp.mkdir(exist_ok=True)
@@ -210,6 +212,7 @@ class Mirror:
         targets = [f"{prefix}/{p.relative_to(local).as_posix()}" for p in files]
         if files:
             self._io(f"write {stage}/", self.fs.put, [str(p) for p in files], targets)
+            self.moved += sum(p.stat().st_size for p in files)
         self.fs.invalidate_cache(prefix)
         stale = set(self._io("list", self.fs.find, prefix)) - set(targets)
         if stale:
@@ -234,10 +237,14 @@ def mirrored(run: Path | str, mirror_dir: str | os.PathLike) -> Iterator[Path]:
     if not isinstance(run, RunURL):
         yield Path(run)
         return
+    import time
+
     mirror = Mirror(run, mirror_dir)
+    t0 = time.perf_counter()
     fetched = mirror.pull()
     print(f"bootprof: run {mirror.url}: working copy {mirror.path}"
-          + (f" (fetched {', '.join(s + '/' for s in fetched)})" if fetched else ""), file=sys.stderr)
+          + (f" (fetched {', '.join(s + '/' for s in fetched)}: {_amount(mirror, t0)})" if fetched else ""),
+          file=sys.stderr)
     try:
         yield mirror.path
     except BaseException as exc:
@@ -256,6 +263,16 @@ def mirrored(run: Path | str, mirror_dir: str | os.PathLike) -> Iterator[Path]:
 
 
 def _put_back(mirror: Mirror) -> None:
+    import time
+
+    t0, mirror.moved = time.perf_counter(), 0
     put = mirror.push()
     if put:
-        print(f"bootprof: put back to {mirror.url}: {', '.join(s + '/' for s in put)}", file=sys.stderr)
+        print(f"bootprof: put back to {mirror.url}: {', '.join(s + '/' for s in put)} ({_amount(mirror, t0)})",
+              file=sys.stderr)
+
+
+def _amount(mirror: Mirror, t0: float) -> str:
+    import time
+
+    return f"{mirror.moved / 1e6:.1f} MB in {time.perf_counter() - t0:.1f} s"

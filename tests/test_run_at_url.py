@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -157,3 +158,45 @@ def test_a_store_that_cannot_be_reached_and_an_http_run_are_clear_errors(tmp_pat
     assert "Traceback" not in unreachable.stderr
     http = bootprof(closed, "report", "--run", "https://example.invalid/runs/r")
     assert http.returncode == 2 and "HTTP(S) is read-only here" in http.stderr
+
+
+def test_a_backfill_keeps_its_runs_at_a_url(s3_here, tmp_path, capsys):
+    """A job whose ``runs_dir`` is a store's URL keeps each run there: the trace that decodes lands whole, the
+    damaged one is reported and leaves no output; a second machine finds every stage up to date."""
+    import shutil
+
+    from pipeline.cli import main as cli_main
+    from tests.conftest import fixture_path
+
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    shutil.copyfile(fixture_path("etl/perfview-small/smallEtlFile.etl"), traces / "night1.etl")
+    (traces / "damaged.etl").write_bytes(b"\0" * 100)
+    job = tmp_path / "backfill.yaml"
+    job.write_text((ROOT / "jobs" / "backfill.yaml").read_text().replace(
+        "runs_dir: runs", f"runs_dir: s3://{BUCKET}/backfill/"))
+    for name, expect in (("a", 1), ("b", 1)):
+        cfg = machine(tmp_path, name, cluster={"mode": "synchronous"})
+        assert cli_main(["--config", cfg, "run", str(job), "--trace", str(traces)]) == expect
+        out = capsys.readouterr().out
+        assert f"-> s3://{BUCKET}/backfill/backfill-night1" in out and "backfill: 1 of 2 traces" in out
+    assert [line.split()[1] for line in out.splitlines() if line.startswith("  ") and "skipped" in line] == \
+        ["skipped"] * 4
+    client = s3(s3_here)
+    assert {p.split("/")[-2] for p in client.glob(f"{BUCKET}/backfill/backfill-night1/*/_manifest.json")} == \
+        {"decoded", "symbolized", "aggregated"}
+    assert not client.glob(f"{BUCKET}/backfill/backfill-damaged/*/_manifest.json")
+
+
+def test_a_job_names_its_runs_below_a_path_or_a_url(tmp_path):
+    from pipeline.config import ConfigError, load_job
+    from pipeline.mirror import RunURL
+
+    job = tmp_path / "job.yaml"
+    for runs_dir, expect in (("s3://b/runs/", RunURL("s3://b/runs/j-1")), ("runs", Path("runs") / "j-1")):
+        job.write_text(f"name: j\nstages: [decode]\nruns_dir: {runs_dir}\n")
+        got = load_job(job).run_dir("j-1")
+        assert got == expect and type(got) is type(expect)
+    job.write_text("name: j\nstages: [decode]\nruns_dir: https://example.invalid/runs\n")
+    with pytest.raises(ConfigError, match=r"job\.yaml:3: runs_dir: .*HTTP\(S\) is read-only"):
+        load_job(job)
