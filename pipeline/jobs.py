@@ -28,7 +28,7 @@ from pipeline import __version__, sources
 from pipeline.config import Config, Job, load_config, load_job
 from pipeline.errors import BootprofError, ConfigError, ManifestError
 from pipeline.mirror import mirrored
-from pipeline.progress import Status
+from pipeline.progress import Status, print_line
 from pipeline.runs import MANIFEST, canonical_hash, read_manifest, stage_dir
 
 #: job stage -> (its output directory in the run, the config section its output depends on)
@@ -126,7 +126,7 @@ def run_stages(job: Job, config: Config, inputs: list[sources.Input], run_dir: P
     # (no cluster starts for a job whose stages are all up to date)
     first = next((s for s in stages if force or stale_reason(run_dir, s, config, inputs) is not None), None)
     for stage in stages[:stages.index(first) if first else len(stages)]:
-        print(f"  {stage:<10} {'skipped':>7}  (up to date)")
+        print_line(f"  {stage:<10} {'skipped':>7}  (up to date)")
         summaries[stage] = None
     if first is None:
         return summaries
@@ -141,7 +141,7 @@ def run_stages(job: Job, config: Config, inputs: list[sources.Input], run_dir: P
                 beside = None
                 continue
             if not force and stage != first and stale_reason(run_dir, stage, config, inputs) is None:
-                print(f"  {stage:<10} {'skipped':>7}  (up to date)")
+                print_line(f"  {stage:<10} {'skipped':>7}  (up to date)")
                 summaries[stage] = None
                 continue
             after = todo[k + 1] if k + 1 < len(todo) else None
@@ -153,7 +153,7 @@ def run_stages(job: Job, config: Config, inputs: list[sources.Input], run_dir: P
             with Status(stage, 0) as status:
                 status.say("running")
                 summary = summaries[stage] = modules[stage].run(run_dir, config, pool, inputs=list(inputs))
-            print(f"  {stage:<10} {time.perf_counter() - t0:7.2f} s  {summary or ''}")
+            print_line(f"  {stage:<10} {time.perf_counter() - t0:7.2f} s  {summary or ''}")
     return summaries
 
 
@@ -193,7 +193,7 @@ def _run_beside(first: str, running: concurrent.futures.Future, stage: str, modu
         with printing:
             if not shown:
                 shown.append(summary)
-                print(f"  {first:<10} {seconds:7.2f} s  {summary or ''}")
+                print_line(f"  {first:<10} {seconds:7.2f} s  {summary or ''}")
 
     try:
         with Status(f"{first}, {stage}", 0) as status:
@@ -205,7 +205,7 @@ def _run_beside(first: str, running: concurrent.futures.Future, stage: str, modu
         after()                     # (waits for first; raises its error, if it failed)
         raise
     after()
-    print(f"  {stage:<10} {time.perf_counter() - t0:7.2f} s  (started beside {first}) {summary or ''}")
+    print_line(f"  {stage:<10} {time.perf_counter() - t0:7.2f} s  (started beside {first}) {summary or ''}")
     return shown[0], summary
 
 

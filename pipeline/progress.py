@@ -2,21 +2,64 @@
 
 Written to standard error only when that is a terminal, one line rewritten in place and erased at the
 end, so that logs, pipes, CI output and the JSON a command prints see nothing of it.
+
+Every :class:`Status` of the process shares that one line. A job shows ``decode: running`` and the decode
+shows its bytes under the same label: the newer status of a label stands for it. Statuses of different labels
+(a stage that runs beside another) are shown side by side, ``symbolize, aggregate: running · symbolize: 3 of 21
+symbol files (14 %)``, cut to the terminal's width. :func:`print_line` prints a line of output above the status
+line instead of into it.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 import time
 from typing import TextIO
 
 #: Seconds between two updates of the line (the last one, at 100 %, is always shown).
 INTERVAL_S = 0.25
+#: Between the statuses shown side by side.
+SEPARATOR = " · "
+
+
+class _Line:
+    """The one status line of a stream: the statuses shown on it, oldest first, and how wide it was drawn."""
+
+    def __init__(self) -> None:
+        self.shown: list[Status] = []
+        self.width = 0
+
+    def draw(self, stream: TextIO) -> None:
+        newest = {s.label: s for s in self.shown}           # (a label's newest status stands for it)
+        line = SEPARATOR.join(f"{s.label}: {s.text}" for s in self.shown if newest[s.label] is s)
+        line = line[:_columns(stream)]
+        if line:
+            stream.write("\r" + line.ljust(self.width))
+            self.width = max(self.width, len(line))
+        else:
+            self.erase(stream)
+        stream.flush()
+
+    def erase(self, stream: TextIO) -> None:
+        if self.width:
+            stream.write("\r" + " " * self.width + "\r")
+            stream.flush()
+            self.width = 0
+
+
+_lock = threading.RLock()
+_lines: dict[int, _Line] = {}
+
+
+def _line_of(stream: TextIO) -> _Line:
+    return _lines.setdefault(id(stream), _Line())
 
 
 class Status:
     """``Status(label, total)``; ``advance(n)`` as bytes (or, with ``unit``, things of that name) are done,
-    ``say(text)`` for a step without a measure, ``close()`` (or the end of a ``with``) erases the line."""
+    ``say(text)`` for a step without a measure, ``close()`` (or the end of a ``with``) takes it off the line."""
 
     def __init__(self, label: str, total: int, stream: TextIO | None = None, unit: str | None = None):
         self.label, self.total, self.unit = label, max(int(total), 0), unit
@@ -28,7 +71,7 @@ class Status:
         self.done = 0
         self.start = time.monotonic()
         self.shown = 0.0
-        self.width = 0
+        self.text = ""
 
     def __enter__(self) -> "Status":
         return self
@@ -58,13 +101,51 @@ class Status:
             self._write(text, time.monotonic())
 
     def close(self) -> None:
-        if self.on and self.width:
-            self.stream.write("\r" + " " * self.width + "\r")
-            self.stream.flush()
-            self.width = 0
+        if not self.on:
+            return
+        with _lock:
+            line = _line_of(self.stream)
+            if self in line.shown:
+                line.shown.remove(self)
+                line.draw(self.stream)
 
     def _write(self, text: str, now: float) -> None:
-        line = f"{self.label}: {text}"
-        self.stream.write("\r" + line.ljust(self.width))
-        self.stream.flush()
-        self.width, self.shown = max(self.width, len(line)), now
+        with _lock:
+            self.text, self.shown = text, now
+            line = _line_of(self.stream)
+            if self not in line.shown:
+                line.shown.append(self)
+            line.draw(self.stream)
+
+
+def print_line(text: str, stream: TextIO | None = None) -> None:
+    """Print ``text`` to standard output (or ``stream``) as ``print`` does; when the status line is on the same
+    terminal, above it: the line is erased first and drawn again below the text."""
+    out = stream if stream is not None else sys.stdout
+    with _lock:
+        line = _line_of(sys.stderr)
+        if not (line.width and _same_terminal(out, sys.stderr)):
+            print(text, file=out, flush=True)
+            return
+        line.erase(sys.stderr)
+        print(text, file=out, flush=True)
+        line.draw(sys.stderr)
+
+
+def _columns(stream: TextIO) -> int | None:
+    """How many characters fit on the terminal's line (None: unknown; a line that wraps would not be rewritten
+    in place)."""
+    try:
+        columns = os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, ValueError, OSError):
+        return None
+    return columns - 1 if columns >= 20 else None
+
+
+def _same_terminal(a: TextIO, b: TextIO) -> bool:
+    try:
+        if not (a.isatty() and b.isatty()):
+            return False
+        return os.ttyname(a.fileno()) == os.ttyname(b.fileno())
+    except (AttributeError, ValueError, OSError):
+        return False

@@ -327,14 +327,15 @@ def test_the_content_hash_is_the_sha256_of_the_pieces_sha256s(tmp_path):
         assert sha256_tree(big) == shell
 
 
-def _on_a_terminal(args: list[str]) -> tuple[list[str], bytes]:
-    """Run ``python -m pipeline ARGS`` with standard error on a pseudo-terminal; returns what the terminal
-    showed, split at carriage returns, and standard output. The command must succeed."""
+def _on_a_terminal(args: list[str], stdout_too: bool = False) -> tuple[list[str], bytes]:
+    """Run ``python -m pipeline ARGS`` with standard error (and with ``stdout_too`` standard output) on a
+    pseudo-terminal; returns what the terminal showed, split at carriage returns, and standard output (else b"").
+    The command must succeed."""
     import pty
 
     terminal, other_side = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline", *args], stdout=subprocess.PIPE, stderr=other_side,
-                            cwd=ROOT)
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", *args], stderr=other_side, cwd=ROOT,
+                            stdout=other_side if stdout_too else subprocess.PIPE)
     os.close(other_side)
     shown = b""
     while True:
@@ -346,9 +347,25 @@ def _on_a_terminal(args: list[str]) -> tuple[list[str], bytes]:
             break
         shown += data
     os.close(terminal)
-    out = proc.stdout.read()
+    out = b"" if stdout_too else proc.stdout.read()
     assert proc.wait() == 0, shown.decode()
     return shown.decode().split("\r"), out
+
+
+def _screen(shown: str) -> list[str]:
+    """The rows a terminal shows once it has been sent ``shown``: a carriage return goes back to the start of its
+    row, and what follows overwrites it."""
+    rows, row, col = [], [], 0
+    for ch in shown:
+        if ch == "\n":
+            rows.append("".join(row).rstrip())
+            row, col = [], 0
+        elif ch == "\r":
+            col = 0
+        else:
+            row[col:col + 1] = [ch]
+            col += 1
+    return rows + ["".join(row).rstrip()]
 
 
 def test_cli_decode_shows_a_status_line_on_a_terminal_and_erases_it(tmp_path):
@@ -387,13 +404,33 @@ def test_a_job_on_a_terminal_shows_the_stage_that_runs(tmp_path):
     stages = ["decode", "symbolize", "aggregate", "report", "warehouse"]
     # (aggregate starts beside symbolize, warehouse beside report: one line names both)
     running = ["decode", "symbolize, aggregate", "report, warehouse"]
-    assert [line for line in shown if line.endswith(": running")] == [f"{stage}: running" for stage in running]
+    # (a stage's own status stands for its "running" while it is shown, which comes back when it closes)
+    assert list(dict.fromkeys(line for line in shown if line.endswith(": running"))) == \
+        [f"{stage}: running" for stage in running]
     assert any(line.startswith("synth: writing the demo trace") for line in shown)
     assert any(re.fullmatch(r"decode: \d+\.\d\d of \d+\.\d\d GB \(100 %\), \d+ MB/s", line) for line in shown)
-    files = [re.fullmatch(r"symbolize: (\d+) of (\d+) symbol files \((\d+) %\)", line) for line in shown]
+    # (symbolize runs beside aggregate: its status is shown beside the job's)
+    files = [re.fullmatch(r"symbolize, aggregate: running · symbolize: (\d+) of (\d+) symbol files \((\d+) %\)", line)
+             for line in shown]
     assert [m.groups() for m in files if m][-1][2] == "100" and int([m for m in files if m][-1].group(2)) > 10
     assert lines[-1] == "" and lines[-2].strip() == ""
     assert [line.split()[0] for line in out.decode().splitlines()[1:-1]] == ["synth"] + stages
+
+
+def test_a_job_whose_output_shares_the_terminal_prints_its_lines_above_the_status(tmp_path):
+    """Output and status on one terminal, as in an interactive shell: each stage's line is printed above the status
+    line, also the line of a stage that ended while the one beside it runs, so that the screen holds the job's lines
+    and nothing of a status once it has ended."""
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(json.dumps({"cluster": {"mode": "synchronous"}, "symbolize": {"cache_dir": str(tmp_path / "c")},
+                               "warehouse": {"path": str(tmp_path / "wh.duckdb")}}))
+    lines, _ = _on_a_terminal(["--config", str(cfg), "run", str(ROOT / "jobs" / "single-trace.yaml"), "--run",
+                               str(tmp_path / "run")], stdout_too=True)
+    rows = [row for row in _screen("\r".join(lines)) if row]
+    assert [row.split()[0] for row in rows] == ["run", "synth", "decode", "symbolize", "aggregate", "report",
+                                                "warehouse", "report:"], rows
+    assert not [row for row in rows if "running" in row or " · " in row or "symbol files" in row]
+    assert "(started beside symbolize)" in rows[4] and "(started beside report)" in rows[6]
 
 
 def _log_as_distributed_worker(_item):
