@@ -82,6 +82,21 @@ def captured_inputs(run_dir: Path) -> list[Path]:
     return found
 
 
+class RunInputs(list):
+    """The inputs a run's decode was made from, taken for ``bootprof run`` without ``--trace`` on a run that has one
+    (``decoded_inputs``): the run goes on from its decode, which stays as it is while its settings do, whether or
+    not these files are still where they were (on another machine that works on a run kept at a URL, they are not)."""
+
+
+def decoded_inputs(run_dir: Path) -> RunInputs:
+    """The inputs of the run's decode, as its manifest names them (none without a decode)."""
+    try:
+        manifest = read_manifest(run_dir, "decoded")
+    except ManifestError:
+        return RunInputs()
+    return RunInputs(sources.parse(i["path"]) for i in manifest.get("inputs") or [] if i.get("path"))
+
+
 def stale_reason(run_dir: Path, stage: str, config: Config, inputs: list[Path]) -> str | None:
     """Why ``stage`` must run in ``run_dir``; None when its output is up to date."""
     if stage == "compare":
@@ -103,7 +118,7 @@ def stale_reason(run_dir: Path, stage: str, config: Config, inputs: list[Path]) 
         return f"made by bootprof {manifest.get('project_version')}"
     if canonical_hash((manifest.get("config") or {}).get(section)) != canonical_hash(config.resolved()[section]):
         return f"the {section} settings changed"
-    if stage == "decode":
+    if stage == "decode" and not isinstance(inputs, RunInputs):
         from pipeline.decode import classify
 
         trace, profiles = classify(inputs)       # (the files the decode stage reads and fingerprints)
@@ -247,7 +262,9 @@ def _run_in(job: Job, job_path: Path, config: Config, traces: list[sources.Input
     """``run_job`` in ``run_dir`` (``shown``: what the user named, a path or the URL it is a working copy of)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     print(f"run directory: {shown}")
-    inputs = traces or captured_inputs(run_dir)
+    inputs = traces or captured_inputs(run_dir) or decoded_inputs(run_dir)
+    if isinstance(inputs, RunInputs) and inputs:
+        print(f"inputs: those of the run's decode ({len(inputs)} file{'' if len(inputs) == 1 else 's'})")
     if not inputs:
         if "synth" not in job.stages:
             raise BootprofError(f"{job_path}: job has no 'synth' stage and {shown} holds no capture, "

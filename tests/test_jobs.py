@@ -111,6 +111,16 @@ def test_a_rerun_skips_what_is_up_to_date(tmp_path, capsys):
     assert cli_main(["--config", cfg, "run", job, "--trace", str(other), "--run", str(run), "--force"]) == 0
     assert "skipped" not in _stage_lines(capsys.readouterr().out).values()
 
+    # Without --trace the run goes on from its decode, even once its trace is gone (no demo trace is made); a
+    # changed decode setting needs the trace again, and says which file is missing.
+    other.unlink()
+    assert cli_main(["--config", cfg, "run", job, "--run", str(run), "--set", "report.title=again"]) == 0
+    out = capsys.readouterr().out
+    assert "inputs: those of the run's decode (1 file)" in out and "synth" not in out
+    assert [s for s, how in _stage_lines(out).items() if how == "skipped"] == ["decode", "symbolize", "aggregate"]
+    assert cli_main(["--config", cfg, "run", job, "--run", str(run), "--set", "decode.max_error_rows=7"]) == 2
+    assert str(other) in capsys.readouterr().err
+
 
 def test_set_overrides_and_errors(tmp_path, capsys):
     from pipeline.config import load_config
