@@ -31,17 +31,20 @@ import hashlib
 import json
 import os
 import sys
+import time
 import uuid
 from pathlib import Path, PurePosixPath
 from typing import Iterator
 
 from pipeline.errors import InputError
-from pipeline.runs import MANIFEST, _swap_into_place, atomic_write_json, clean_leftovers, stage_dir
+from pipeline.runs import MANIFEST, atomic_write_json, clean_leftovers, stage_dir, swap_into_place
 
 #: What the working copy records of its URL and of the stages it synced (``stage -> sha256 of the manifest``).
 STATE = ".bootprof-mirror.json"
 #: A stage read while a push rewrote it is read again this many times before the command fails.
 PULL_TRIES = 3
+#: How long a fetch that finds a stage's manifest gone waits for the push that rewrites it to write the new one.
+PUSH_WAIT_S = 2.0
 
 
 class RunURL(str):
@@ -106,7 +109,8 @@ class Mirror:
         found = self._io("list", self.fs.glob, f"{self.root}/*/{MANIFEST}")
         if not found:
             return {}
-        data = self._io("read", self.fs.cat, list(found))
+        # (a manifest gone since the listing: a push is rewriting that stage, which is then not there)
+        data = self._io("read", self.fs.cat, list(found), on_error="omit")
         return {PurePosixPath(p).parent.name: b for p, b in data.items() if isinstance(b, bytes)}
 
     def _remote_manifest(self, stage: str) -> bytes | None:
@@ -169,11 +173,15 @@ class Mirror:
                 if again == manifest:
                     tmp.mkdir(exist_ok=True)
                     (tmp / MANIFEST).write_bytes(manifest)
-                    _swap_into_place(tmp, stage_dir(self.path, stage))
+                    swap_into_place(tmp, stage_dir(self.path, stage))
                     self._mark(stage, _hash(manifest))
                     return
-                if again is None:
-                    raise InputError(f"{self.url}/{stage}/: removed while it was fetched")
+                if again is None:       # (a push between removing the old manifest and writing the new one)
+                    time.sleep(PUSH_WAIT_S)
+                    again = self._remote_manifest(stage)
+                    if again is None:
+                        raise InputError(f"{self.url}/{stage}/: removed while it was fetched (or a push of it was cut "
+                                         "short: run that stage again)")
                 manifest = again        # (rewritten meanwhile: read the new one)
             except FileNotFoundError:
                 pass        # (a file went while it was fetched: a push rewrites the stage; try again)
@@ -237,8 +245,6 @@ def mirrored(run: Path | str, mirror_dir: str | os.PathLike) -> Iterator[Path]:
     if not isinstance(run, RunURL):
         yield Path(run)
         return
-    import time
-
     mirror = Mirror(run, mirror_dir)
     t0 = time.perf_counter()
     fetched = mirror.pull()
@@ -263,8 +269,6 @@ def mirrored(run: Path | str, mirror_dir: str | os.PathLike) -> Iterator[Path]:
 
 
 def _put_back(mirror: Mirror) -> None:
-    import time
-
     t0, mirror.moved = time.perf_counter(), 0
     put = mirror.push()
     if put:
@@ -273,6 +277,4 @@ def _put_back(mirror: Mirror) -> None:
 
 
 def _amount(mirror: Mirror, t0: float) -> str:
-    import time
-
     return f"{mirror.moved / 1e6:.1f} MB in {time.perf_counter() - t0:.1f} s"

@@ -253,13 +253,15 @@ def stage_output(
         }
         manifest.update(out.manifest)
         atomic_write_json(tmp / MANIFEST, manifest)
-        _swap_into_place(tmp, stage_dir(run_dir, stage))
+        swap_into_place(tmp, stage_dir(run_dir, stage))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
-def _swap_into_place(tmp: Path, final: Path) -> None:
+def swap_into_place(tmp: Path, final: Path) -> None:
+    """Make the directory ``tmp`` the directory ``final``: a reader finds the old one, none for a moment, or the new
+    one; never a part of either."""
     old = None
     if final.exists():
         old = final.with_name(f".{final.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}")

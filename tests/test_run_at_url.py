@@ -139,12 +139,30 @@ def test_a_fetch_takes_only_whole_outputs(s3_here, tmp_path):
     assert (reader.path / "decoded" / "t.parquet" / "part-0.parquet").read_text() == "three"
     assert json.loads((reader.path / "decoded" / "_manifest.json").read_text())["text"] == "three"
 
+    # Caught between a push's removal of the old manifest and its writing of the new one: the fetch waits for it.
+    import threading
+
+    late = Mirror(url, tmp_path / "e")
+    get_late = late.fs.get
+
+    def get_then_push_slowly(*args, **kwargs):
+        get_late(*args, **kwargs)
+        late.fs.get = get_late
+        client.rm_file(f"{BUCKET}/halfway/decoded/_manifest.json")
+        output(a, "decoded", "five")
+        threading.Timer(0.5, a.push).start()
+
+    late.fs.get = get_then_push_slowly
+    assert late.pull() == ["decoded"]
+    assert (late.path / "decoded" / "t.parquet" / "part-0.parquet").read_text() == "five"
+
     # Changed only here (a command interrupted before its push): a pull keeps it, the next push puts it back.
-    output(reader, "decoded", "four")
-    assert reader.pull() == []
-    assert (reader.path / "decoded" / "t.parquet" / "part-0.parquet").read_text() == "four"
-    assert Mirror(url, tmp_path / "d").push() == ["decoded"]
+    output(late, "decoded", "four")
+    assert late.pull() == []
+    assert (late.path / "decoded" / "t.parquet" / "part-0.parquet").read_text() == "four"
+    assert Mirror(url, tmp_path / "e").push() == ["decoded"]
     assert client.cat(f"{BUCKET}/halfway/decoded/t.parquet/part-0.parquet") == b"four"
+    assert a.pull() == ["decoded"] and (a.path / "decoded" / "t.parquet" / "part-0.parquet").read_text() == "four"
 
 
 def test_a_store_that_cannot_be_reached_and_an_http_run_are_clear_errors(tmp_path):
