@@ -263,11 +263,11 @@ def test_image_kernel_in_plain_python_matches_the_jit():
     groups = index.group_of(q_pid)
     args = (groups, q_addr, q_t.astype(np.int64), index.group_start, index.group_stop, index.group_max_size,
             index.base, index.end, index.load, index.unload, index.kernel_group)
-    jit_hit, jit_count = im._find_kernel(*args)
+    jit_hit, jit_count = im.find_kernel(*args)
     saved = im._search_group
     im._search_group = saved.py_func  # the Python body calls the module-level name
     try:
-        py_hit, py_count = im._find_kernel.py_func(*args)
+        py_hit, py_count = im.find_kernel.py_func(*args)
     finally:
         im._search_group = saved
     assert np.array_equal(jit_hit, py_hit) and np.array_equal(jit_count, py_count)
@@ -313,7 +313,7 @@ def test_image_candidates_weighed_at_a_time_agree_with_find():
     assert np.array_equal(chosen(used), rows)
     # (the kernel as plain Python: the same marks)
     py_used = np.zeros(cands.shape, bool)
-    im._mark_kernel.py_func(cands, k[::-1].copy(), np.arange(0, n, 2), np.full(n // 2, 2), np.arange(n // 2)[::-1].copy(),
+    im.mark_kernel.py_func(cands, k[::-1].copy(), np.arange(0, n, 2), np.full(n // 2, 2), np.arange(n // 2)[::-1].copy(),
                             q_t2[0::2].astype(np.int64), index.load, index.unload, py_used)
     assert np.array_equal(py_used, used)
     assert (count >= 2).sum() > 500 and (rows < 0).sum() > 100 and (count == 1).sum() > 500

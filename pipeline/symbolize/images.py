@@ -68,7 +68,7 @@ class ImageIndex:
         groups = self.group_of(pids)
         addresses = np.ascontiguousarray(addresses, dtype=np.uint64)
         times = np.ascontiguousarray(times, dtype=np.int64)
-        hit, count = _find_kernel(
+        hit, count = find_kernel(
             groups, addresses, times, self.group_start, self.group_stop, self.group_max_size,
             self.base, self.end, self.load, self.unload, self.kernel_group,
         )
@@ -79,7 +79,7 @@ class ImageIndex:
         (indices of this index, not rows: see ``rows``), -1 padded. ``most``: the largest count ``find``
         gave for these queries."""
         out = np.full((len(addresses), max(int(most), 1)), -1, np.int64)
-        _candidates_kernel(self.group_of(pids), np.ascontiguousarray(addresses, dtype=np.uint64), self.group_start,
+        candidates_kernel(self.group_of(pids), np.ascontiguousarray(addresses, dtype=np.uint64), self.group_start,
                            self.group_stop, self.group_max_size, self.base, self.end, self.kernel_group, out)
         return out
 
@@ -90,7 +90,7 @@ class ImageIndex:
         ``g = group[j]``. One pass over the few candidates of each, instead of a search of the pid's images, and
         no array of the occurrences one by one."""
         i64 = lambda a: np.ascontiguousarray(a, dtype=np.int64)  # noqa: E731
-        _mark_kernel(cands, i64(members), i64(first), i64(count), i64(group), i64(times), self.load, self.unload,
+        mark_kernel(cands, i64(members), i64(first), i64(count), i64(group), i64(times), self.load, self.unload,
                      used)
 
     def rows(self, indices: np.ndarray) -> np.ndarray:
@@ -180,8 +180,8 @@ def _list_group(g, addr, group_start, group_stop, group_max, base, end, out, row
 
 
 @numba.njit(cache=True, nogil=True)
-def _candidates_kernel(groups, addresses, group_start, group_stop, group_max, base, end, kernel_group, out):
-    """Per query, the images ``_find_kernel`` chooses among (its pid's group, else the kernel's), -1 padded."""
+def candidates_kernel(groups, addresses, group_start, group_stop, group_max, base, end, kernel_group, out):
+    """Per query, the images ``find_kernel`` chooses among (its pid's group, else the kernel's), -1 padded."""
     for k in range(addresses.shape[0]):
         g = groups[k]
         n = 0
@@ -210,7 +210,7 @@ def _best_slot(cands, row, t, load, unload):
 
 
 @numba.njit(cache=True, nogil=True)
-def _mark_kernel(cands, members, first, count, group, times, load, unload, used):
+def mark_kernel(cands, members, first, count, group, times, load, unload, used):
     """For each event j, each query of its group: mark the slot ``_search_group`` picks at the event's time."""
     for j in range(group.shape[0]):
         g = group[j]
@@ -222,7 +222,7 @@ def _mark_kernel(cands, members, first, count, group, times, load, unload, used)
 
 
 @numba.njit(cache=True, nogil=True)
-def _find_kernel(groups, addresses, times, group_start, group_stop, group_max, base, end, load, unload, kernel_group):
+def find_kernel(groups, addresses, times, group_start, group_stop, group_max, base, end, load, unload, kernel_group):
     n = addresses.shape[0]
     hit = np.full(n, -1, dtype=np.int64)
     count = np.zeros(n, dtype=np.int64)

@@ -398,7 +398,7 @@ def candidates(ts, tid, cpu, whole, twice, va, final, check):
 
 
 @nb.njit(**JIT)
-def _in_bitmap(ts, key, bitmap, out):
+def in_bitmap_kernel(ts, key, bitmap, out):
     bits = _log2(bitmap.shape[0] * 64)
     for i in range(ts.shape[0]):
         out[i] = _has_bit(bitmap, bits, ts[i], key[i])
@@ -407,7 +407,7 @@ def _in_bitmap(ts, key, bitmap, out):
 def in_bitmap(ts: np.ndarray, key: np.ndarray, bitmap: np.ndarray) -> np.ndarray:
     """Whether the bit of each key (ts, key) is set in ``bitmap``."""
     out = np.empty(len(ts), np.bool_)
-    _in_bitmap(ts, key, bitmap, out)
+    in_bitmap_kernel(ts, key, bitmap, out)
     return out
 
 
