@@ -35,8 +35,11 @@ class Pool:
     """Runs task functions either on a dask cluster or inline."""
 
     def __init__(self, client=None, warming: bool = False, start: Callable[[], "Pool"] | None = None,
-                 eager: bool = False):
+                 eager: bool = False, remote: str | None = None):
         self._client = client
+        #: The scheduler's address when the workers may be on other machines (``cluster.mode: address``).
+        self._remote = remote
+        self._shared: set[str] = set()          # (directories they were found to see: ``require_shared``)
         #: The cluster is starting already (``connect(background=True)``), not when first needed.
         self._eager = eager
         #: The workers are warming up (a local cluster): the first ``map`` waits for them (``warmup.ready``).
@@ -52,7 +55,7 @@ class Pool:
             with self._starting:
                 if self._start is not None:
                     started = self._start()        # (a start that fails is tried again, never taken for inline)
-                    self._client, self._warming = started._client, started._warming
+                    self._client, self._warming, self._remote = started._client, started._warming, started._remote
                     self._start = None
         return self._client
 
@@ -80,6 +83,31 @@ class Pool:
             import gc
 
             gc.freeze()
+
+    def require_shared(self, directory, what: str) -> None:
+        """With workers that may be on other machines (``cluster.mode: address``): unless each of them sees
+        ``directory`` as this process does (a file made there now, looked for by every worker), a ConfigError that
+        names the directory, the workers and ``what`` puts it on a filesystem they share. Once per directory."""
+        import uuid
+        from pathlib import Path
+
+        if str(directory) in self._shared or self.client is None or self._remote is None:
+            return          # (self.client first: a lazy pool knows where its workers are once it has started)
+        probe = Path(directory) / f".bootprof-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        probe.write_bytes(b"")
+        try:
+            seen = self.client.run(os.path.isfile, str(probe))
+        finally:
+            probe.unlink(missing_ok=True)
+        blind = sorted(w for w, ok in seen.items() if not ok)
+        if blind:
+            from pipeline.errors import ConfigError
+
+            raise ConfigError(
+                f"{directory}: {len(blind)} of the {len(seen)} workers of the dask scheduler at {self._remote} do not "
+                f"see this directory ({', '.join(blind[:3])}{', ...' if len(blind) > 3 else ''}): workers on other "
+                f"machines need {what} on a filesystem they share, at the same path")
+        self._shared.add(str(directory))
 
     def map(self, fn: Callable[..., Any], items: Iterable[Any], on_result: Callable[[Any], None] | None = None,
             **kwargs) -> list[Any]:
@@ -223,7 +251,7 @@ def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = (), lazy:
         except (OSError, ValueError) as exc:     # (not an address, unreachable, timed out)
             raise ConfigError(f"cluster.address {cfg.address!r}: cannot connect to a dask scheduler: {exc}") from None
         with client:
-            yield Pool(client)
+            yield Pool(client, remote=cfg.address)
         return
     with local_cluster(cfg, warm_up, forked) as cluster, Client(cluster) as client, _gc_set_aside():
         yield Pool(client, warming=bool(warm_up))

@@ -66,6 +66,13 @@ def location(run_dir: Path) -> str:
         return str(run_dir)
 
 
+def placed_by(run_dir: Path) -> str:
+    """What puts ``run_dir`` where it is, for a message: the ``--run`` path, or ``runs.mirror_dir`` for a working
+    copy."""
+    url = location(run_dir)
+    return "the run directory" if url == str(run_dir) else f"runs.mirror_dir (the working copy of {url})"
+
+
 class Mirror:
     """The working copy of the run at ``url`` (see the module's text)."""
 

@@ -3,6 +3,7 @@ once on the synthesized demo trace and once on a directory of real rustc self-pr
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 from pipeline.cli import main as cli_main
@@ -193,13 +194,11 @@ def test_backfilled_runs_are_ordered_by_when_they_were_recorded(tmp_path, capsys
     assert [r[2][:10] for r in rows] == ["2025-12-12", "2025-12-13", "2025-12-14"]
 
 
-def test_the_pipeline_on_a_dask_scheduler_and_workers_equals_a_local_run(tmp_path, capsys, s3_here):
-    """Scale-out stays on dask: a real `dask scheduler` and two `dask worker` processes on loopback run the whole
-    single-trace job (cluster.mode address) on a synthesized trace and its self-profiles, given as http:// URLs of a
-    server on loopback (workers on other machines read their parts there), with the run kept in an S3 store (a real
-    S3 API server on loopback); every table it decodes, symbolizes and aggregates, fetched from the store into a
-    fresh copy, equals that of the same job run in this process on the files (rows compared in one order: the
-    decoder's parts may cut them otherwise; the input's path or URL aside)."""
+@contextlib.contextmanager
+def dask_scheduler(workers: int, hidden=None):
+    """A real `dask scheduler` on loopback with ``workers`` `dask worker` processes; its address. With ``hidden`` (a
+    directory), each worker runs in a mount namespace of its own where an empty filesystem lies over it, as on a
+    machine that does not share it."""
     import os
     import re
     import subprocess
@@ -211,7 +210,7 @@ def test_the_pipeline_on_a_dask_scheduler_and_workers_equals_a_local_run(tmp_pat
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     scheduler = subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard"],
                                  stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-    workers = []
+    started = []
     try:
         address, deadline = None, time.monotonic() + 120
         while address is None and time.monotonic() < deadline:
@@ -219,9 +218,32 @@ def test_the_pipeline_on_a_dask_scheduler_and_workers_equals_a_local_run(tmp_pat
             m = re.search(r"Scheduler at:\s+(tcp://127\.0\.0\.1:\d+)", line)
             address = m.group(1) if m else None
         assert address, "the dask scheduler did not say its address"
-        for _ in range(2):
-            workers.append(subprocess.Popen([dask, "worker", address, "--nthreads", "1", "--no-dashboard",
-                                             "--memory-limit", "2GiB"], stderr=subprocess.DEVNULL, env=env, cwd=ROOT))
+        worker = [dask, "worker", address, "--nthreads", "1", "--no-dashboard", "--memory-limit", "2GiB"]
+        if hidden is not None:
+            worker = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                      f'mount -t tmpfs bootprof-hidden "{hidden}" && exec "$@"', "sh", *worker]
+        for _ in range(workers):
+            started.append(subprocess.Popen(worker, stderr=subprocess.DEVNULL, env=env, cwd=ROOT))
+        from distributed import Client
+
+        with Client(address, timeout=30) as client:
+            client.wait_for_workers(workers, timeout=120)
+        yield address
+    finally:
+        for p in started + [scheduler]:
+            p.terminate()
+        for p in started + [scheduler]:
+            p.wait(timeout=60)
+
+
+def test_the_pipeline_on_a_dask_scheduler_and_workers_equals_a_local_run(tmp_path, capsys, s3_here):
+    """Scale-out stays on dask: a real `dask scheduler` and two `dask worker` processes on loopback run the whole
+    single-trace job (cluster.mode address) on a synthesized trace and its self-profiles, given as http:// URLs of a
+    server on loopback (workers on other machines read their parts there), with the run kept in an S3 store (a real
+    S3 API server on loopback); every table it decodes, symbolizes and aggregates, fetched from the store into a
+    fresh copy, equals that of the same job run in this process on the files (rows compared in one order: the
+    decoder's parts may cut them otherwise; the input's path or URL aside)."""
+    with dask_scheduler(workers=2) as address:
         from pipeline import synth
         from pipeline.config import SynthConfig
 
@@ -248,11 +270,6 @@ def test_the_pipeline_on_a_dask_scheduler_and_workers_equals_a_local_run(tmp_pat
             assert len(client.scheduler_info()["workers"]) == 2
             # (the decode's tasks ran there: the workers imported its kernels)
             assert all(client.run(lambda: "pipeline.decode.etl.kernels" in __import__("sys").modules).values())
-    finally:
-        for p in workers + [scheduler]:
-            p.terminate()
-        for p in workers + [scheduler]:
-            p.wait(timeout=60)
     capsys.readouterr()
     from pipeline.mirror import Mirror
 
@@ -265,3 +282,47 @@ def test_the_pipeline_on_a_dask_scheduler_and_workers_equals_a_local_run(tmp_pat
     assert (runs["address"] / "report" / "index.html").exists()
     assert sorted(p.name for p in (runs["address"] / "report").iterdir()) == \
         sorted(p.name for p in (runs["synchronous"] / "report").iterdir())
+
+
+def test_workers_that_do_not_see_the_run_say_which_setting_to_change(tmp_path, capsys, s3_here):
+    """Workers on other machines (cluster.mode address) must see the run directory, a URL run's working copy
+    (runs.mirror_dir) and the symbol cache where this process does. A real `dask worker` for which an empty
+    filesystem lies over them (a mount namespace of its own) meets each: the stage fails before its first task,
+    naming the directory, the worker and the setting, and writes nothing."""
+    from pipeline import synth
+    from pipeline.config import SynthConfig
+
+    hidden = tmp_path / "not-shared"
+    hidden.mkdir()
+    trace = tmp_path / "input" / "build.etl"
+    synth.run(trace, SynthConfig(seed=3, size="2MB", cpus=2))
+    with dask_scheduler(workers=1, hidden=hidden) as address:
+        def config(name: str, **more) -> str:
+            cfg = tmp_path / f"{name}.yaml"
+            cfg.write_text(json.dumps({"cluster": {"mode": "address", "address": address}, **more}))
+            return str(cfg)
+
+        cases = [
+            (["decode", str(trace), "--run", str(hidden / "run")], config("path"), hidden / "run",
+             "the run directory"),
+            (["decode", str(trace), "--run", f"s3://{S3_BUCKET}/not-shared/run"],
+             config("url", runs={"mirror_dir": str(hidden / "copies")}), hidden / "copies",
+             f"runs.mirror_dir (the working copy of s3://{S3_BUCKET}/not-shared/run)"),
+        ]
+        for args, cfg, where, what in cases:
+            assert cli_main(["--config", cfg, *args]) == 2
+            err = capsys.readouterr().err
+            assert f"{where}" in err and "1 of the 1 workers of the dask scheduler at" in err, err
+            assert f"workers on other machines need {what} on a filesystem they share" in err, err
+            assert err.strip().splitlines()[-1].startswith(f"bootprof: error: {where}")
+            assert not list(where.rglob("_manifest.json"))
+        # The symbol cache: the run is where the worker sees it, the cache is not.
+        run = tmp_path / "run"
+        assert cli_main(["--config", config("sync-decode", cluster={"mode": "synchronous"}), "decode", str(trace),
+                         "--run", str(run)]) == 0
+        capsys.readouterr()
+        cfg = config("cache", symbolize={"cache_dir": str(hidden / "symbols"), "symbol_path": str(trace.parent / "symbols")})
+        assert cli_main(["--config", cfg, "symbolize", "--run", str(run)]) == 2
+        err = capsys.readouterr().err
+        assert "workers on other machines need symbolize.cache_dir on a filesystem they share" in err, err
+        assert not (run / "symbolized").exists()

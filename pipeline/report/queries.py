@@ -21,6 +21,7 @@ import json
 import shutil
 from pathlib import Path
 
+from pipeline.mirror import placed_by
 from pipeline.runs import atomic_write_text
 
 EVENTS_STAGE, AGG_STAGE = "decoded", "aggregated"
@@ -205,6 +206,7 @@ def write_chrome_trace(ctx, parts: list[str], files: dict[int, dict]) -> Path:
         tmp.mkdir()
         outs = [str(tmp / f"{i:05d}.json") for i in range(len(parts))]
         min_ns = ctx.config.report.chrome_trace_min_us * 1000
+        ctx.pool.require_shared(tmp, placed_by(ctx.run_dir))     # (the tasks read the parts, write their fragments)
         for fragment in ctx.pool.map(_chrome_task, list(zip(parts, outs)), files=files, min_ns=min_ns):
             if fragment:
                 f.write("" if first else ",\n")

@@ -407,6 +407,9 @@ def run(run_dir: Path, config, pool, inputs: list[Path] | None = None) -> dict[s
     todo = [d for d in descs if entries and (d.get("code_file") or not is_cached(cache_dir, d["debug_id"]))]
     here = [d for d in descs if d not in todo]
     # (on a terminal: how many symbol files are resolved, read or downloaded, out of how many)
+    if todo:        # (the tasks write the symbol tables there, and this process reads them)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        pool.require_shared(cache_dir, "symbolize.cache_dir")
     with Status("symbolize", len(descs), unit="symbol files") as shown:
         shared = dict(on_result=lambda _: shown.advance(1), entries=entries, cache_dir=str(cache_dir),
                       fetch=fetch_limits(cfg))

@@ -73,6 +73,7 @@ def _decode_etl(path: sources.Input, out, cfg, pool, status: Status) -> dict[str
     from pipeline.decode.etl.partition import InlineScratch, decode_partition
     from pipeline.decode.etl.tasks import PartitionResult, PartitionTask
     from pipeline.decode.etl.workerstate import release_freed_memory
+    from pipeline.mirror import placed_by
 
     pool.set_aside()
     t0 = time.time()
@@ -107,6 +108,7 @@ def _decode_etl(path: sources.Input, out, cfg, pool, status: Status) -> dict[str
         small.take(result)
         status.advance(result.bytes)
 
+    pool.require_shared(out.path, placed_by(out.run_dir))       # (the tasks write their parts there)
     results = pool.map(decode_partition, tasks, on_result=take)
     small.close()
     t_parts = time.time()
