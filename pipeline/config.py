@@ -243,7 +243,8 @@ class Job(Section):
         return sources.run_dir(f"{base}/{name}") if sources.URL.match(base) else Path(base) / name
 
     name: str = Field(description="Job name, used in run directory names.")
-    config: Path | None = Field(None, description="Config file, relative to the project root.")
+    config: Path | None = Field(None, description="Config file; a relative path is relative to the working directory "
+                                "(the project root, for the jobs in jobs/); `--config` overrides it.")
     stages: list[Literal["synth", "decode", "symbolize", "aggregate", "report", "warehouse", "compare"]] = Field(
         description="Stages in order. 'synth' makes the demo trace when no TRACE is given; 'compare' (after "
         "'warehouse') compares the run with its baseline and fails the job on a regression past the budget."

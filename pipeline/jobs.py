@@ -243,6 +243,9 @@ def run_job(job_path: Path, traces: list[Path] | None, run_dir: Path | None, con
             symbol_path: str | None = None, sets: list[str] | None = None, force: bool = False) -> int:
     """``bootprof run``: the job on its inputs; the exit status (1: a regression past budget or a failed trace)."""
     job = load_job(job_path)
+    if config_path is None and job.config is not None and not job.config.is_absolute() and not job.config.exists():
+        raise ConfigError(f"{job_path}: config: {job.config} is not in the working directory {Path.cwd()} (a job's "
+                          "config path is relative to it): run bootprof from the project root, or name one with --config")
     config = apply_sets(load_config(config_path or job.config), sets or [])
     if symbol_path is not None:
         config.symbolize.symbol_path = symbol_path

@@ -123,6 +123,15 @@ def test_a_rerun_skips_what_is_up_to_date(tmp_path, capsys):
     assert str(other) in capsys.readouterr().err
 
 
+def test_a_job_run_from_elsewhere_says_where_its_config_is_looked_for(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    job = ROOT / "jobs" / "single-trace.yaml"
+    assert cli_main(["run", str(job), "--run", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert f"{job}: config: configs/default.yaml is not in the working directory {tmp_path}" in err
+    assert "--config" in err and not (tmp_path / "run").exists()
+
+
 def test_set_overrides_and_errors(tmp_path, capsys):
     from pipeline.config import load_config
     from pipeline.jobs import apply_sets
