@@ -151,8 +151,8 @@ def run_stages(job: Job, config: Config, inputs: list[sources.Input], run_dir: P
         beside: concurrent.futures.Future | None = None     # (the stage that runs beside the next one)
         for k, stage in enumerate(todo):
             if beside is not None:
-                summaries[todo[k - 1]], summaries[stage] = _run_beside(todo[k - 1], beside, stage, modules[stage],
-                                                                       run_dir, config, pool, inputs)
+                summaries[todo[k - 1]], summaries[stage] = _run_beside(
+                    (todo[k - 1], modules[todo[k - 1]]), beside, stage, modules[stage], run_dir, config, pool, inputs)
                 beside = None
                 continue
             if not force and stage != first and stale_reason(run_dir, stage, config, inputs) is None:
@@ -168,8 +168,20 @@ def run_stages(job: Job, config: Config, inputs: list[sources.Input], run_dir: P
             with Status(stage, 0) as status:
                 status.say("running")
                 summary = summaries[stage] = modules[stage].run(run_dir, config, pool, inputs=list(inputs))
-            print_line(f"  {stage:<10} {time.perf_counter() - t0:7.2f} s  {summary or ''}")
+            print_line(f"  {stage:<10} {time.perf_counter() - t0:7.2f} s  {headline(modules[stage], summary)}")
     return summaries
+
+
+def headline(module, summary: dict[str, Any] | None) -> str:
+    """A stage's summary as its line in the job's output: its module's ``headline`` (the manifest holds the whole
+    summary), else the summary itself."""
+    if summary is None:
+        return ""
+    shown = getattr(module, "headline", None)
+    try:
+        return shown(summary) if shown is not None else str(summary)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):      # (a summary of another shape: all of it)
+        return str(summary)
 
 
 def _start_beside(stage: str, module, run_dir: Path, config: Config, pool, inputs) -> concurrent.futures.Future:
@@ -189,11 +201,13 @@ def _start_beside(stage: str, module, run_dir: Path, config: Config, pool, input
     return future
 
 
-def _run_beside(first: str, running: concurrent.futures.Future, stage: str, module, run_dir: Path, config: Config,
-                pool, inputs) -> tuple[Any, Any]:
-    """``stage`` (whose module names ``first`` as its ``BESIDE``) while ``first`` runs on its thread
-    (``running``): it gets ``after``, which returns once ``first`` has ended (and raises its error). Both lines are
-    printed as each stage ends; an error of ``first`` is raised before one of ``stage``. Returns both summaries."""
+def _run_beside(started: tuple[str, Any], running: concurrent.futures.Future, stage: str, module, run_dir: Path,
+                config: Config, pool, inputs) -> tuple[Any, Any]:
+    """``stage`` (whose module names the ``started`` stage, ``(name, module)``, as its ``BESIDE``) while that one
+    runs on its thread (``running``): it gets ``after``, which returns once the first has ended (and raises its
+    error). Both lines are printed as each stage ends; an error of the first is raised before one of ``stage``.
+    Returns both summaries."""
+    first, first_module = started
     import threading
 
     from pipeline.cluster import wait_for
@@ -208,7 +222,7 @@ def _run_beside(first: str, running: concurrent.futures.Future, stage: str, modu
         with printing:
             if not shown:
                 shown.append(summary)
-                print_line(f"  {first:<10} {seconds:7.2f} s  {summary or ''}")
+                print_line(f"  {first:<10} {seconds:7.2f} s  {headline(first_module, summary)}")
 
     try:
         with Status(f"{first}, {stage}", 0) as status:
@@ -220,7 +234,7 @@ def _run_beside(first: str, running: concurrent.futures.Future, stage: str, modu
         after()                     # (waits for first; raises its error, if it failed)
         raise
     after()
-    print_line(f"  {stage:<10} {time.perf_counter() - t0:7.2f} s  (started beside {first}) {summary or ''}")
+    print_line(f"  {stage:<10} {time.perf_counter() - t0:7.2f} s  (started beside {first}) {headline(module, summary)}")
     return shown[0], summary
 
 

@@ -42,6 +42,14 @@ def test_demo_job_without_trace_runs_every_stage(tmp_path, capsys):
     assert manifests["symbolized"]["images_without_symbols"] == []
     assert {"cpu", "memory", "processes"} <= set(manifests["aggregated"]["sections"])
     assert (tmp_path / "wh.duckdb").exists()
+    # Each stage's line is its headline, the numbers from its manifest (which holds the rest), not the whole summary.
+    shown = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
+    etl, sym = manifests["decoded"]["etl"], manifests["symbolized"]
+    assert f"{etl['records']:,} records (0 errors), {etl['samples']:,} samples" in shown["decode"]
+    assert f"{sym['frames']:,} frames, 100.0 % resolved" in shown["symbolize"]
+    assert f"{manifests['aggregated']['sections']['cpu']['samples']:,} CPU samples" in shown["aggregate"]
+    assert "run demo-run: 28 tables" in shown["warehouse"]
+    assert not [line for line in shown.values() if "{" in line or len(line) > 200], shown
 
 
 def test_demo_job_on_a_self_profile_directory(tmp_path, capsys):

@@ -211,3 +211,19 @@ def _run_section(section: Callable[[Context], dict[str, Any] | None], ctx: Conte
     # (raised here, outside the handler: the error keeps no reference to the section's frames, whose DuckDB
     # connection then goes away with its spill directory)
     raise error
+
+
+def headline(summary: dict[str, Any]) -> str:
+    """The stage's line in a job's output: the headline numbers of each section that ran."""
+    parts = []
+    if cpu := summary.get("cpu"):
+        parts.append(f"{cpu.get('samples', 0):,} CPU samples, {cpu.get('processes', 0):,} processes")
+    if memory := summary.get("memory"):
+        parts.append(f"{memory.get('commit_bytes', 0) / 1e9:,.1f} GB committed, peak "
+                     f"{memory.get('peak_commit_bytes', 0) / 1e9:,.1f} GB")
+    if queries := summary.get("queries"):
+        query_cpu = summary.get("query_cpu") or {}
+        parts.append(f"{queries.get('files', 0):,} self-profiles" + (
+            f", {100 * query_cpu.get('in_queries', 0) / query_cpu['samples']:.1f} % of their samples in queries"
+            if query_cpu.get("samples") else ""))
+    return "; ".join(parts) or "nothing to aggregate"

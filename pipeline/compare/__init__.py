@@ -47,3 +47,12 @@ def run(run_dir: Path, config, pool, inputs=None) -> dict[str, Any]:
         with open(step_summary, "a") as f:
             f.write(markdown)
     return summary
+
+
+def headline(summary: dict[str, Any]) -> str:
+    """The stage's line in a job's output."""
+    if not summary.get("baseline_run_id"):
+        return f"no baseline: {summary.get('reason')}"
+    return (f"against {summary['baseline_run_id']}: {summary['regressions']} regressions "
+            f"({summary['regressions_past_budget']} past the {summary['budget_pct']:g} % budget), "
+            f"{summary['improvements']} improvements")

@@ -96,3 +96,19 @@ def run(run_dir: Path, config, pool, inputs: list[sources.Input]) -> dict[str, A
             out.manifest.update(summary)
             out.manifest["inputs"] = fps
     return summary
+
+
+def headline(summary: dict[str, Any]) -> str:
+    """The stage's line in a job's output: what was decoded, and anything lost or wrong (the rest: the manifest)."""
+    parts = []
+    etl = summary.get("etl")
+    if etl:
+        lost = [f"{etl[k]:,} {k.replace('_', ' ')}" for k in ("events_lost", "buffers_lost", "buffers_skipped") if etl.get(k)]
+        parts.append(f"{etl.get('records', 0):,} records ({etl.get('errors', 0):,} errors{''.join(', ' + x for x in lost)}), "
+                     f"{etl.get('samples', 0):,} samples, {etl.get('heap_snapshots', 0):,} heap snapshots")
+    profiles = summary.get("self_profile")
+    if profiles:
+        bad = profiles.get("errors", 0) + profiles.get("skipped", 0)
+        parts.append(f"{profiles.get('decoded', 0):,} self-profiles ({profiles.get('events', 0):,} events"
+                     + (f", {bad:,} not decoded" if bad else "") + ")")
+    return "; ".join(parts) or "nothing decoded"

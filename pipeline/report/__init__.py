@@ -141,3 +141,8 @@ def run(run_dir: Path, config, pool, inputs=None) -> dict[str, Any]:
         atomic_write_text(out.path / "index.html", render_index(config.report.title, run_dir, sections))
         out.manifest["sections"] = {s.id: {"files": s.files, **s.summary} for s in sections}
     return {s.id: s.summary for s in sections}
+
+
+def headline(summary: dict[str, Any]) -> str:
+    """The stage's line in a job's output."""
+    return f"{len(summary)} sections: {', '.join(summary)}" if summary else "no sections"

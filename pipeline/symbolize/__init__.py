@@ -626,3 +626,12 @@ def _statistics(mapped, image, modules, ids, status, resolved) -> dict[str, Any]
         "modules": per_module,
         "images_without_symbols": sorted(missing.values(), key=lambda e: (e["module"], e["debug_id"] or "")),
     }
+
+
+def headline(summary: dict[str, Any]) -> str:
+    """The stage's line in a job's output."""
+    if summary.get("skipped"):
+        return f"nothing to resolve: {summary['skipped']}"
+    missing = summary.get("images_without_symbols", 0)
+    return (f"{summary.get('frames', 0):,} frames, {100 * summary.get('resolution_rate', 0):.1f} % resolved"
+            + (f" ({missing:,} images without symbols)" if missing else ""))

@@ -496,3 +496,8 @@ def run(run_dir: Path, config, pool, inputs=None, after: Callable[[], Any] | Non
     """Job stage: ingest ``run_dir`` into ``config.warehouse.path`` with ``config.warehouse.labels``."""
     return ingest(config.warehouse.path, run_dir, labels=dict(config.warehouse.labels),
                   lock_timeout_s=config.warehouse.lock_timeout_s, after=after)
+
+
+def headline(summary: dict[str, Any]) -> str:
+    """The stage's line in a job's output."""
+    return f"run {summary['run_id']}: {summary['tables']} tables, {summary['rows']:,} rows in {summary['db']}"
