@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         from pipeline.mirror import RunURL, mirrored
 
         if isinstance(getattr(args, "run_dir", None), RunURL):
-            with mirrored(args.run_dir, config.runs.mirror_dir) as args.run_dir:
+            with mirrored(args.run_dir, config.runs) as args.run_dir:
                 return int(args._module.main(args, config) or 0)
         return int(args._module.main(args, config) or 0)
     except BootprofError as exc:

@@ -203,6 +203,9 @@ class RunsConfig(Section):
         "~/.cache/bootprof/runs", description="A run directory given as a URL (`--run s3://...`): where commands keep "
         "its working copy, one directory per URL. With cluster.mode 'address' the workers write there too: it must "
         "then be on a filesystem they share, at the same path.")
+    mirror_max_bytes: Size = Field(
+        "20GB", description="Working copies together beyond this size are removed once put back, the least recently "
+        "used first (never the command's own, one used in the last hour, or one holding what is not put back yet).")
 
 
 class Config(Section):

@@ -270,7 +270,7 @@ def run_job(job_path: Path, traces: list[Path] | None, run_dir: Path | None, con
         return backfill(job, config, traces, force)
     if run_dir is None:
         run_dir = job.run_dir(f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    with mirrored(run_dir, config.runs.mirror_dir) as local:
+    with mirrored(run_dir, config.runs) as local:
         return _run_in(job, job_path, config, traces, Path(local), force, shown=str(run_dir))
 
 
@@ -325,7 +325,7 @@ def backfill(job: Job, config: Config, traces: list[sources.Input], force: bool 
         try:
             if not sources.exists(trace):
                 raise BootprofError(f"{trace}: no such file or directory")
-            with mirrored(run_dir, config.runs.mirror_dir) as local:
+            with mirrored(run_dir, config.runs) as local:
                 Path(local).mkdir(parents=True, exist_ok=True)
                 run_stages(job, config, [trace], Path(local), force)
         except BootprofError as exc:

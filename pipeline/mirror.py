@@ -241,18 +241,55 @@ class Mirror:
             self.synced[stage] = digest
 
 
+#: A working copy used this recently is never removed to make room (another command may be working in it).
+IN_USE_S = 3600
+
+
+def prune(mirror_dir: str | os.PathLike, max_bytes: int, keep: Path) -> tuple[list[Path], int]:
+    """Remove working copies below ``mirror_dir``, the least recently used first (their record's time: each command
+    writes it as it starts), until those left take at most ``max_bytes``; never ``keep``, a copy used in the last
+    ``IN_USE_S``, or one holding a stage output not put back yet. Returns the copies removed and their bytes."""
+    import shutil
+
+    copies = []
+    for state in Path(mirror_dir).expanduser().glob(f"*/*/{STATE}"):
+        copy = state.parent
+        try:
+            synced = json.loads(state.read_text()).get("synced") or {}
+            used = state.stat().st_mtime
+            size = sum(f.stat().st_size for f in copy.rglob("*") if f.is_file() and not f.is_symlink())
+        except (OSError, ValueError, AttributeError):
+            continue            # (being written or removed by another command: left alone)
+        stages = [d.name for d in copy.iterdir() if (d / MANIFEST).is_file() and not d.name.startswith(".")]
+        put_back = all(_hash((copy / s / MANIFEST).read_bytes()) == synced.get(s) for s in stages)
+        copies.append((used, copy, size, put_back))
+    total = sum(size for _, _, size, _ in copies)
+    removed, freed = [], 0
+    for used, copy, size, put_back in sorted(copies, key=lambda c: c[0]):
+        if total <= max_bytes:
+            break
+        if copy == keep or not put_back or time.time() - used < IN_USE_S:
+            continue
+        shutil.rmtree(copy.parent, ignore_errors=True)        # (its URL's directory, ``working_copy``)
+        removed.append(copy)
+        freed += size
+        total -= size
+    return removed, freed
+
+
 def _hash(data: bytes | None) -> str | None:
     return None if data is None else hashlib.sha256(data).hexdigest()
 
 
 @contextlib.contextmanager
-def mirrored(run: Path | str, mirror_dir: str | os.PathLike) -> Iterator[Path]:
+def mirrored(run: Path | str, runs) -> Iterator[Path]:
     """The directory a command works in for ``--run``: the path itself, or for a :class:`RunURL` its working copy,
-    fetched first and put back when the command ends (not on Ctrl-C)."""
+    fetched first and put back when the command ends (not on Ctrl-C); then the working copies beyond
+    ``runs.mirror_max_bytes`` are removed (``runs``: the config's ``runs`` section)."""
     if not isinstance(run, RunURL):
         yield Path(run)
         return
-    mirror = Mirror(run, mirror_dir)
+    mirror = Mirror(run, runs.mirror_dir)
     t0 = time.perf_counter()
     fetched = mirror.pull()
     print(f"bootprof: run {mirror.url}: working copy {mirror.path}"
@@ -273,6 +310,12 @@ def mirrored(run: Path | str, mirror_dir: str | os.PathLike) -> Iterator[Path]:
             print(f"bootprof: {put_error}", file=sys.stderr)
         raise
     _put_back(mirror)
+    from pipeline.config import parse_size
+
+    removed, freed = prune(runs.mirror_dir, parse_size(runs.mirror_max_bytes), keep=mirror.path)
+    if removed:
+        print(f"bootprof: removed {len(removed)} working cop{'y' if len(removed) == 1 else 'ies'} used least recently "
+              f"({freed / 1e6:.1f} MB; runs.mirror_max_bytes {runs.mirror_max_bytes})", file=sys.stderr)
 
 
 def _put_back(mirror: Mirror) -> None:

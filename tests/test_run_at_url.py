@@ -165,6 +165,41 @@ def test_a_fetch_takes_only_whole_outputs(s3_here, tmp_path):
     assert a.pull() == ["decoded"] and (a.path / "decoded" / "t.parquet" / "part-0.parquet").read_text() == "four"
 
 
+def test_working_copies_beyond_the_limit_go_least_recently_used_first(s3_here, tmp_path, capsys):
+    """runs.mirror_max_bytes: once a command has put its run back, working copies beyond it are removed, the least
+    recently used first; never the command's own, one used in the last hour, or one that holds what is not put
+    back yet."""
+    import time
+
+    from pipeline.config import RunsConfig
+    from pipeline.mirror import IN_USE_S, Mirror, RunURL, STATE, mirrored
+
+    copies, hours = {}, {"old": 3, "older": 5, "unsynced": 9, "recent": 0.2}
+    for name, age in hours.items():
+        copy = Mirror(f"s3://{BUCKET}/lru/{name}", tmp_path / "copies")
+        (copy.path / "decoded").mkdir()
+        (copy.path / "decoded" / "t.parquet").write_bytes(b"x" * 10_000)
+        (copy.path / "decoded" / "_manifest.json").write_text(json.dumps({"stage": "decoded", "run": name}))
+        assert copy.push() == ["decoded"]
+        if name == "unsynced":          # (made after its last put back: only this copy holds it)
+            (copy.path / "decoded" / "_manifest.json").write_text(json.dumps({"stage": "decoded", "run": "again"}))
+        stamp = time.time() - age * 3600
+        os.utime(copy.path / STATE, (stamp, stamp))
+        copies[name] = copy.path
+    assert hours["recent"] * 3600 < IN_USE_S < hours["old"] * 3600
+    runs = RunsConfig(mirror_dir=str(tmp_path / "copies"), mirror_max_bytes="25KB")
+    with mirrored(RunURL(f"s3://{BUCKET}/lru/now"), runs) as here:
+        (here / "report").mkdir()
+        (here / "report" / "index.html").write_bytes(b"y" * 10_000)
+        (here / "report" / "_manifest.json").write_text("{}")
+    # 5 copies of ~10 KB: "older", then "old" go; "unsynced" and "recent" stay however old or over the limit
+    assert [p.exists() for p in (copies["older"], copies["old"])] == [False, False]
+    assert copies["unsynced"].exists() and copies["recent"].exists() and here.exists()
+    assert not copies["older"].parent.exists()          # (the URL's whole directory)
+    assert "bootprof: removed 2 working copies used least recently" in capsys.readouterr().err
+    assert Mirror(f"s3://{BUCKET}/lru/unsynced", tmp_path / "copies").push() == ["decoded"]   # (still there to put back)
+
+
 def test_a_store_that_cannot_be_reached_and_an_http_run_are_clear_errors(tmp_path):
     import socket
 
