@@ -139,9 +139,10 @@ def run_on_server(argv: list[str]) -> int | None:
         started = replies.readline()
     except OSError:
         return None                 # (a server gone, a stream or the directory gone: the command runs here)
-    if not started or "pid" not in json.loads(started):
+    reply = json.loads(started) if started else {}
+    if "pid" not in reply:
         return None                 # (the server did not start the command, or cannot as this process would run it)
-    pid = int(json.loads(started)["pid"])
+    pid = int(reply["pid"])
 
     def forward(signum, _frame):
         try:

@@ -207,11 +207,11 @@ def _run_beside(started: tuple[str, Any], running: concurrent.futures.Future, st
     runs on its thread (``running``): it gets ``after``, which returns once the first has ended (and raises its
     error). Both lines are printed as each stage ends; an error of the first is raised before one of ``stage``.
     Returns both summaries."""
-    first, first_module = started
     import threading
 
     from pipeline.cluster import wait_for
 
+    first, first_module = started
     t0 = time.perf_counter()
     shown: list[Any] = []
     printing = threading.Lock()

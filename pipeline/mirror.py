@@ -30,6 +30,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import sys
 import time
 import uuid
@@ -150,8 +151,6 @@ class Mirror:
                 pass        # (changed here only: put back at the end)
             elif there is None:
                 if h_here == synced:     # (removed there, unchanged here)
-                    import shutil
-
                     shutil.rmtree(stage_dir(self.path, stage), ignore_errors=True)
                 self._mark(stage, None)
             else:
@@ -194,8 +193,6 @@ class Mirror:
                 pass        # (a file went while it was fetched: a push rewrites the stage; try again)
             finally:
                 if tmp.exists():
-                    import shutil
-
                     shutil.rmtree(tmp, ignore_errors=True)
         raise InputError(f"{self.url}/{stage}/: rewritten while it was fetched, {PULL_TRIES} times "
                          "(another command writes this run); try again once it has ended")
@@ -203,13 +200,8 @@ class Mirror:
     def push(self) -> list[str]:
         """Put back every stage output of the copy that changed here since it last synced; returns them."""
         put = []
-        for entry in sorted(self.path.iterdir()):
-            stage = entry.name
-            if entry.name.startswith(".") or not entry.is_dir():
-                continue
+        for stage in changed_here(self.path, self.synced):
             here = self._local(stage)
-            if here is None or _hash(here) == self.synced.get(stage):
-                continue
             there = self._remote_manifest(stage)
             if _hash(there) != _hash(here):
                 self._put(stage, here)
@@ -241,6 +233,15 @@ class Mirror:
             self.synced[stage] = digest
 
 
+def changed_here(copy: Path, synced: dict[str, str]) -> list[str]:
+    """The stage outputs of a working copy (its directories with a manifest) whose manifest is not the one it last
+    synced (``synced``: stage -> hash): made here and not put back yet."""
+    # (hashed here, not by ``runs.manifest_hash``: its cache keys on the file's time and size, and a manifest
+    # rewritten within the clock's step with the same size must not pass for the one put back)
+    return [d.name for d in sorted(copy.iterdir()) if d.is_dir() and not d.name.startswith(".")
+            and (d / MANIFEST).is_file() and _hash((d / MANIFEST).read_bytes()) != synced.get(d.name)]
+
+
 #: A working copy used this recently is never removed to make room (another command may be working in it).
 IN_USE_S = 3600
 
@@ -249,8 +250,6 @@ def prune(mirror_dir: str | os.PathLike, max_bytes: int, keep: Path) -> tuple[li
     """Remove working copies below ``mirror_dir``, the least recently used first (their record's time: each command
     writes it as it starts), until those left take at most ``max_bytes``; never ``keep``, a copy used in the last
     ``IN_USE_S``, or one holding a stage output not put back yet. Returns the copies removed and their bytes."""
-    import shutil
-
     copies = []
     for state in Path(mirror_dir).expanduser().glob(f"*/*/{STATE}"):
         copy = state.parent
@@ -258,10 +257,9 @@ def prune(mirror_dir: str | os.PathLike, max_bytes: int, keep: Path) -> tuple[li
             synced = json.loads(state.read_text()).get("synced") or {}
             used = state.stat().st_mtime
             size = sum(f.stat().st_size for f in copy.rglob("*") if f.is_file() and not f.is_symlink())
+            put_back = not changed_here(copy, synced)
         except (OSError, ValueError, AttributeError):
             continue            # (being written or removed by another command: left alone)
-        stages = [d.name for d in copy.iterdir() if (d / MANIFEST).is_file() and not d.name.startswith(".")]
-        put_back = all(_hash((copy / s / MANIFEST).read_bytes()) == synced.get(s) for s in stages)
         copies.append((used, copy, size, put_back))
     total = sum(size for _, _, size, _ in copies)
     removed, freed = [], 0

@@ -118,10 +118,10 @@ class Status:
             line.draw(self.stream)
 
 
-def print_line(text: str, stream: TextIO | None = None) -> None:
-    """Print ``text`` to standard output (or ``stream``) as ``print`` does; when the status line is on the same
-    terminal, above it: the line is erased first and drawn again below the text."""
-    out = stream if stream is not None else sys.stdout
+def print_line(text: str) -> None:
+    """Print ``text`` to standard output as ``print`` does; when the status line is on the same terminal, above it:
+    the line is erased first and drawn again below the text."""
+    out = sys.stdout
     with _lock:
         line = _line_of(sys.stderr)
         if not (line.width and _same_terminal(out, sys.stderr)):

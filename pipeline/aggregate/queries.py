@@ -239,9 +239,9 @@ def stacks_of_part(part: str) -> dict[str, list]:
 def _stacks(ctx, con):
     import pyarrow as pa
 
-    parts = sorted(str(p) for p in ctx.source(EVENTS).rglob("*.parquet"))
     from pipeline.mirror import placed_by
 
+    parts = sorted(str(p) for p in ctx.source(EVENTS).rglob("*.parquet"))
     ctx.pool.require_shared(ctx.run_dir, placed_by(ctx.run_dir))      # (the tasks read the parts there)
     results = ctx.pool.map(stacks_of_part, parts)
     stack = [s for r in results for s in r["stack"]]
