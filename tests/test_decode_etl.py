@@ -304,9 +304,34 @@ def test_random_bytes_never_crash_the_kernels():
         blob = rng.integers(0, 256, size=4096, dtype=np.uint8)
         blob[2] = rng.choice([0x02, 0x11, 0x13, 0x14, 0x90])
         blob[3] = 0xC0
-        cols, st, pos = walk(blob, np.array([0, 2048], np.int64), np.array([2048, 2048], np.int64))
+        cols, kinds, st, pos = walk(blob, np.array([0, 2048], np.int64), np.array([2048, 2048], np.int64))
         assert ((cols["roff"] >= 0) & (cols["roff"] + cols["rsize"] <= 4096)).all()
         assert ((cols["pay_off"] + cols["pay_len"]) <= cols["roff"] + cols["rsize"]).all()
+        assert kinds.counts.sum() == len(cols["ts"]) and np.array_equal(np.bincount(cols["kind"], minlength=len(kinds.keys)), kinds.counts)
+
+
+def test_a_partition_of_many_event_kinds_walks_into_larger_tables():
+    """The walk numbers each record's event kind and provider GUID in small tables (a trace has tens of
+    kinds); a partition with more (3,000 EVENT_HEADER records, each of its own provider and event id: what a
+    hostile file may hold) is walked again into tables sized for every record, and numbers them in order."""
+    from pipeline.decode.etl import layout as L
+    from pipeline.decode.etl.batch import Kinds, walk
+
+    n, size = 3000, 0x50
+    recs = np.zeros((n, size), np.uint8)
+    recs[:, 0:2] = np.frombuffer(np.uint16(size).tobytes(), np.uint8)
+    recs[:, 2], recs[:, 3] = L.HT_EVENT64, 0xC0
+    ids = np.arange(n, dtype=np.uint16)
+    recs[:, L.EH_ID:L.EH_ID + 2] = ids.view(np.uint8).reshape(n, 2)
+    recs[:, L.EH_GUID:L.EH_GUID + 8] = (ids.astype(np.uint64) * 7919).view(np.uint8).reshape(n, 8)
+    blob = recs.reshape(-1)
+    assert 2 * n > len(Kinds().key) + len(Kinds().g_lo)
+    cols, kinds, status, _ = walk(blob, np.zeros(1, np.int64), np.array([len(blob)], np.int64))
+    assert (status == 0).all() and len(cols["ts"]) == n
+    assert np.array_equal(cols["kind"], np.arange(n)) and (kinds.counts == 1).all()
+    assert np.array_equal((kinds.keys >> np.uint64(24)) & np.uint64(0xFFFF), ids)
+    assert np.array_equal(kinds.keys >> np.uint64(48), 257 + np.arange(n))
+    assert np.array_equal(kinds.guid_offsets, np.arange(n) * size + L.EH_GUID)
 
 
 # --- stacks ---------------------------------------------------------------------------------------
@@ -842,17 +867,21 @@ def test_kernels_as_plain_python_equal_the_jit():
     assert X.xpress_decompress(raw, s0, s1, jit_out, 0, n) == (K.OK, n)
     assert X.xpress_decompress.py_func(raw, s0, s1, py_out, 0, n) == (K.OK, n)
     assert (jit_out == py_out).all()
-    from pipeline.decode.etl.batch import RECORD_COLUMNS
+    from pipeline.decode.etl.batch import RECORD_COLUMNS, Kinds
 
-    starts, lens = np.array([0], np.int64), np.array([n], np.int64)
+    buffers = (np.array([0], np.int64), np.array([n], np.int64), np.array([1], np.uint16), np.array([5], np.int64))
     results = []
     for fn in (K.walk_records, K.walk_records.py_func):
-        count = fn(jit_out, starts, lens, False, tuple(np.zeros(0, t) for _, t in RECORD_COLUMNS),
-                   np.zeros(1, np.int32), np.zeros(1, np.int64))
-        cols = tuple(np.zeros(count, t) for _, t in RECORD_COLUMNS)
-        fn(jit_out, starts, lens, True, cols, np.zeros(1, np.int32), np.zeros(1, np.int64))
-        results.append(cols)
-    assert count >= 1 and all((a == b).all() for a, b in zip(*results))
+        status = (np.zeros(1, np.int32), np.zeros(1, np.int64))
+        count = fn(jit_out, buffers, False, tuple(np.zeros(0, t) for _, t in RECORD_COLUMNS), Kinds().state(), status)
+        cols, kinds = tuple(np.zeros(count, t) for _, t in RECORD_COLUMNS), Kinds()
+        assert fn(jit_out, buffers, True, cols, kinds.state(), status) == count
+        results.append(cols + (kinds.keys, kinds.counts))
+    for fn in (K.record_kinds, K.record_kinds.py_func):
+        kinds = Kinds()
+        assert fn(jit_out, results[0][:len(RECORD_COLUMNS)], count, kinds.state()) == count
+        results.append(results[0][:len(RECORD_COLUMNS)] + (kinds.keys, kinds.counts))
+    assert count >= 1 and all(len(a) == len(b) and (a == b).all() for r in results[1:] for a, b in zip(results[0], r))
 
 
 @pytest.mark.parametrize("rel,baseline", [
@@ -940,6 +969,7 @@ def test_sampled_profile_reads_both_pointer_sizes_and_reports_short_payloads():
     cols["roff"][:] = cols["pay_off"]
     cols["ptr"][:] = ptrs
     cols["ts"][:] = [100, 200, 300]
+    cols["cpu"][:] = 3          # (the walk gives each record its buffer's cpu)
     bufs = np.zeros(1, BUFFER_DESC.descr + [("stream_rank", "<i8")])
     bufs["index"], bufs["file_offset"], bufs["cpu"] = 7, 0x70000, 3
     b = Batch(blob, cols, bufs, {"header_ts": 0, "perf_freq": 10_000_000, "path": "t.etl",

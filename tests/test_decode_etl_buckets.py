@@ -366,16 +366,19 @@ def test_record_walk_sized_from_an_estimate_equals_the_counted_walk():
     path = fixture_path("etl/perfview-net452-x64/net.4.5.2.x64.etl")
     _, bufs = walk_chain(Path(path))
     blob, starts, lens, _, _ = read_buffers(str(path), bufs)
+    desc = np.zeros(len(bufs), [("cpu", "<u2"), ("stream_rank", "<i8")])
+    desc["cpu"], desc["stream_rank"] = bufs["cpu"], np.arange(len(bufs))
     runs = []
     for estimate in ([], [1e9], [80.0]):        # count first; estimate far too small; a fair estimate
         batch._record_size[:] = estimate
-        cols, status, pos = batch.walk(blob, starts, lens)
-        runs.append((cols, status.copy(), pos.copy()))
+        cols, kinds, status, pos = batch.walk(blob, starts, lens, desc)
+        runs.append((cols, status.copy(), pos.copy(), kinds))
     base = runs[0]
-    assert len(base[0]["ts"]) > 10_000
-    for cols, status, pos in runs[1:]:
+    assert len(base[0]["ts"]) > 10_000 and len(base[3].keys) > 10
+    for cols, status, pos, kinds in runs[1:]:
         assert all(np.array_equal(cols[k], base[0][k]) for k in base[0])
         assert np.array_equal(status, base[1]) and np.array_equal(pos, base[2])
+        assert np.array_equal(kinds.keys, base[3].keys) and np.array_equal(kinds.counts, base[3].counts)
 
 
 #: Parquet encodings every DuckDB 1.x and pyarrow reads (BYTE_STREAM_SPLIT on integers, for one, needs a

@@ -32,7 +32,7 @@ def traces(tmp_path_factory):
         records = []
         for i in range(len(descs)):
             blob, starts, lens, errors, skipped = read_buffers(str(path), descs[i:i + 1])
-            _, status, _ = record_walk(blob, starts, lens)
+            _, _, status, _ = record_walk(blob, starts, lens)
             assert not errors and not skipped and not status.any()
             records.append(_records(blob, starts, lens))
         out[name] = (path, descs, np.array(records))
@@ -42,7 +42,7 @@ def traces(tmp_path_factory):
 def _records(blob, starts, lens) -> int:
     from pipeline.decode.etl.partition import walk as record_walk
 
-    cols, _, _ = record_walk(blob, starts, lens)
+    cols, _, _, _ = record_walk(blob, starts, lens)
     return len(cols["rbuf"])
 
 

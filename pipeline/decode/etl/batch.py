@@ -15,6 +15,8 @@ RECORD_COLUMNS = [
     ("hook", np.uint16), ("opcode", np.uint8), ("event_id", np.uint16), ("version", np.uint16),
     ("tid", np.uint32), ("pid", np.uint32), ("ts", np.int64), ("guid_off", np.int64),
     ("pay_off", np.int64), ("pay_len", np.int32), ("ext_off", np.int64), ("ext_len", np.int32),
+    # (the event kind's number in ``Kinds``, the buffer's cpu and the position in that cpu's stream)
+    ("kind", np.int32), ("cpu", np.uint16), ("stream_pos", np.int64),
 ]
 
 
@@ -26,56 +28,104 @@ def record_columns(cols: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
     return tuple(cols[name] for name, _ in RECORD_COLUMNS)
 
 
+class Kinds:
+    """The event kinds of a partition's records, as the walk finds them (``kernels.record_kinds``): each kind once,
+    in order of first appearance, with its number of records, and the provider GUIDs that the kinds name."""
+
+    def __init__(self, kind_bits: int = 12, guid_bits: int = 10):
+        self.k_slots, self.g_slots = np.full(1 << kind_bits, -1, np.int32), np.full(1 << guid_bits, -1, np.int32)
+        self.key, self.count = np.empty(1 << (kind_bits - 1), np.uint64), np.zeros(1 << (kind_bits - 1), np.int64)
+        self.g_lo, self.g_hi = np.empty(1 << (guid_bits - 1), np.uint64), np.empty(1 << (guid_bits - 1), np.uint64)
+        self.g_off = np.empty(1 << (guid_bits - 1), np.int64)
+        self.sizes = np.zeros(2, np.int64)
+
+    @classmethod
+    def for_records(cls, n: int) -> "Kinds":
+        """Tables with room for ``n`` records of as many kinds and GUIDs (what a hostile partition may hold)."""
+        bits = max(12, (2 * n).bit_length())
+        return cls(bits, bits)
+
+    def state(self) -> tuple[np.ndarray, ...]:
+        return (self.k_slots, self.key, self.count, self.g_slots, self.g_lo, self.g_hi, self.g_off, self.sizes)
+
+    @property
+    def keys(self) -> np.ndarray:
+        """Each kind: provider code << 48 | opcode << 40 | event id << 24 | version << 8 | header type."""
+        return self.key[:self.sizes[0]]
+
+    @property
+    def counts(self) -> np.ndarray:
+        return self.count[:self.sizes[0]]
+
+    @property
+    def guid_offsets(self) -> np.ndarray:
+        """Where in the blob each GUID of provider code 257 + i was first met."""
+        return self.g_off[:self.sizes[1]]
+
+
 #: Mean record size of the partitions this process decoded last (None: count before filling).
 _record_size: list[float] = []
 
 
-def walk(blob: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
-    """Run the record walk; returns (columns, status per buffer, status offset).
+def walk(blob: np.ndarray, starts: np.ndarray, lens: np.ndarray, bufs: np.ndarray | None = None
+         ) -> tuple[dict[str, np.ndarray], Kinds, np.ndarray, np.ndarray]:
+    """Run the record walk over the buffers whose event data lie at ``starts``, ``lens`` in ``blob`` (``bufs``:
+    their descriptors, for the cpu and the stream rank of each; None: 0 for both); returns (columns, event
+    kinds, status per buffer, status offset).
 
     The columns are sized from the mean record size of the previous partitions with a margin, and
     filled in one pass; when they turn out too short (or for a process's first partition), a counting
     pass sizes them exactly and the walk runs again. Sized that way the arrays stay small enough to be
-    reused from the heap (arrays sized for the smallest possible record would be 8x larger mmaps)."""
+    reused from the heap (arrays sized for the smallest possible record would be 8x larger mmaps). The
+    kind tables start small (a trace has tens of kinds) and are sized for every record when they fill."""
     nbuf = len(starts)
-    status = np.zeros(nbuf, np.int32)
-    status_pos = np.zeros(nbuf, np.int64)
+    status = np.zeros(nbuf, np.int32), np.zeros(nbuf, np.int64)
+    if bufs is None:
+        bufs = np.zeros(nbuf, [("cpu", "<u2"), ("stream_rank", "<i8")])
+    buffers = (starts, lens, np.ascontiguousarray(bufs["cpu"], np.uint16), np.ascontiguousarray(bufs["stream_rank"], np.int64))
     total = int(lens.sum())
+
+    def fill(cols: dict[str, np.ndarray]) -> tuple[int, Kinds]:
+        kinds = Kinds()
+        for again in (False, True):
+            for a in status:
+                a[:] = 0
+            n = K.walk_records(blob, buffers, True, record_columns(cols), kinds.state(), status)
+            if n != K.KINDS_FULL:
+                break
+            kinds = Kinds.for_records(len(cols["ts"]))     # (then no table can fill)
+        return n, kinds
+
     n = -1
     if _record_size:
         cols = {name: np.empty(int(total / _record_size[-1] * 2) + 1024, t) for name, t in RECORD_COLUMNS}
-        n = K.walk_records(blob, starts, lens, True, record_columns(cols), status, status_pos)
-    if n < 0:
-        status[:] = 0
-        status_pos[:] = 0
+        n, kinds = fill(cols)
+    if n == -1:
         empty = tuple(np.zeros(0, t) for _, t in RECORD_COLUMNS)
-        n = K.walk_records(blob, starts, lens, False, empty, status, status_pos)
-        cols = {name: np.empty(n, t) for name, t in RECORD_COLUMNS}
-        status[:] = 0
-        status_pos[:] = 0
-        K.walk_records(blob, starts, lens, True, record_columns(cols), status, status_pos)
+        count = K.walk_records(blob, buffers, False, empty, Kinds(1, 1).state(), status)
+        cols = {name: np.empty(count, t) for name, t in RECORD_COLUMNS}
+        n, kinds = fill(cols)
     if n:
         _record_size[:] = [max(total / n, 8.0)]
     # Shrunk in place (realloc gives the unused tail back to the heap): the margin would otherwise stay
     # allocated through the whole task, and the task's peak is during the interpretation.
     for a in cols.values():
         a.resize(n, refcheck=False)
-    return cols, status, status_pos
+    return cols, kinds, *status
 
 
 class Batch:
     """Records of one partition plus what extractors need to turn them into table rows."""
 
-    def __init__(self, blob, cols, bufs, consts):
+    def __init__(self, blob, cols, bufs, consts, kinds: Kinds | None = None):
         self.blob = blob
         self.c = cols
         self.n = len(cols["ts"])
         self.bufs = bufs                    # BUFFER_DESC rows of this partition (+ stream_rank)
         self.consts = consts
+        self.kinds = kinds
         # Stable position inside the CPU stream: buffer rank in its CPU's sequence order, record index.
-        self.cpu, self.stream_pos = np.empty(self.n, bufs["cpu"].dtype), np.empty(self.n, np.int64)
-        K.record_positions(cols["rbuf"], np.ascontiguousarray(bufs["cpu"]), np.ascontiguousarray(bufs["stream_rank"]),
-                           self.cpu, self.stream_pos)
+        self.cpu, self.stream_pos = cols["cpu"], cols["stream_pos"]
         self.consumed = np.zeros(self.n, bool)
         self.out: dict[str, list[pa.Table]] = {}
         self.errors: list[dict[str, Any]] = []

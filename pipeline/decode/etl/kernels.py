@@ -178,22 +178,35 @@ def _record_frame(blob, p, end, marker):
     return OK, ht, hsize, psize, size
 
 
+#: ``walk_records`` ran out of room in its event-kind or provider tables (``batch.walk`` sizes them again).
+KINDS_FULL = -2
+
+
 @nb.njit(**JIT)
-def walk_records(blob, starts, lens, fill, cols, status, status_pos):
-    """Walk the records of every buffer blob[starts[i]:starts[i]+lens[i]].
+def walk_records(blob, buffers, fill, cols, kinds, status):
+    """Walk the records of every buffer blob[starts[i]:starts[i]+lens[i]] (``buffers``: the tuple starts, lens,
+    cpu and stream rank of each buffer).
 
     With ``fill`` False only counts (returns the number of records); with ``fill`` True writes one entry
     per record into the column arrays ``cols`` (``batch.record_columns``) and returns how many, or -1 when
-    they are too short. A record that does not parse ends its buffer: status[i] gets the code and
-    status_pos[i] the offset of the record inside the buffer.
+    they are too short. A record that does not parse ends its buffer: ``status`` (the tuple code, offset of
+    each buffer) gets the code and the offset of the record inside the buffer.
+
+    The fill pass also gives each record its buffer's cpu, its position in that cpu's stream ((rank of the
+    buffer in the stream) << 24 | index of the record in its buffer) and its event kind (``record_kinds``,
+    into the tables ``kinds``; returns ``KINDS_FULL`` when one would grow past half full: the caller sizes
+    them for every record to be distinct and walks again).
     """
     (rbuf, roff, rsize, htype, ptr, hook, opcode, event_id, version, tid, pid, ts, guid_off, pay_off, pay_len,
-     ext_off, ext_len) = cols
+     ext_off, ext_len, kind, cpu, stream_pos) = cols
+    starts, lens, buf_cpu, buf_rank = buffers
+    status_code, status_pos = status
     n = 0
     for b in range(starts.shape[0]):
         base = starts[b]
         end = base + lens[b]
         p = base
+        k = 0
         while p < end:
             if p + 4 > end:
                 break  # less than a marker of slack: end of data
@@ -202,7 +215,7 @@ def walk_records(blob, starts, lens, fill, cols, status, status_pos):
                 break
             err, ht, hsize, psize, size = _record_frame(blob, p, end, marker)
             if err != OK:
-                status[b] = err
+                status_code[b] = err
                 status_pos[b] = p - base
                 break
             # Where the payload starts: after the header and any extensions.
@@ -228,7 +241,7 @@ def walk_records(blob, starts, lens, fill, cols, status, status_pos):
                             ok = q <= p + size
                             break
                     if not ok:
-                        status[b] = REC_BAD_EXTENDED
+                        status_code[b] = REC_BAD_EXTENDED
                         status_pos[b] = p - base
                         break
                     el = q - eo
@@ -248,7 +261,7 @@ def walk_records(blob, starts, lens, fill, cols, status, status_pos):
                     extra += 8
                 po += extra
             if po > p + size:
-                status[b] = REC_BAD_EXTENDED
+                status_code[b] = REC_BAD_EXTENDED
                 status_pos[b] = p - base
                 break
             if fill:
@@ -314,50 +327,84 @@ def walk_records(blob, starts, lens, fill, cols, status, status_pos):
                     pid[n] = _u32(blob, p + L.FULL_PID)
                     ts[n] = np.int64(_u64(blob, p + L.FULL_TS))
                     guid_off[n] = p + L.FULL_GUID
+                cpu[n] = buf_cpu[b]
+                stream_pos[n] = (np.int64(buf_rank[b]) << 24) | k
             n += 1
+            k += 1
             p += (size + 7) & ~7
+    if fill:
+        return record_kinds(blob, cols, n, kinds)
     return n
 
 
 @nb.njit(**JIT)
-def record_positions(rbuf, buf_cpu, buf_rank, cpu, stream_pos):
-    """For records in buffer order (``rbuf`` non-decreasing): the cpu of each record's buffer, and its
-    position in that CPU's stream, (rank of the buffer in the stream) << 24 | index of the record in
-    its buffer."""
-    prev = -1
-    k = 0
-    for i in range(rbuf.shape[0]):
-        b = rbuf[i]
-        if b != prev:
-            prev = b
-            k = 0
-        cpu[i] = buf_cpu[b]
-        stream_pos[i] = (np.int64(buf_rank[b]) << 24) | k
-        k += 1
+def record_kinds(blob, cols, n, kinds):
+    """The event kind of each of the first ``n`` records of ``cols`` (``walk_records``), entered in ``kinds``
+    when new; returns ``n``, or ``KINDS_FULL`` when a table would grow past half full.
 
+    ``kinds`` is the tuple (kind slots, kind keys, kind counts, GUID slots, GUID low and high halves, GUID
+    offsets, sizes): open-addressing tables of -1 or an index into the keys, in order of first appearance,
+    and ``sizes`` the number of kinds and GUIDs in use. A kind is one integer, provider code << 48 | opcode
+    << 40 | event id << 24 | version << 8 | header type. The provider code is the kernel group (HookId >> 8;
+    0x14 for the Image Load hook) for SYSTEM/COMPACT/PERFINFO headers, 257 + the number of the record's GUID
+    for one that carries a GUID, 256 for one with neither (``partition.interpret`` turns them into text).
 
-@nb.njit(**JIT)
-def provider_codes(hook, htype, guid_off, system_kind, image_load_hook, code):
-    """Provider code of each record (see ``partition.provider_codes``): the kernel group (HookId >> 8;
-    0x14 for the Image Load hook) for SYSTEM/COMPACT/PERFINFO headers, -1 for a record that carries a
-    GUID (the caller numbers those), 256 for one with neither."""
-    for i in range(hook.shape[0]):
-        if system_kind[htype[i]]:
-            code[i] = 0x14 if hook[i] == image_load_hook else np.int32(hook[i] >> 8)
+    One loop over plain local arrays: helpers that took the tables (or a tuple of them) per record cost
+    50-90 ns a record in reference counting."""
+    htype, hook, opcode, event_id, version, guid_off, kind = cols[3], cols[5], cols[6], cols[7], cols[8], cols[12], cols[17]
+    k_slots, k_key, k_count, g_slots, g_lo, g_hi, g_off, sizes = kinds
+    k_mask, g_mask = np.uint64(k_slots.shape[0] - 1), np.uint64(g_slots.shape[0] - 1)
+    nk, ng = sizes[0], sizes[1]
+    last_key, last_kind = np.uint64(0), -1
+    for i in range(n):
+        ht = htype[i]
+        if (ht == L.HT_SYSTEM32 or ht == L.HT_SYSTEM64 or ht == L.HT_COMPACT32 or ht == L.HT_COMPACT64
+                or ht == L.HT_PERFINFO32 or ht == L.HT_PERFINFO64):
+            code = np.uint64(0x14) if hook[i] == L.IMAGE_LOAD_HOOK else np.uint64(hook[i] >> 8)
         elif guid_off[i] >= 0:
-            code[i] = -1
+            lo, hi = _u64(blob, guid_off[i]), _u64(blob, guid_off[i] + 8)
+            s = _pair_slot(lo, hi, g_mask)
+            while True:
+                g = g_slots[s]
+                if g < 0:
+                    if 2 * (ng + 1) > g_slots.shape[0]:
+                        sizes[0], sizes[1] = nk, ng
+                        return KINDS_FULL
+                    g = ng
+                    g_slots[s] = g
+                    g_lo[g], g_hi[g], g_off[g] = lo, hi, guid_off[i]
+                    ng += 1
+                    break
+                if g_lo[g] == lo and g_hi[g] == hi:
+                    break
+                s = (s + np.uint64(1)) & g_mask
+            code = np.uint64(257 + g)
         else:
-            code[i] = 256
-
-
-@nb.njit(**JIT)
-def kind_keys(code, opcode, event_id, version, htype, key):
-    """Event kind of each record as one integer: provider code << 48 | opcode << 40 | event id << 24 |
-    version << 8 | header type."""
-    for i in range(code.shape[0]):
-        key[i] = ((np.uint64(code[i]) << np.uint64(48)) | (np.uint64(opcode[i]) << np.uint64(40))
-                  | (np.uint64(event_id[i]) << np.uint64(24)) | (np.uint64(version[i]) << np.uint64(8))
-                  | np.uint64(htype[i]))
+            code = np.uint64(256)
+        key = ((code << np.uint64(48)) | (np.uint64(opcode[i]) << np.uint64(40)) | (np.uint64(event_id[i]) << np.uint64(24))
+               | (np.uint64(version[i]) << np.uint64(8)) | np.uint64(ht))
+        if key != last_key or last_kind < 0:
+            # (the high half hashed apart: the product's low bits see only the key's low bits)
+            s = _pair_slot(key, key >> np.uint64(32), k_mask)
+            while True:
+                j = k_slots[s]
+                if j < 0:
+                    if 2 * (nk + 1) > k_slots.shape[0]:
+                        sizes[0], sizes[1] = nk, ng
+                        return KINDS_FULL
+                    j = nk
+                    k_slots[s] = j
+                    k_key[j] = key
+                    nk += 1
+                    break
+                if k_key[j] == key:
+                    break
+                s = (s + np.uint64(1)) & k_mask
+            last_key, last_kind = key, j
+        kind[i] = last_kind
+        k_count[last_kind] += 1
+    sizes[0], sizes[1] = nk, ng
+    return n
 
 
 @nb.njit(**JIT)

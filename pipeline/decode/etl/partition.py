@@ -21,7 +21,7 @@ from pipeline import sources
 from pipeline.decode.etl import kernels as K
 from pipeline.decode.etl import layout as L
 from pipeline.decode.etl import workerstate as W
-from pipeline.decode.etl.batch import Batch, record_error, unique_pairs, walk
+from pipeline.decode.etl.batch import Batch, record_error, walk
 from pipeline.decode.etl.buffers import MAX_BUFFER_SIZE
 from pipeline.decode.etl.events.stackwalk import extended_stacks
 from pipeline.decode.etl.interpret import lookup
@@ -41,8 +41,6 @@ EMPTY_REFS = pa.table({"event_ts": pa.array([], pa.int64()), "tid": pa.array([],
                        "user": pa.array([], pa.bool_()), "pid": pa.array([], pa.uint32()),
                        "timestamp": pa.array([], pa.int64()), "h1": pa.array([], pa.uint64()),
                        "h2": pa.array([], pa.uint64()), "n": pa.array([], pa.int32()), "_rec": pa.array([], pa.int64())})
-_SYSTEM_KIND = np.zeros(256, bool)
-_SYSTEM_KIND[list(L.SYSTEM_KINDS)] = True
 
 
 #: Scratch tables of at most this many bytes go back to the client in the task's result (``write_parts``).
@@ -102,11 +100,11 @@ def decode_partition(task: PartitionTask) -> PartitionResult:
 def _decode_partition(task: PartitionTask) -> PartitionResult:
     path, bufs, part = task.path, task.buffers, task.part
     blob, starts, lens, errors, skipped = read_buffers(path, bufs)
-    cols, rstatus, rpos = walk(blob, starts, lens)
+    cols, kinds, rstatus, rpos = walk(blob, starts, lens, bufs)
     for i in np.flatnonzero(rstatus != 0):
         errors.append(record_error(path, bufs[i], int(rpos[i]), "record",
                                    f"{K.STATUS_TEXT[int(rstatus[i])]}; rest of the buffer skipped"))
-    b = Batch(blob, cols, bufs, dict(task.consts, path=path, starts=starts))
+    b = Batch(blob, cols, bufs, dict(task.consts, path=path, starts=starts), kinds)
     b.errors = errors
     counts = interpret(b)
     # The tables are built: the record columns (but each record's buffer) and the mapped bytes go before
@@ -182,10 +180,10 @@ def map_range(path: str, lo: int, hi: int) -> np.ndarray:
 
 def interpret(b: Batch) -> list[tuple]:
     """Layer 3 for one partition: run the dispatch table, send the rest to ``events``; returns the
-    partition's event counts [(provider_guid, opcode, event_id, version, header_type, count)]."""
-    providers, code = provider_codes(b)
-    # One pass over the event-kind key gives the event counts and the dispatch groups.
-    kinds, inverse, counts = event_kinds(b, code)
+    partition's event counts [(provider_guid, opcode, event_id, version, header_type, count)]. The walk has
+    given each record its event kind (``batch.Kinds``): the dispatch looks up each kind once."""
+    kinds = b.kinds.keys
+    providers = _GROUP_PROVIDERS + [str(uuid.UUID(bytes_le=bytes(b.blob[o:o + 16]))) for o in b.kinds.guid_offsets.tolist()]
     extractors: list = []
     ext_of_kind = np.full(len(kinds) + 1, -1, np.int32)
     for j, k in enumerate(kinds.tolist()):
@@ -195,7 +193,7 @@ def interpret(b: Batch) -> list[tuple]:
                 extractors.append(fn)
             ext_of_kind[j] = extractors.index(fn)
     # Records grouped by extractor with one counting sort; each extractor gets its records in record order.
-    order, bounds = K.group_by_code(ext_of_kind[inverse], len(extractors))
+    order, bounds = K.group_by_code(ext_of_kind[b.c["kind"]], len(extractors))
     for e, fn in enumerate(extractors):
         idx = order[bounds[e]:bounds[e + 1]]
         if len(idx):
@@ -205,16 +203,17 @@ def interpret(b: Batch) -> list[tuple]:
         extended_stacks(b, with_ext)
     rest = np.flatnonzero(~b.consumed)
     if len(rest):
+        code = (kinds >> np.uint64(48)).astype(np.int32)[b.c["kind"][rest]]
         b.emit("events", {
             **b.common(rest),
-            "provider_guid": pa.DictionaryArray.from_arrays(pa.array(code[rest], pa.int32()), pa.array(providers)),
+            "provider_guid": pa.DictionaryArray.from_arrays(pa.array(code, pa.int32()), pa.array(providers)),
             "opcode": b.c["opcode"][rest], "event_id": b.c["event_id"][rest], "version": b.c["version"][rest],
             "header_type": b.c["htype"][rest], "pid": b.c["pid"][rest].view(np.int32),
             "tid": b.c["tid"][rest].view(np.int32), "payload_len": b.c["pay_len"][rest],
             "buffer_index": np.ascontiguousarray(b.bufs["index"])[b.c["rbuf"][rest]],
         })
     return [(providers[k >> 48], (k >> 40) & 0xFF, (k >> 24) & 0xFFFF, (k >> 8) & 0xFFFF, k & 0xFF, n)
-            for k, n in zip(kinds.tolist(), counts.tolist())]
+            for k, n in zip(kinds.tolist(), b.kinds.counts.tolist())]
 
 
 def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> WrittenParts:
@@ -328,34 +327,3 @@ def _write_bucketed(data: pa.Table, table: str, part: int, scratch_dir: Path, so
     times, sources[table] = write_scratch(data, BUCKETED.get(table, "timestamp"), directory / f"part-{part:05d}.arrow")
     rows[sources[table][0]] = data.num_rows
     return times
-
-
-def provider_codes(b: Batch) -> tuple[list[str], np.ndarray]:
-    """Provider GUID text of each record as (list of GUIDs, int32 code per record).
-
-    Kernel group records use their group's classic GUID (HookId 0x030A is the Image Load event) and get
-    the group number as code; FULL/INSTANCE/EVENT_HEADER records (and MESSAGE records with a GUID) carry
-    their GUID and get codes from 256 on. A GUID may appear under both kinds of code; consumers key on text.
-    """
-    c = b.c
-    code = np.empty(b.n, np.int32)
-    K.provider_codes(c["hook"], c["htype"], c["guid_off"], _SYSTEM_KIND, L.IMAGE_LOAD_HOOK, code)
-    providers = list(_GROUP_PROVIDERS)
-    has = code < 0
-    if has.any():
-        off = c["guid_off"][has]
-        halves = b.gather(off, 8), b.gather(off + 8, 8)
-        first, inv = unique_pairs(*halves)
-        code[has] = 257 + inv
-        providers.extend(str(uuid.UUID(bytes_le=bytes(b.blob[o:o + 16]))) for o in off[first].tolist())
-    return providers, code
-
-
-def event_kinds(b: Batch, code: np.ndarray):
-    """Unique event kinds (provider code << 48 | opcode << 40 | event_id << 24 | version << 8 | header
-    type) of the partition's records, the kind of each record, and the count of each kind."""
-    c = b.c
-    key = np.empty(b.n, np.uint64)
-    K.kind_keys(code, c["opcode"], c["event_id"], c["version"], c["htype"], key)
-    first, inverse = unique_pairs(key, key)
-    return key[first], inverse, np.bincount(inverse, minlength=len(first))
