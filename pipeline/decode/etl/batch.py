@@ -185,6 +185,12 @@ class Batch:
         cols = {"timestamp": ts, "timestamp_ns": self.ns(ts)} if ns else {"timestamp": ts}
         return {**cols, "cpu": self.cpu[idx], "stream_pos": self.stream_pos[idx]}
 
+    def of_records(self) -> tuple[np.ndarray, ...]:
+        """The record columns that the per-kind kernels read (``kernels.stack_walk_records``): pay_off,
+        pay_len, ptr, and for each row's ``common`` columns ts, cpu, stream_pos."""
+        c = self.c
+        return c["pay_off"], c["pay_len"], c["ptr"], c["ts"], c["cpu"], c["stream_pos"]
+
     def emit(self, table: str, columns: dict[str, Any], idx=None) -> None:
         """Add rows to ``table``; ``idx`` marks those records as consumed (they leave ``events``)."""
         arrays = {k: (v if isinstance(v, (pa.Array, pa.ChunkedArray)) else pa.array(v)) for k, v in columns.items()}

@@ -674,17 +674,21 @@ def hash_frames_at(blob, pos, nbytes, width, h1, h2, leaf, count):
 
 
 @nb.njit(**JIT)
-def stack_walk_records(blob, pay_off, pay_len, ptr, idx, offsets, out):
+def stack_walk_records(blob, recs, idx, offsets, out):
     """StackWalk records ``idx`` (payload at least ``o_frames`` bytes, checked by the caller) in one pass:
-    EventTimeStamp, StackProcess, StackThread, and ``hash_frames_at`` of the frames after them. ``offsets``:
-    the payload offsets of those four (``layout.STACK_WALK``: event_ts, pid, tid, frames); ``out``: the
-    arrays ev, pid, tid, h1, h2, leaf, count, one entry per record of ``idx`` (a plain tuple of a
+    EventTimeStamp, StackProcess, StackThread, and ``hash_frames_at`` of the frames after them, and the
+    record's own time, cpu and stream position. ``recs``: the record columns pay_off, pay_len, ptr, ts, cpu,
+    stream_pos (``batch.Batch.of_records``); ``offsets``: the payload offsets of the four fields
+    (``layout.STACK_WALK``: event_ts, pid, tid, frames); ``out``: the arrays ev, pid, tid, h1, h2, leaf,
+    count, ts, cpu, stream_pos, one entry per record of ``idx`` (a plain tuple of an
     ``events.stackwalk.StackWalkOut``: kernels take no named tuples, see ``batch.record_columns``)."""
+    pay_off, pay_len, ptr, r_ts, r_cpu, r_pos = recs
     o_ts, o_pid, o_tid, o_frames = offsets
-    ev, pid, tid, h1, h2, leaf, count = out
+    ev, pid, tid, h1, h2, leaf, count, ts, cpu, pos = out
     n = blob.shape[0]
     for i in range(idx.shape[0]):
         r = idx[i]
+        ts[i], cpu[i], pos[i] = r_ts[r], r_cpu[r], r_pos[r]
         p = pay_off[r]
         if p < 0 or p + o_frames > n:
             ev[i] = 0
@@ -723,13 +727,19 @@ def stack_key_records(blob, pay_off, ptr, idx, o_ts, o_pid, o_tid, o_key, ev, pi
 
 
 @nb.njit(**JIT)
-def sampled_profile_records(blob, pay_off, pay_len, ptr, idx, o_ip, o_tid, n_tid, min_len32, ip, tid, ok):
+def sampled_profile_records(blob, recs, idx, layout, out):
     """SampledProfile records ``idx`` in one pass: InstructionPointer (pointer-sized, at ``o_ip``) and
-    ThreadId (at ``o_tid`` + (P - 4) * ``n_tid``); ``ok`` False (and zeros) when the payload is shorter than
-    ``min_len32`` + P - 4 bytes or lies outside ``blob``."""
+    ThreadId (at ``o_tid`` + (P - 4) * ``n_tid``), and the record's own time, cpu and stream position.
+    ``recs``: as ``stack_walk_records`` takes them; ``layout``: (o_ip, o_tid, n_tid, min_len32); ``out``: the
+    arrays ip, tid, ok, ts, cpu, stream_pos, one entry per record of ``idx``. ``ok`` False (and zeros) when
+    the payload is shorter than ``min_len32`` + P - 4 bytes or lies outside ``blob``."""
+    pay_off, pay_len, ptr, r_ts, r_cpu, r_pos = recs
+    o_ip, o_tid, n_tid, min_len32 = layout
+    ip, tid, ok, ts, cpu, pos = out
     n = blob.shape[0]
     for i in range(idx.shape[0]):
         r = idx[i]
+        ts[i], cpu[i], pos[i] = r_ts[r], r_cpu[r], r_pos[r]
         P = np.int64(ptr[r])
         p = pay_off[r]
         if p < 0 or np.int64(pay_len[r]) < min_len32 + P - 4 or p + min_len32 + P - 4 > n:

@@ -14,13 +14,16 @@ from pipeline.decode.etl.batch import Batch
 def sampled_profile(b: Batch, idx: np.ndarray) -> None:
     S = L.SAMPLED_PROFILE
     n = len(idx)
-    ip, tid, ok = np.empty(n, np.uint64), np.empty(n, np.uint32), np.empty(n, np.bool_)
-    # The hottest kind (one record per sample): both fields and the length check in one pass.
-    K.sampled_profile_records(b.blob, b.c["pay_off"], b.c["pay_len"], b.c["ptr"], idx, S["ip"][0], *S["tid"], 12,
-                              ip, tid, ok)
+    out = (np.empty(n, np.uint64), np.empty(n, np.uint32), np.empty(n, np.bool_), np.empty(n, np.int64),
+           np.empty(n, b.c["cpu"].dtype), np.empty(n, np.int64))
+    # The hottest kind (one record per sample): both fields, the length check and the row's common columns
+    # (``Batch.common``, without timestamp_ns) in one pass.
+    K.sampled_profile_records(b.blob, b.of_records(), idx, (S["ip"][0], *S["tid"], 12), out)
+    ok = out[2]
     if not ok.all():
         b.require(idx[~ok], b.c["ptr"][idx[~ok]].astype(np.int64) + 8, "SampledProfile")   # reports them
-        idx, ip, tid = idx[ok], ip[ok], tid[ok]
+        idx, out = idx[ok], tuple(a[ok] for a in out)
+    ip, tid, _, ts, cpu, stream_pos = out
     # timestamp_ns is computed by the bucket that writes the sample: one column less to write and read back.
     # ``_rec`` (record index) lets the partition give each sample the stack pieces that follow it; not written.
-    b.emit("_samples", {**b.common(idx, ns=False), "tid": tid, "ip": ip, "_rec": idx}, idx)
+    b.emit("_samples", {"timestamp": ts, "cpu": cpu, "stream_pos": stream_pos, "tid": tid, "ip": ip, "_rec": idx}, idx)

@@ -39,10 +39,10 @@ def _distinct_frames(b: Batch, pos, length, width, h1, h2, leaf, count) -> dict:
     return {"h1": h1, "h2": h2, "n": count, "user": user}
 
 
-class StackWalkOut(namedtuple("StackWalkOut", ["ev", "pid", "tid", "h1", "h2", "leaf", "count"])):
-    """What ``kernels.stack_walk_records`` writes per StackWalk record."""
+class StackWalkOut(namedtuple("StackWalkOut", ["ev", "pid", "tid", "h1", "h2", "leaf", "count", "ts", "cpu", "stream_pos"])):
+    """What ``kernels.stack_walk_records`` writes per StackWalk record (the last three: ``Batch.common``'s)."""
 
-    DTYPES = (np.int64, np.uint32, np.uint32, np.uint64, np.uint64, np.uint64, np.int32)
+    DTYPES = (np.int64, np.uint32, np.uint32, np.uint64, np.uint64, np.uint64, np.int32, np.int64, np.uint16, np.int64)
 
 
 def stack_walk(b: Batch, idx: np.ndarray) -> None:
@@ -50,13 +50,12 @@ def stack_walk(b: Batch, idx: np.ndarray) -> None:
     W = L.STACK_WALK
     n = len(idx)
     out = StackWalkOut(*(np.empty(n, t) for t in StackWalkOut.DTYPES))
-    # One pass per record: the header fields and the hashes of the frames that follow them.
-    K.stack_walk_records(b.blob, b.c["pay_off"], b.c["pay_len"], b.c["ptr"], idx,
-                         (W["event_ts"], W["pid"], W["tid"], W["frames"]), tuple(out))
-    ev, pid, tid, h1, h2, leaf, count = out
+    # One pass per record: the header fields, the hashes of the frames that follow them, the common columns.
+    K.stack_walk_records(b.blob, b.of_records(), idx, (W["event_ts"], W["pid"], W["tid"], W["frames"]), tuple(out))
+    ev, pid, tid, h1, h2, leaf, count = out[:7]
     # A record whose leaf frame is a user address is the user half of a stack (or a user-only stack).
     b.emit("_stack_refs", {
-        **b.common(idx, ns=False), "event_ts": ev, "pid": pid, "tid": tid,
+        "timestamp": out.ts, "cpu": out.cpu, "stream_pos": out.stream_pos, "event_ts": ev, "pid": pid, "tid": tid,
         "kind": np.zeros(n, np.uint8), "key": np.zeros(n, np.uint64), "_rec": idx,
         **_distinct_frames(b, b.c["pay_off"][idx] + W["frames"], b.c["pay_len"][idx] - W["frames"], b.c["ptr"][idx],
                            h1, h2, leaf, count),
