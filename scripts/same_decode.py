@@ -68,11 +68,16 @@ def main() -> int:
 
     work = args.keep or Path(tempfile.mkdtemp(prefix="same-decode-"))
     work.mkdir(parents=True, exist_ok=True)
-    base = work / "base"
+    commit = subprocess.run(["git", "rev-parse", "--verify", f"{args.base}^{{commit}}"], cwd=ROOT, capture_output=True,
+                            text=True, check=True).stdout.strip()
+    base = work / f"base-{commit[:12]}"         # (kept with --keep: its numba cache is compiled once)
     if not base.exists():
-        base.mkdir()
-        archive = subprocess.run(["git", "archive", args.base], cwd=ROOT, capture_output=True, check=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
+        archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True, check=True).stdout
+        partial = base.with_name(base.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir()
+        subprocess.run(["tar", "-x", "-C", str(partial)], input=archive, check=True)
+        partial.rename(base)
     inputs = list(args.files) or sorted((ROOT.parent / "shared" / "fixtures").rglob("*.etl"))
     if not args.files and not args.no_synth:
         from pipeline import synth
@@ -97,7 +102,7 @@ def main() -> int:
             except (AssertionError, RuntimeError) as e:
                 failed += 1
                 print(f"DIFFERS  {trace}  partition_bytes={pb}: {str(e)[:2000]}", flush=True)
-    print(f"{len(inputs)} inputs x {len(args.partition_bytes)} settings against {args.base}: "
+    print(f"{len(inputs)} inputs x {len(args.partition_bytes)} settings against {args.base} ({commit[:12]}): "
           f"{'all the same' if not failed else f'{failed} differ'} (work: {work})")
     return 1 if failed else 0
 

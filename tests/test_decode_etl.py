@@ -867,21 +867,18 @@ def test_kernels_as_plain_python_equal_the_jit():
     assert X.xpress_decompress(raw, s0, s1, jit_out, 0, n) == (K.OK, n)
     assert X.xpress_decompress.py_func(raw, s0, s1, py_out, 0, n) == (K.OK, n)
     assert (jit_out == py_out).all()
-    from pipeline.decode.etl.batch import RECORD_COLUMNS, Kinds
+    from pipeline.decode.etl.batch import RECORD_COLUMNS, Kinds, record_kinds
 
     buffers = (np.array([0], np.int64), np.array([n], np.int64), np.array([1], np.uint16), np.array([5], np.int64))
     results = []
-    for fn in (K.walk_records, K.walk_records.py_func):
+    for walk_fn, kinds_fn in ((K.walk_records, record_kinds), (K.walk_records.py_func, record_kinds.py_func)):
         status = (np.zeros(1, np.int32), np.zeros(1, np.int64))
-        count = fn(jit_out, buffers, False, tuple(np.zeros(0, t) for _, t in RECORD_COLUMNS), Kinds().state(), status)
+        count = walk_fn(jit_out, buffers, False, tuple(np.zeros(0, t) for _, t in RECORD_COLUMNS), status)
         cols, kinds = tuple(np.zeros(count, t) for _, t in RECORD_COLUMNS), Kinds()
-        assert fn(jit_out, buffers, True, cols, kinds.state(), status) == count
+        assert walk_fn(jit_out, buffers, True, cols, status) == count
+        assert kinds_fn(jit_out, cols, count, kinds.state()) == count
         results.append(cols + (kinds.keys, kinds.counts))
-    for fn in (K.record_kinds, K.record_kinds.py_func):
-        kinds = Kinds()
-        assert fn(jit_out, results[0][:len(RECORD_COLUMNS)], count, kinds.state()) == count
-        results.append(results[0][:len(RECORD_COLUMNS)] + (kinds.keys, kinds.counts))
-    assert count >= 1 and all(len(a) == len(b) and (a == b).all() for r in results[1:] for a, b in zip(results[0], r))
+    assert count >= 1 and all(len(a) == len(b) and (a == b).all() for a, b in zip(*results))
 
 
 @pytest.mark.parametrize("rel,baseline", [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numba as nb
 import numpy as np
 import pyarrow as pa
 
@@ -29,7 +30,7 @@ def record_columns(cols: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
 
 
 class Kinds:
-    """The event kinds of a partition's records, as the walk finds them (``kernels.record_kinds``): each kind once,
+    """The event kinds of a partition's records, as ``record_kinds`` numbers them after the walk: each kind once,
     in order of first appearance, with its number of records, and the provider GUIDs that the kinds name."""
 
     def __init__(self, kind_bits: int = 12, guid_bits: int = 10):
@@ -63,6 +64,80 @@ class Kinds:
         return self.g_off[:self.sizes[1]]
 
 
+#: ``record_kinds`` ran out of room in its event-kind or provider tables (``walk`` sizes them again).
+KINDS_FULL = -2
+
+
+@nb.njit(**K.JIT)
+def record_kinds(blob, cols, n, kinds):
+    """The event kind of each of the first ``n`` records of ``cols`` (``kernels.walk_records``), entered in ``kinds``
+    when new; returns ``n``, or ``KINDS_FULL`` when a table would grow past half full.
+
+    ``kinds`` is the tuple (kind slots, kind keys, kind counts, GUID slots, GUID low and high halves, GUID
+    offsets, sizes): open-addressing tables of -1 or an index into the keys, in order of first appearance,
+    and ``sizes`` the number of kinds and GUIDs in use. A kind is one integer, provider code << 48 | opcode
+    << 40 | event id << 24 | version << 8 | header type. The provider code is the kernel group (HookId >> 8;
+    0x14 for the Image Load hook) for SYSTEM/COMPACT/PERFINFO headers, 257 + the number of the record's GUID
+    for one that carries a GUID, 256 for one with neither (``partition.interpret`` turns them into text).
+
+    One loop over plain local arrays: helpers that took the tables (or a tuple of them) per record cost
+    50-90 ns a record in reference counting."""
+    htype, hook, opcode, event_id, version, guid_off, kind = cols[3], cols[5], cols[6], cols[7], cols[8], cols[12], cols[17]
+    k_slots, k_key, k_count, g_slots, g_lo, g_hi, g_off, sizes = kinds
+    k_mask, g_mask = np.uint64(k_slots.shape[0] - 1), np.uint64(g_slots.shape[0] - 1)
+    nk, ng = sizes[0], sizes[1]
+    last_key, last_kind = np.uint64(0), -1
+    for i in range(n):
+        ht = htype[i]
+        if (ht == L.HT_SYSTEM32 or ht == L.HT_SYSTEM64 or ht == L.HT_COMPACT32 or ht == L.HT_COMPACT64
+                or ht == L.HT_PERFINFO32 or ht == L.HT_PERFINFO64):
+            code = np.uint64(0x14) if hook[i] == L.IMAGE_LOAD_HOOK else np.uint64(hook[i] >> 8)
+        elif guid_off[i] >= 0:
+            lo, hi = K._u64(blob, guid_off[i]), K._u64(blob, guid_off[i] + 8)
+            s = K._pair_slot(lo, hi, g_mask)
+            while True:
+                g = g_slots[s]
+                if g < 0:
+                    if 2 * (ng + 1) > g_slots.shape[0]:
+                        sizes[0], sizes[1] = nk, ng
+                        return KINDS_FULL
+                    g = ng
+                    g_slots[s] = g
+                    g_lo[g], g_hi[g], g_off[g] = lo, hi, guid_off[i]
+                    ng += 1
+                    break
+                if g_lo[g] == lo and g_hi[g] == hi:
+                    break
+                s = (s + np.uint64(1)) & g_mask
+            code = np.uint64(257 + g)
+        else:
+            code = np.uint64(256)
+        key = ((code << np.uint64(48)) | (np.uint64(opcode[i]) << np.uint64(40)) | (np.uint64(event_id[i]) << np.uint64(24))
+               | (np.uint64(version[i]) << np.uint64(8)) | np.uint64(ht))
+        if key != last_key or last_kind < 0:
+            # (the high half hashed apart: the product's low bits see only the key's low bits)
+            s = K._pair_slot(key, key >> np.uint64(32), k_mask)
+            while True:
+                j = k_slots[s]
+                if j < 0:
+                    if 2 * (nk + 1) > k_slots.shape[0]:
+                        sizes[0], sizes[1] = nk, ng
+                        return KINDS_FULL
+                    j = nk
+                    k_slots[s] = j
+                    k_key[j] = key
+                    nk += 1
+                    break
+                if k_key[j] == key:
+                    break
+                s = (s + np.uint64(1)) & k_mask
+            last_key, last_kind = key, j
+        kind[i] = last_kind
+        k_count[last_kind] += 1
+    sizes[0], sizes[1] = nk, ng
+    return n
+
+
 #: Mean record size of the partitions this process decoded last (None: count before filling).
 _record_size: list[float] = []
 
@@ -87,11 +162,13 @@ def walk(blob: np.ndarray, starts: np.ndarray, lens: np.ndarray, bufs: np.ndarra
 
     def fill(cols: dict[str, np.ndarray]) -> tuple[int, Kinds]:
         kinds = Kinds()
-        for again in (False, True):
+        for _ in range(2):
             for a in status:
                 a[:] = 0
-            n = K.walk_records(blob, buffers, True, record_columns(cols), kinds.state(), status)
-            if n != K.KINDS_FULL:
+            n = K.walk_records(blob, buffers, True, record_columns(cols), status)
+            if n >= 0:
+                n = record_kinds(blob, record_columns(cols), n, kinds.state())
+            if n != KINDS_FULL:
                 break
             kinds = Kinds.for_records(len(cols["ts"]))     # (then no table can fill)
         return n, kinds
@@ -102,7 +179,7 @@ def walk(blob: np.ndarray, starts: np.ndarray, lens: np.ndarray, bufs: np.ndarra
         n, kinds = fill(cols)
     if n == -1:
         empty = tuple(np.zeros(0, t) for _, t in RECORD_COLUMNS)
-        count = K.walk_records(blob, buffers, False, empty, Kinds(1, 1).state(), status)
+        count = K.walk_records(blob, buffers, False, empty, status)
         cols = {name: np.empty(count, t) for name, t in RECORD_COLUMNS}
         n, kinds = fill(cols)
     if n:

@@ -178,12 +178,8 @@ def _record_frame(blob, p, end, marker):
     return OK, ht, hsize, psize, size
 
 
-#: ``walk_records`` ran out of room in its event-kind or provider tables (``batch.walk`` sizes them again).
-KINDS_FULL = -2
-
-
 @nb.njit(**JIT)
-def walk_records(blob, buffers, fill, cols, kinds, status):
+def walk_records(blob, buffers, fill, cols, status):
     """Walk the records of every buffer blob[starts[i]:starts[i]+lens[i]] (``buffers``: the tuple starts, lens,
     cpu and stream rank of each buffer).
 
@@ -192,10 +188,9 @@ def walk_records(blob, buffers, fill, cols, kinds, status):
     they are too short. A record that does not parse ends its buffer: ``status`` (the tuple code, offset of
     each buffer) gets the code and the offset of the record inside the buffer.
 
-    The fill pass also gives each record its buffer's cpu, its position in that cpu's stream ((rank of the
-    buffer in the stream) << 24 | index of the record in its buffer) and its event kind (``record_kinds``,
-    into the tables ``kinds``; returns ``KINDS_FULL`` when one would grow past half full: the caller sizes
-    them for every record to be distinct and walks again).
+    The fill pass also gives each record its buffer's cpu and its position in that cpu's stream ((rank of the
+    buffer in the stream) << 24 | index of the record in its buffer); ``batch.record_kinds`` numbers the
+    records' event kinds after it.
     """
     (rbuf, roff, rsize, htype, ptr, hook, opcode, event_id, version, tid, pid, ts, guid_off, pay_off, pay_len,
      ext_off, ext_len, kind, cpu, stream_pos) = cols
@@ -332,78 +327,6 @@ def walk_records(blob, buffers, fill, cols, kinds, status):
             n += 1
             k += 1
             p += (size + 7) & ~7
-    if fill:
-        return record_kinds(blob, cols, n, kinds)
-    return n
-
-
-@nb.njit(**JIT)
-def record_kinds(blob, cols, n, kinds):
-    """The event kind of each of the first ``n`` records of ``cols`` (``walk_records``), entered in ``kinds``
-    when new; returns ``n``, or ``KINDS_FULL`` when a table would grow past half full.
-
-    ``kinds`` is the tuple (kind slots, kind keys, kind counts, GUID slots, GUID low and high halves, GUID
-    offsets, sizes): open-addressing tables of -1 or an index into the keys, in order of first appearance,
-    and ``sizes`` the number of kinds and GUIDs in use. A kind is one integer, provider code << 48 | opcode
-    << 40 | event id << 24 | version << 8 | header type. The provider code is the kernel group (HookId >> 8;
-    0x14 for the Image Load hook) for SYSTEM/COMPACT/PERFINFO headers, 257 + the number of the record's GUID
-    for one that carries a GUID, 256 for one with neither (``partition.interpret`` turns them into text).
-
-    One loop over plain local arrays: helpers that took the tables (or a tuple of them) per record cost
-    50-90 ns a record in reference counting."""
-    htype, hook, opcode, event_id, version, guid_off, kind = cols[3], cols[5], cols[6], cols[7], cols[8], cols[12], cols[17]
-    k_slots, k_key, k_count, g_slots, g_lo, g_hi, g_off, sizes = kinds
-    k_mask, g_mask = np.uint64(k_slots.shape[0] - 1), np.uint64(g_slots.shape[0] - 1)
-    nk, ng = sizes[0], sizes[1]
-    last_key, last_kind = np.uint64(0), -1
-    for i in range(n):
-        ht = htype[i]
-        if (ht == L.HT_SYSTEM32 or ht == L.HT_SYSTEM64 or ht == L.HT_COMPACT32 or ht == L.HT_COMPACT64
-                or ht == L.HT_PERFINFO32 or ht == L.HT_PERFINFO64):
-            code = np.uint64(0x14) if hook[i] == L.IMAGE_LOAD_HOOK else np.uint64(hook[i] >> 8)
-        elif guid_off[i] >= 0:
-            lo, hi = _u64(blob, guid_off[i]), _u64(blob, guid_off[i] + 8)
-            s = _pair_slot(lo, hi, g_mask)
-            while True:
-                g = g_slots[s]
-                if g < 0:
-                    if 2 * (ng + 1) > g_slots.shape[0]:
-                        sizes[0], sizes[1] = nk, ng
-                        return KINDS_FULL
-                    g = ng
-                    g_slots[s] = g
-                    g_lo[g], g_hi[g], g_off[g] = lo, hi, guid_off[i]
-                    ng += 1
-                    break
-                if g_lo[g] == lo and g_hi[g] == hi:
-                    break
-                s = (s + np.uint64(1)) & g_mask
-            code = np.uint64(257 + g)
-        else:
-            code = np.uint64(256)
-        key = ((code << np.uint64(48)) | (np.uint64(opcode[i]) << np.uint64(40)) | (np.uint64(event_id[i]) << np.uint64(24))
-               | (np.uint64(version[i]) << np.uint64(8)) | np.uint64(ht))
-        if key != last_key or last_kind < 0:
-            # (the high half hashed apart: the product's low bits see only the key's low bits)
-            s = _pair_slot(key, key >> np.uint64(32), k_mask)
-            while True:
-                j = k_slots[s]
-                if j < 0:
-                    if 2 * (nk + 1) > k_slots.shape[0]:
-                        sizes[0], sizes[1] = nk, ng
-                        return KINDS_FULL
-                    j = nk
-                    k_slots[s] = j
-                    k_key[j] = key
-                    nk += 1
-                    break
-                if k_key[j] == key:
-                    break
-                s = (s + np.uint64(1)) & k_mask
-            last_key, last_kind = key, j
-        kind[i] = last_kind
-        k_count[last_kind] += 1
-    sizes[0], sizes[1] = nk, ng
     return n
 
 
@@ -712,13 +635,19 @@ def stack_walk_records(blob, recs, idx, offsets, out):
 
 
 @nb.njit(**JIT)
-def stack_key_records(blob, pay_off, ptr, idx, o_ts, o_pid, o_tid, o_key, ev, pid, tid, key):
+def stack_key_records(blob, recs, idx, offsets, out):
     """StackKeyKernel/User records ``idx`` in one pass: EventTimeStamp, StackProcess, StackThread and the
     pointer-sized StackKey (the payload length is checked by the caller; a field that would not fit inside
-    ``blob`` reads 0, as ``read_fields`` does)."""
+    ``blob`` reads 0, as ``read_fields`` does), and the record's own time, cpu and stream position. ``recs``:
+    as ``stack_walk_records`` takes them; ``offsets``: the payload offsets of the four fields; ``out``: the
+    arrays ev, pid, tid, key, ts, cpu, stream_pos."""
+    pay_off, _, ptr, r_ts, r_cpu, r_pos = recs
+    o_ts, o_pid, o_tid, o_key = offsets
+    ev, pid, tid, key, ts, cpu, pos = out
     n = blob.shape[0]
     for i in range(idx.shape[0]):
         r = idx[i]
+        ts[i], cpu[i], pos[i] = r_ts[r], r_cpu[r], r_pos[r]
         p = pay_off[r]
         ev[i] = np.int64(_uint_at(blob, n, p + o_ts, 8))
         pid[i] = _uint_at(blob, n, p + o_pid, 4)

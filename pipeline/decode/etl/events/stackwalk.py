@@ -67,13 +67,14 @@ def stack_key_ref(b: Batch, idx: np.ndarray) -> None:
     idx = b.require(idx, 16 + P, "StackKey")
     W = L.STACK_WALK
     n = len(idx)
-    ev, pid, tid, key = np.empty(n, np.int64), np.empty(n, np.uint32), np.empty(n, np.uint32), np.empty(n, np.uint64)
-    # One pass per record (half the records of a trace with stack keys): its four fields.
-    K.stack_key_records(b.blob, b.c["pay_off"], b.c["ptr"], idx, W["event_ts"], W["pid"], W["tid"], 0x10, ev, pid, tid, key)
+    out = tuple(np.empty(n, t) for t in (np.int64, np.uint32, np.uint32, np.uint64, np.int64, b.c["cpu"].dtype, np.int64))
+    # One pass per record (half the records of a trace with stack keys): its four fields and the common columns.
+    K.stack_key_records(b.blob, b.of_records(), idx, (W["event_ts"], W["pid"], W["tid"], 0x10), out)
+    ev, pid, tid, key, ts, cpu, stream_pos = out
     zero = np.zeros(n, np.uint64)
     opcode = b.c["opcode"][idx]
     b.emit("_stack_refs", {
-        **b.common(idx, ns=False), "event_ts": ev, "pid": pid, "tid": tid,
+        "timestamp": ts, "cpu": cpu, "stream_pos": stream_pos, "event_ts": ev, "pid": pid, "tid": tid,
         "kind": np.where(opcode == 37, 1, 2).astype(np.uint8), "user": opcode == 38,
         "key": key, "h1": zero, "h2": zero, "n": np.zeros(n, np.int32), "_rec": idx,
     }, idx)
