@@ -149,6 +149,7 @@ def test_buckets_cover_every_time_once(tmp_path):
     assert len(buckets.plan(samples, rows_per_bucket=len(ts), min_buckets=1)) == 2
 
 
+@pytest.mark.kernels
 def test_key_references_take_the_first_definition_at_or_after_them():
     """``positions`` (a hash table from key to its run of definitions, a search inside the run) against a
     brute-force search: keys defined several times, never, references before, between and after. And as
@@ -201,6 +202,7 @@ def _group_id(pieces: list[list[int]]) -> int:
     return int(sid[0])
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("distinct", [5, 40_000, 300_000])
 def test_unique_pairs_in_order_of_first_appearance_for_few_and_many(distinct):
     """A partition of a trace with a few hundred thousand distinct stacks has that many distinct hash
@@ -225,6 +227,7 @@ def test_unique_pairs_in_order_of_first_appearance_for_few_and_many(distinct):
     assert first.tolist() == want_first and code.tolist() == want_code
 
 
+@pytest.mark.kernels
 def test_pair_set_tells_which_pairs_are_new_as_it_grows():
     from pipeline.decode.etl.batch import PairSet
 
@@ -294,6 +297,7 @@ def test_a_process_writes_each_settled_stack_once_per_decode_with_its_pieces(tmp
         (3, 9, -1, 1, 301, 302), (4, 12, -2, 0, 400, 401), (5, 15, -2, 0, 500, 501), (5, 15, -2, 1, 501, 502)]
 
 
+@pytest.mark.kernels
 def test_stack_id_is_a_hash_of_the_whole_frame_list():
     frames = [0xFFFFF80000001000 + 16 * i for i in range(7)] + [0x7FF600001000 + 32 * i for i in range(9)]
     whole = _group_id([frames])
@@ -541,6 +545,7 @@ def _refs(rows):
                      "n": np.array([h[2] for h in hashes], np.int32), "_rec": np.array([p[0] for p in rows], np.int64)})
 
 
+@pytest.mark.kernels
 def test_rows_with_a_complete_stack_are_settled_in_their_partition():
     """A sample or heap event whose stack is complete where it was logged (its user piece follows it; or,
     for the Idle and System processes, its kernel piece) is written by the partition; one that may still
@@ -583,6 +588,7 @@ def test_rows_with_a_complete_stack_are_settled_in_their_partition():
     assert counts["samples"] == 2 and len(stacks.sid) == 2
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("seed", range(4))
 def test_unshared_rows_equal_a_pairwise_comparison(seed):
     """``unshared`` (bitmaps first, then an exact comparison of the rows whose bits are set twice) marks

@@ -1,0 +1,34 @@
+"""The ETL decoder's kernel unit tests (marker ``kernels``) once more with ``NUMBA_DISABLE_JIT=1``, as LiberTEM
+runs its numba tests: every kernel then runs as the plain Python it is written in, so that an error numba's
+typing hides (an index past the end that the compiled code reads without a check, a branch that the compiled
+code never takes) shows as a Python error, and coverage sees the kernels' lines. ``test_decode_nojit`` does the
+same for whole decodes of small synthesized traces."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+#: The modules that hold the decoder's kernel unit tests.
+MODULES = ("tests/test_decode_etl.py", "tests/test_decode_etl_buckets.py")
+
+
+def _pytest(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "kernels", *args, *MODULES],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=800)
+
+
+def test_kernel_unit_tests_pass_as_plain_python():
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_DISABLE_JIT"}
+    collected = _pytest("--collect-only", env=env)
+    assert collected.returncode == 0, collected.stdout[-3000:]
+    expected = int(re.search(r"(\d+)/\d+ tests collected", collected.stdout).group(1))
+    # (numpy warns when plain-Python hashing wraps around uint64 scalars, as the compiled code does silently)
+    proc = _pytest("-W", "ignore:overflow encountered:RuntimeWarning", env=env | {"NUMBA_DISABLE_JIT": "1"})
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    passed = re.search(r"(\d+) passed", proc.stdout)
+    assert expected >= 20 and passed and int(passed.group(1)) == expected, proc.stdout[-2000:]
