@@ -602,12 +602,13 @@ def stack_walk_records(blob, recs, idx, offsets, out):
     EventTimeStamp, StackProcess, StackThread, and ``hash_frames_at`` of the frames after them, and the
     record's own time, cpu and stream position. ``recs``: the record columns pay_off, pay_len, ptr, ts, cpu,
     stream_pos (``batch.Batch.of_records``); ``offsets``: the payload offsets of the four fields
-    (``layout.STACK_WALK``: event_ts, pid, tid, frames); ``out``: the arrays ev, pid, tid, h1, h2, leaf,
-    count, ts, cpu, stream_pos, one entry per record of ``idx`` (a plain tuple of an
+    (``layout.STACK_WALK``: event_ts, pid, tid, frames); ``out``: the arrays ev, pid, tid, h1, h2, user
+    (the leaf frame is below the kernel-space boundary of the record's pointer width, or there is none), count,
+    ts, cpu, stream_pos, one entry per record of ``idx`` (a plain tuple of an
     ``events.stackwalk.StackWalkOut``: kernels take no named tuples, see ``batch.record_columns``)."""
     pay_off, pay_len, ptr, r_ts, r_cpu, r_pos = recs
     o_ts, o_pid, o_tid, o_frames = offsets
-    ev, pid, tid, h1, h2, leaf, count, ts, cpu, pos = out
+    ev, pid, tid, h1, h2, user, count, ts, cpu, pos = out
     n = blob.shape[0]
     for i in range(idx.shape[0]):
         r = idx[i]
@@ -619,7 +620,7 @@ def stack_walk_records(blob, recs, idx, offsets, out):
             tid[i] = 0
             h1[i] = 0
             h2[i] = 0
-            leaf[i] = 0
+            user[i] = True
             count[i] = 0
             continue
         ev[i] = np.int64(_u64(blob, p + o_ts))
@@ -630,7 +631,8 @@ def stack_walk_records(blob, recs, idx, offsets, out):
         k = (np.int64(pay_len[r]) - o_frames) // w if w > 0 and pay_len[r] > o_frames else 0
         if q + k * w > n:
             k = 0
-        h1[i], h2[i], leaf[i] = _poly_hash(blob, q, k, w)
+        h1[i], h2[i], leaf = _poly_hash(blob, q, k, w)
+        user[i] = leaf < (L.KERNEL_SPACE_64 if w == 8 else L.KERNEL_SPACE_32)
         count[i] = k
 
 
