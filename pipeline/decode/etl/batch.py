@@ -80,8 +80,9 @@ def record_kinds(blob, cols, n, kinds):
     0x14 for the Image Load hook) for SYSTEM/COMPACT/PERFINFO headers, 257 + the number of the record's GUID
     for one that carries a GUID, 256 for one with neither (``partition.interpret`` turns them into text).
 
-    One loop over plain local arrays: helpers that took the tables (or a tuple of them) per record cost
-    50-90 ns a record in reference counting."""
+    One loop over plain local arrays, with the two table probes written out: a helper that took the tables (or
+    a tuple of them) per record cost 50-90 ns a record in reference counting, and one shared probe taking three
+    arrays, inlined, 14.7 ns, against 3.4 ns as it is."""
     htype, hook, opcode, event_id, version, guid_off, kind = cols[3], cols[5], cols[6], cols[7], cols[8], cols[12], cols[17]
     k_slots, k_key, k_count, g_slots, g_lo, g_hi, g_off, sizes = kinds
     k_mask, g_mask = np.uint64(k_slots.shape[0] - 1), np.uint64(g_slots.shape[0] - 1)
