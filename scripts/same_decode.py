@@ -1,6 +1,6 @@
 """Decode the same traces with this working tree and with another revision, and check that every table is the same.
 
-    .venv/bin/python scripts/same_decode.py [--base REV] [--partition-bytes N ...] [--no-synth] [--keep DIR] [FILE ...]
+    .venv/bin/python scripts/same_decode.py [--base REV] [--partition-bytes N,...] [--no-synth] [--keep DIR] [FILE ...]
 
 For changes to the decoder that must not change what it writes (issue 31: a faster or reshaped decoder keeps
 every output table). The base revision (``HEAD`` unless ``--base``) is exported with ``git archive`` into a
@@ -13,7 +13,8 @@ five synthesized traces that hold what no fixture has (``SYNTH``: plain, XPRESS,
 stacks that vary as a real build's do; heap snapshots, heap and VirtualAlloc events in all of them). Tables are
 compared with ``tests.conftest.assert_same_tables`` (same schema, same rows in any order, the run-specific columns
 aside), and the manifests' table row counts and error counts too. Prints a line per input and setting and exits 1
-when any differs; a new numba cache is compiled for the base tree on its first use (a minute or two).
+when any differs or does not decode. ``--keep DIR`` keeps the base tree, the synthesized traces and the runs there
+for the next check (the base tree's numba cache is compiled on its first use).
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="*", type=Path)
     ap.add_argument("--base", default="HEAD", help="the revision to compare with (HEAD)")
-    ap.add_argument("--partition-bytes", type=int, nargs="+", default=[24 << 20, 1 << 20])
+    ap.add_argument("--partition-bytes", type=lambda text: [int(x) for x in text.split(",")], default=[24 << 20, 1 << 20],
+                    help="partition sizes to decode at, comma-separated (25165824,1048576)")
     ap.add_argument("--no-synth", action="store_true", help="only the fixtures (or the files named)")
     ap.add_argument("--keep", type=Path, help="work here and keep it (default: a temporary directory)")
     args = ap.parse_args()
@@ -103,7 +105,9 @@ def main() -> int:
                 failed += 1
                 print(f"DIFFERS  {trace}  partition_bytes={pb}: {str(e)[:2000]}", flush=True)
     print(f"{len(inputs)} inputs x {len(args.partition_bytes)} settings against {args.base} ({commit[:12]}): "
-          f"{'all the same' if not failed else f'{failed} differ'} (work: {work})")
+          f"{'all the same' if not failed else f'{failed} differ'}" + (f" (work: {work})" if args.keep else ""))
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
     return 1 if failed else 0
 
 
