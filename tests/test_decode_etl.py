@@ -873,7 +873,7 @@ def test_kernels_as_plain_python_equal_the_jit():
     assert X.xpress_decompress(raw, s0, s1, jit_out, 0, n) == (K.OK, n)
     assert X.xpress_decompress.py_func(raw, s0, s1, py_out, 0, n) == (K.OK, n)
     assert (jit_out == py_out).all()
-    from pipeline.decode.etl.batch import RECORD_COLUMNS, Kinds, record_kinds
+    from pipeline.decode.etl.batch import KIND_COLUMNS, RECORD_COLUMNS, Kinds, record_kinds
 
     buffers = (np.array([0], np.int64), np.array([n], np.int64), np.array([1], np.uint16), np.array([5], np.int64))
     results = []
@@ -882,7 +882,8 @@ def test_kernels_as_plain_python_equal_the_jit():
         count = walk_fn(jit_out, buffers, False, tuple(np.zeros(0, t) for _, t in RECORD_COLUMNS), status)
         cols, kinds = tuple(np.zeros(count, t) for _, t in RECORD_COLUMNS), Kinds()
         assert walk_fn(jit_out, buffers, True, cols, status) == count
-        assert kinds_fn(jit_out, cols, count, kinds.state()) == count
+        named = dict(zip((name for name, _ in RECORD_COLUMNS), cols))
+        assert kinds_fn(jit_out, tuple(named[c] for c in KIND_COLUMNS), count, kinds.state()) == count
         results.append(cols + (kinds.keys, kinds.counts))
     assert count >= 1 and all(len(a) == len(b) and (a == b).all() for a, b in zip(*results))
 

@@ -64,13 +64,16 @@ class Kinds:
         return self.g_off[:self.sizes[1]]
 
 
+#: The record columns that ``record_kinds`` reads, and the one it writes (last).
+KIND_COLUMNS = ("htype", "hook", "opcode", "event_id", "version", "guid_off", "kind")
 #: ``record_kinds`` ran out of room in its event-kind or provider tables (``walk`` sizes them again).
 KINDS_FULL = -2
 
 
 @nb.njit(**K.JIT)
 def record_kinds(blob, cols, n, kinds):
-    """The event kind of each of the first ``n`` records of ``cols`` (``kernels.walk_records``), entered in ``kinds``
+    """The event kind of each of the first ``n`` records of ``cols`` (``kernels.walk_records``' columns htype,
+    hook, opcode, event_id, version, guid_off, and kind, which it writes: ``KIND_COLUMNS``), entered in ``kinds``
     when new; returns ``n``, or ``KINDS_FULL`` when a table would grow past half full.
 
     ``kinds`` is the tuple (kind slots, kind keys, kind counts, GUID slots, GUID low and high halves, GUID
@@ -83,7 +86,7 @@ def record_kinds(blob, cols, n, kinds):
     One loop over plain local arrays, with the two table probes written out: a helper that took the tables (or
     a tuple of them) per record cost 50-90 ns a record in reference counting, and one shared probe taking three
     arrays, inlined, 14.7 ns, against 3.4 ns as it is."""
-    htype, hook, opcode, event_id, version, guid_off, kind = cols[3], cols[5], cols[6], cols[7], cols[8], cols[12], cols[17]
+    htype, hook, opcode, event_id, version, guid_off, kind = cols
     k_slots, k_key, k_count, g_slots, g_lo, g_hi, g_off, sizes = kinds
     k_mask, g_mask = np.uint64(k_slots.shape[0] - 1), np.uint64(g_slots.shape[0] - 1)
     nk, ng = sizes[0], sizes[1]
@@ -168,7 +171,7 @@ def walk(blob: np.ndarray, starts: np.ndarray, lens: np.ndarray, bufs: np.ndarra
                 a[:] = 0
             n = K.walk_records(blob, buffers, True, record_columns(cols), status)
             if n >= 0:
-                n = record_kinds(blob, record_columns(cols), n, kinds.state())
+                n = record_kinds(blob, tuple(cols[c] for c in KIND_COLUMNS), n, kinds.state())
             if n != KINDS_FULL:
                 break
             kinds = Kinds.for_records(len(cols["ts"]))     # (then no table can fill)
@@ -202,8 +205,6 @@ class Batch:
         self.bufs = bufs                    # BUFFER_DESC rows of this partition (+ stream_rank)
         self.consts = consts
         self.kinds = kinds
-        # Stable position inside the CPU stream: buffer rank in its CPU's sequence order, record index.
-        self.cpu, self.stream_pos = cols["cpu"], cols["stream_pos"]
         self.consumed = np.zeros(self.n, bool)
         self.out: dict[str, list[pa.Table]] = {}
         self.errors: list[dict[str, Any]] = []
@@ -261,7 +262,7 @@ class Batch:
         row only orders or joins), cpu and stream position."""
         ts = self.c["ts"][idx]
         cols = {"timestamp": ts, "timestamp_ns": self.ns(ts)} if ns else {"timestamp": ts}
-        return {**cols, "cpu": self.cpu[idx], "stream_pos": self.stream_pos[idx]}
+        return {**cols, "cpu": self.c["cpu"][idx], "stream_pos": self.c["stream_pos"][idx]}
 
     def of_records(self) -> tuple[np.ndarray, ...]:
         """The record columns that the per-kind kernels read (``kernels.stack_walk_records``): pay_off,

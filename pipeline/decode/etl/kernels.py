@@ -574,10 +574,18 @@ def _poly_hash(blob, p, k, w):
 
 
 @nb.njit(**JIT)
-def hash_frames_at(blob, pos, nbytes, width, h1, h2, leaf, count):
+def user_leaf(leaf, width):
+    """Whether a frame list whose leaf (first) frame is ``leaf`` (0: no frames) is a user stack: the leaf lies
+    below the kernel-space boundary of its pointer ``width``. A StackWalk record of a user leaf is the user
+    half of a stack, or a user-only stack."""
+    return leaf < (L.KERNEL_SPACE_64 if width == 8 else L.KERNEL_SPACE_32)
+
+
+@nb.njit(**JIT)
+def hash_frames_at(blob, pos, nbytes, width, h1, h2, user, count):
     """Two 64-bit polynomial hashes of each record's frame list, read in place: record i has
-    nbytes[i] // width[i] pointers of width[i] bytes at blob[pos[i]:] (``count``). Also gives the leaf
-    (first) frame, 0 for an empty list. A range outside ``blob`` hashes as empty (0, 0, count 0).
+    nbytes[i] // width[i] pointers of width[i] bytes at blob[pos[i]:] (``count``). Also tells whether the
+    list is a user stack (``user_leaf``). A range outside ``blob`` hashes as empty (0, 0, count 0).
 
     h = sum of mix(frame j) * B**(count-1-j) mod 2**64, so the hash of a concatenation follows from the
     pieces' hashes and counts (h(A+B) = h(A) * B**count(B) + h(B)): a stack cut into kernel and user
@@ -592,7 +600,8 @@ def hash_frames_at(blob, pos, nbytes, width, h1, h2, leaf, count):
         p = pos[i]
         if p < 0 or p + k * w > n:
             k = 0
-        h1[i], h2[i], leaf[i] = _poly_hash(blob, p, k, w)
+        h1[i], h2[i], leaf = _poly_hash(blob, p, k, w)
+        user[i] = user_leaf(leaf, w)
         count[i] = k
 
 
@@ -603,8 +612,7 @@ def stack_walk_records(blob, recs, idx, offsets, out):
     record's own time, cpu and stream position. ``recs``: the record columns pay_off, pay_len, ptr, ts, cpu,
     stream_pos (``batch.Batch.of_records``); ``offsets``: the payload offsets of the four fields
     (``layout.STACK_WALK``: event_ts, pid, tid, frames); ``out``: the arrays ev, pid, tid, h1, h2, user
-    (the leaf frame is below the kernel-space boundary of the record's pointer width, or there is none), count,
-    ts, cpu, stream_pos, one entry per record of ``idx`` (a plain tuple of an
+    (``user_leaf``), count, ts, cpu, stream_pos, one entry per record of ``idx`` (a plain tuple of an
     ``events.stackwalk.StackWalkOut``: kernels take no named tuples, see ``batch.record_columns``)."""
     pay_off, pay_len, ptr, r_ts, r_cpu, r_pos = recs
     o_ts, o_pid, o_tid, o_frames = offsets
@@ -632,7 +640,7 @@ def stack_walk_records(blob, recs, idx, offsets, out):
         if q + k * w > n:
             k = 0
         h1[i], h2[i], leaf = _poly_hash(blob, q, k, w)
-        user[i] = leaf < (L.KERNEL_SPACE_64 if w == 8 else L.KERNEL_SPACE_32)
+        user[i] = user_leaf(leaf, w)
         count[i] = k
 
 

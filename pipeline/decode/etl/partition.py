@@ -109,7 +109,7 @@ def _decode_partition(task: PartitionTask) -> PartitionResult:
     counts = interpret(b)
     # The tables are built: the record columns (but each record's buffer) and the mapped bytes go before
     # the writes. (With the walk's margin given back too: peak RSS 483-492 -> 444 MB, 4 GB synth.)
-    b.c, b.blob, b.cpu, b.stream_pos, b.consumed = {"rbuf": b.c["rbuf"]}, None, None, None, None
+    b.c, b.blob, b.consumed = {"rbuf": b.c["rbuf"]}, None, None
     del blob, cols
     written = write_parts(b, part, Path(task.out_dir), Path(task.scratch_dir))
     return PartitionResult(**vars(written), part=part, records=int(b.n), bytes=int(bufs["buffer_size"].sum()),

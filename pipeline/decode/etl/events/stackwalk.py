@@ -16,18 +16,17 @@ from pipeline.decode.etl.batch import Batch, list_array, unique_pairs
 # --- StackWalk (§3.5) ------------------------------------------------------------------------------
 def _frames(b: Batch, pos: np.ndarray, length: np.ndarray, width: np.ndarray) -> dict:
     """Hashes ``h1``, ``h2`` and frame count ``n`` of frame arrays at blob[pos : pos + length] (pointers
-    of ``width`` bytes, leaf first; see ``kernels.hash_frames_at``), and ``user`` (leaf frame below the
-    kernel-space boundary of that width)."""
+    of ``width`` bytes, leaf first; see ``kernels.hash_frames_at``), and ``user`` (``kernels.user_leaf``)."""
     n = len(pos)
     pos, length, width = pos.astype(np.int64), length.astype(np.int64), width.astype(np.int64)
-    h1, h2, leaf = np.empty(n, np.uint64), np.empty(n, np.uint64), np.empty(n, np.uint64)
+    h1, h2, user = np.empty(n, np.uint64), np.empty(n, np.uint64), np.empty(n, np.bool_)
     count = np.empty(n, np.int32)
-    K.hash_frames_at(b.blob, pos, length, width, h1, h2, leaf, count)
-    user = leaf < np.where(width == 8, L.KERNEL_SPACE_64, L.KERNEL_SPACE_32)
-    return {**_distinct_frames(b, h1, h2, lambda first: (pos[first], length[first], width[first])), "n": count, "user": user}
+    K.hash_frames_at(b.blob, pos, length, width, h1, h2, user, count)
+    _distinct_frames(b, h1, h2, lambda first: (pos[first], length[first], width[first]))
+    return {"h1": h1, "h2": h2, "n": count, "user": user}
 
 
-def _distinct_frames(b: Batch, h1: np.ndarray, h2: np.ndarray, rows_at) -> dict:
+def _distinct_frames(b: Batch, h1: np.ndarray, h2: np.ndarray, rows_at) -> None:
     """The frames themselves go to ``_stack_frames`` once per distinct (h1, h2) in the partition: events
     carry only the hashes, so the per-event tables stay small and the joins never move frame lists.
     ``rows_at(first)`` gives where the frames of those rows lie: (blob position, bytes, pointer width);
@@ -39,7 +38,6 @@ def _distinct_frames(b: Batch, h1: np.ndarray, h2: np.ndarray, rows_at) -> dict:
     frames = np.empty(K.gather_frames(*args, np.zeros(0, np.uint64), False), np.uint64)
     K.gather_frames(*args, frames, True)
     b.emit("_stack_frames", {"h1": h1[first], "h2": h2[first], "frames": list_array(offs, frames)})
-    return {"h1": h1, "h2": h2}
 
 
 class StackWalkOut(namedtuple("StackWalkOut", ["ev", "pid", "tid", "h1", "h2", "user", "count", "ts", "cpu", "stream_pos"])):
@@ -55,14 +53,13 @@ def stack_walk(b: Batch, idx: np.ndarray) -> None:
     out = StackWalkOut(*(np.empty(n, t) for t in StackWalkOut.DTYPES))
     # One pass per record: the header fields, the hashes of the frames that follow them, the common columns.
     K.stack_walk_records(b.blob, b.of_records(), idx, (W["event_ts"], W["pid"], W["tid"], W["frames"]), tuple(out))
-    # A record whose leaf frame is a user address is the user half of a stack (or a user-only stack).
     c = b.c
+    _distinct_frames(b, out.h1, out.h2, lambda first: (c["pay_off"][idx[first]] + W["frames"],
+                                                       c["pay_len"][idx[first]] - W["frames"], c["ptr"][idx[first]]))
     b.emit("_stack_refs", {
         "timestamp": out.ts, "cpu": out.cpu, "stream_pos": out.stream_pos, "event_ts": out.ev, "pid": out.pid,
         "tid": out.tid, "kind": np.zeros(n, np.uint8), "key": np.zeros(n, np.uint64), "_rec": idx,
-        **_distinct_frames(b, out.h1, out.h2, lambda first: (c["pay_off"][idx[first]] + W["frames"],
-                                                             c["pay_len"][idx[first]] - W["frames"], c["ptr"][idx[first]])),
-        "n": out.count, "user": out.user,
+        "h1": out.h1, "h2": out.h2, "n": out.count, "user": out.user,
     }, idx)
 
 
