@@ -36,8 +36,9 @@ per core, >= 100x dissect.etl per core, peak memory < 1.5 GB (PSS: see ``measure
 Defaults (``make bench``): 1 GB trace, 64 MB slice. ``--big`` (or ``BENCH_DECODE_BIG=1``) adds the same
 measurements on a 4 GB trace to show that memory stays flat. ``--size`` / ``BENCH_DECODE_SIZE`` change the
 main size. ``--instructions`` (or ``BENCH_DECODE_INSTRUCTIONS=1``) adds the one measure that does not move
-with this VM's speed: the instructions the decode retires per MB, counted by valgrind's callgrind (see
-``instructions``; ~5 minutes, ~15 the first time). Writes ``bench/out/decode.json``.
+with this VM's speed: the instructions the decode retires per MB, counted by valgrind's callgrind, and the
+peer decoder's on the same slices beside it (see ``instructions``; ~5 minutes, ~15 the first time). Writes
+``bench/out/decode.json``.
 """
 
 from __future__ import annotations
@@ -283,6 +284,10 @@ def decode(trace: Path, workers: int, tag: str, runs: int = 3, mode: str = "loca
     return median
 
 
+#: The peer decoder (snail-server's tools; ``run.sh`` installs their runtime libraries and runs one) and the
+#: command closest to ``bootprof decode``: the trace read into its samples-with-stacks model.
+PEER = ROOT.parent / "shared" / "peers" / "snail" / "run.sh"
+PEER_TOOL = ("snail-tool-analysis", "--no-progress", "--no-analysis")
 #: Slices of the main trace whose instructions ``instructions`` counts: the difference of the two is the cost
 #: of the MBs between them, without the process start, the imports and the stage's fixed steps.
 INSTRUCTION_SLICES = (32 << 20, 96 << 20)
@@ -345,9 +350,32 @@ def instructions(trace: Path) -> dict:
     small, big = counted[1], counted[2]
     per_mb = {f: (big.get(f, 0) - small.get(f, 0)) / (mb[1] - mb[0]) / 1e6 for f in big}
     sha = per_mb.pop("sha256", 0.0)
-    return {"slices_MB": [round(m, 1) for m in mb], "M_instructions_per_MB": round(sum(per_mb.values()), 2),
-            "M_instructions_per_MB_by_part": {f: round(v, 2) for f, v in sorted(per_mb.items(), key=lambda x: -x[1])},
-            "sha256_software_M_instructions_per_MB": round(sha, 2)}
+    result = {"slices_MB": [round(m, 1) for m in mb], "M_instructions_per_MB": round(sum(per_mb.values()), 2),
+              "M_instructions_per_MB_by_part": {f: round(v, 2) for f, v in sorted(per_mb.items(), key=lambda x: -x[1])},
+              "sha256_software_M_instructions_per_MB": round(sha, 2)}
+    return {**result, **peer_instructions(valgrind, slices, mb, result["M_instructions_per_MB"])}
+
+
+def peer_instructions(valgrind: str, slices: list[Path], mb: list[float], ours_per_mb: float) -> dict:
+    """The peer's instructions per MB on the same two slices, counted the same way (the marginal MBs), and ours
+    against it: the side-by-side form of the count. The peer reads each trace into its samples-with-stacks model
+    and writes no tables, so its count has no part for an output writer. Empty where the peer is not beside the
+    checkout."""
+    if not PEER.exists():
+        return {}
+    binary = PEER.parent / PEER_TOOL[0]
+    subprocess.run([str(PEER), *PEER_TOOL, str(slices[0])], capture_output=True)    # installs its libraries
+    totals = []
+    for sl in slices:
+        out = OUT / f"callgrind-peer-{sl.stem}.out"
+        proc = subprocess.run([valgrind, "--tool=callgrind", f"--callgrind-out-file={out}", str(binary),
+                               *PEER_TOOL[1:], str(sl)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            return {"peer_error": f"callgrind run of the peer on {sl.name} failed ({proc.returncode}): {proc.stderr[-300:]}"}
+        totals.append(sum(_instructions_by_family(out).values()))
+        out.unlink()
+    peer_per_mb = (totals[1] - totals[0]) / (mb[1] - mb[0]) / 1e6
+    return {"peer_M_instructions_per_MB": round(peer_per_mb, 2), "ratio_vs_peer": round(ours_per_mb / peer_per_mb, 2)}
 
 
 def dissect(trace: Path, script: str = DISSECT) -> dict:
@@ -482,6 +510,11 @@ def main() -> int:
               + f"); 300 MB/s needs a core retiring "
               f"{counted['G_instructions_per_s_for_300_MB_per_s']:,.2f} G instructions/s on this code; this VM's core "
               f"retired {counted['G_instructions_per_s_this_run']:,.2f} G/s in the in-process run above")
+        if "peer_M_instructions_per_MB" in counted:
+            print(f"the peer on the same slices: {counted['peer_M_instructions_per_MB']:,.2f} M per MB; bootprof "
+                  f"{counted['ratio_vs_peer']:,.2f}x of it")
+        elif "peer_error" in counted:
+            print(f"the peer's instructions: not counted: {counted['peer_error']}")
     elif counted:
         print(f"instructions: not counted: {counted['error']}")
     result = {"cores": cores, "sizes": ",".join(sizes), "seed": SEED, "simulated_cpus": SIM_CPUS,

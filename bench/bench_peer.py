@@ -49,16 +49,15 @@ OUT = ROOT / "bench" / "out"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_decode import cluster_config, measure, page_in, synthesize  # noqa: E402
+from bench_decode import PEER, PEER_TOOL, cluster_config, measure, page_in, synthesize  # noqa: E402
 
-PEER = ROOT.parent / "shared" / "peers" / "snail" / "run.sh"
 SMALL = ROOT.parent / "shared" / "fixtures" / "etl" / "perfview-net452-x64" / "net.4.5.2.x64.etl"
 
 
 def peer(trace: Path) -> float:
     page_in(trace)
     t0 = time.perf_counter()
-    proc = subprocess.run([str(PEER), "snail-tool-analysis", "--no-progress", "--no-analysis", str(trace)],
+    proc = subprocess.run([str(PEER), *PEER_TOOL, str(trace)],
                           capture_output=True, text=True)
     secs = time.perf_counter() - t0
     if proc.returncode != 0:
