@@ -337,45 +337,52 @@ def instructions(trace: Path) -> dict:
     mb = [sl.stat().st_size / 1e6 for sl in slices]
     if mb[1] - mb[0] < 16:
         return {"error": f"{trace.name} is too small for two slices {INSTRUCTION_SLICES} bytes apart"}
-    counted = []
-    for k, sl in enumerate([slices[-1], *slices]):
-        out = OUT / f"callgrind-{k}.out"
-        proc = subprocess.run([valgrind, "--tool=callgrind", "--fair-sched=yes", f"--callgrind-out-file={out}",
-                               sys.executable, "-m", "pipeline", "--config", str(cfg), "decode", str(sl),
-                               "--run", str(OUT / f"run-callgrind-{sl.stem}")], cwd=ROOT, capture_output=True, text=True)
-        if proc.returncode != 0:
-            return {"error": f"callgrind run on {sl.name} failed ({proc.returncode}): {proc.stderr[-300:]}"}
-        counted.append(_instructions_by_family(out))
-        out.unlink()
+    try:
+        counted = [_callgrind(valgrind, [sys.executable, "-m", "pipeline", "--config", str(cfg), "decode", str(sl),
+                                         "--run", str(OUT / f"run-callgrind-{sl.stem}")], sl, f"callgrind-{k}")
+                   for k, sl in enumerate([slices[-1], *slices])]
+    except RuntimeError as e:
+        return {"error": str(e)}
     small, big = counted[1], counted[2]
     per_mb = {f: (big.get(f, 0) - small.get(f, 0)) / (mb[1] - mb[0]) / 1e6 for f in big}
     sha = per_mb.pop("sha256", 0.0)
-    result = {"slices_MB": [round(m, 1) for m in mb], "M_instructions_per_MB": round(sum(per_mb.values()), 2),
+    ours = round(sum(per_mb.values()), 2)
+    result = {"slices_MB": [round(m, 1) for m in mb], "M_instructions_per_MB": ours,
               "M_instructions_per_MB_by_part": {f: round(v, 2) for f, v in sorted(per_mb.items(), key=lambda x: -x[1])},
               "sha256_software_M_instructions_per_MB": round(sha, 2)}
-    return {**result, **peer_instructions(valgrind, slices, mb, result["M_instructions_per_MB"])}
+    if PEER.exists():
+        try:
+            peer = peer_instructions(valgrind, slices, mb)
+            result.update(peer_M_instructions_per_MB=round(peer, 2), ratio_vs_peer=round(ours / peer, 2))
+        except RuntimeError as e:
+            result["peer_error"] = str(e)
+    return result
 
 
-def peer_instructions(valgrind: str, slices: list[Path], mb: list[float], ours_per_mb: float) -> dict:
-    """The peer's instructions per MB on the same two slices, counted the same way (the marginal MBs), and ours
-    against it: the side-by-side form of the count. The peer reads each trace into its samples-with-stacks model
-    and writes no tables, so its count has no part for an output writer. Empty where the peer is not beside the
-    checkout."""
-    if not PEER.exists():
-        return {}
-    binary = PEER.parent / PEER_TOOL[0]
-    subprocess.run([str(PEER), *PEER_TOOL, str(slices[0])], capture_output=True)    # installs its libraries
-    totals = []
-    for sl in slices:
-        out = OUT / f"callgrind-peer-{sl.stem}.out"
-        proc = subprocess.run([valgrind, "--tool=callgrind", f"--callgrind-out-file={out}", str(binary),
-                               *PEER_TOOL[1:], str(sl)], capture_output=True, text=True)
+def _callgrind(valgrind: str, cmd: list[str], trace: Path, name: str) -> dict[str, int]:
+    """``cmd`` run under callgrind, its instructions per ``OBJECT_FAMILIES`` entry; RuntimeError naming ``trace``
+    if it fails."""
+    out = OUT / f"{name}.out"
+    try:
+        proc = subprocess.run([valgrind, "--tool=callgrind", "--fair-sched=yes", f"--callgrind-out-file={out}", *cmd],
+                              cwd=ROOT, capture_output=True, text=True)
         if proc.returncode != 0:
-            return {"peer_error": f"callgrind run of the peer on {sl.name} failed ({proc.returncode}): {proc.stderr[-300:]}"}
-        totals.append(sum(_instructions_by_family(out).values()))
-        out.unlink()
-    peer_per_mb = (totals[1] - totals[0]) / (mb[1] - mb[0]) / 1e6
-    return {"peer_M_instructions_per_MB": round(peer_per_mb, 2), "ratio_vs_peer": round(ours_per_mb / peer_per_mb, 2)}
+            raise RuntimeError(f"callgrind run of {Path(cmd[0]).name} on {trace.name} failed ({proc.returncode}): "
+                               f"{proc.stderr[-300:]}")
+        return _instructions_by_family(out)
+    finally:
+        out.unlink(missing_ok=True)
+
+
+def peer_instructions(valgrind: str, slices: list[Path], mb: list[float]) -> float:
+    """The peer's instructions per MB on the same two slices, counted the same way (the marginal MBs): the
+    side-by-side form of the count. The peer reads each trace into its samples-with-stacks model and writes no
+    tables, so its count has no part for an output writer."""
+    binary = str(PEER.parent / PEER_TOOL[0])
+    subprocess.run([str(PEER), *PEER_TOOL, str(slices[0])], capture_output=True)    # installs its libraries
+    totals = [sum(_callgrind(valgrind, [binary, *PEER_TOOL[1:], str(sl)], sl, f"callgrind-peer-{sl.stem}").values())
+              for sl in slices]
+    return (totals[1] - totals[0]) / (mb[1] - mb[0]) / 1e6
 
 
 def dissect(trace: Path, script: str = DISSECT) -> dict:
