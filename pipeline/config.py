@@ -113,8 +113,9 @@ class SynthConfig(Section):
                                 "its samples (the truth says which query each sample belongs to).")
     rerun: int = Field(0, ge=0, description="Re-run of the same build: 0 is the build as the seed makes it; any other "
                        "number is that build run again, with run-to-run noise (`noise`) and new sampling.")
-    noise: float = Field(0.03, ge=0, le=0.5, description="Relative standard deviation of each process's work from one "
-                         "re-run to the next (half of it again for the whole machine); re-runs only.")
+    noise: float = Field(0.08, ge=0, le=0.5, description="Relative standard deviation of a 1-second process's work "
+                         "from one re-run to the next, and of the whole machine's speed (a smaller process varies "
+                         "more: 23 ms of its own on top, as on real builds); re-runs only.")
     inject: list[str] = Field(default_factory=list, description="Changes injected into this run, each "
                               "'crate:NAME:FACTOR' (the rustc of crate NAME works FACTOR times as long), "
                               "'function:NAME:FACTOR' (stacks through function NAME are sampled FACTOR times as often) "

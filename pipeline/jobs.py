@@ -294,7 +294,7 @@ def _run_in(job: Job, job_path: Path, config: Config, traces: list[sources.Input
     if "compare" in job.stages:
         past = summaries["compare"]["regressions_past_budget"]
         print(f"compare: {run_dir / 'compare' / 'summary.md'}" + (
-            f" ({past} significant regressions of {config.warehouse.budget_pct:g}% or more)" if past else ""))
+            f" ({past} confident regressions of {config.warehouse.budget_pct:g}% or more)" if past else ""))
         return 1 if past else 0
     return 0
 

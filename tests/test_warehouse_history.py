@@ -1,7 +1,8 @@
 """A synthesized history of nightly runs with known answers: the same build re-run 33 times with run-to-run
-noise (``bootprof synth --rerun K``), three of them with injected changes. Every run goes through the real
-decode, symbolize, aggregate and warehouse stages. The comparisons must find every injected change and, on
-the noise-only nights that have a history, flag no function or crate."""
+noise as large as a real machine's (``bootprof synth --rerun K``, its default noise, fitted to real rustc builds),
+three of them with injected changes. Every run goes through the real decode, symbolize, aggregate and warehouse
+stages. The comparisons must find every injected change and, on every noise-only night from the second on, flag
+nothing: no regression of any metric, no job that would fail."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ NIGHTS = 33
 SLOW_CRATE = "rustc_middle"
 HOT_FUNCTION = "rustc_hir_typeck::typeck"
 BIG_COMMIT = "LLVMRustOptimize"
-INJECT = {31: [f"crate:{SLOW_CRATE}:1.4"], 32: [f"function:{HOT_FUNCTION}:3"], 33: [f"commit:{BIG_COMMIT}:2"]}
+INJECT = {31: [f"crate:{SLOW_CRATE}:2"], 32: [f"function:{HOT_FUNCTION}:4"], 33: [f"commit:{BIG_COMMIT}:2"]}
 #: Kinds at the function and crate level, where a noise-only night must flag nothing.
 DETAIL = ("crate_wall_ns", "cpu_crate", "cpu_function_self", "cpu_function_inclusive", "cpu_function_self_share",
           "cpu_function_inclusive_share", "commit_function", "commit_crate", "peak_commit", "query_self_ns",
@@ -37,7 +38,7 @@ def history(tmp_path_factory):
     config.symbolize.cache_dir = tmp / "symcache"
     for k in range(1, NIGHTS + 1):
         trace = tmp / f"trace-{k}" / "trace.etl"
-        synth.run(trace, SynthConfig(seed=3, size="2MB", cpus=4, rerun=k, noise=0.03, inject=INJECT.get(k, [])))
+        synth.run(trace, SynthConfig(seed=3, size="2MB", cpus=4, rerun=k, inject=INJECT.get(k, [])))
         config.symbolize.symbol_path = str(trace.parent / "symbols")
         run = tmp / night(k)
         decode.run(run, config, Pool(None), inputs=[trace])
@@ -51,40 +52,48 @@ def verdicts(db, k: int) -> list[dict]:
     return warehouse.compare(db, night(k))["changes"]
 
 
-def test_noise_only_nights_flag_no_function_or_crate(history):
+def test_noise_only_nights_flag_nothing_from_the_second_night(history):
+    from pipeline.warehouse import verdict
+
     db, _ = history
     false = {}
     checked = 0
-    for k in range(12, 31):                    # nights with 10 or more earlier changes of history
+    for k in range(2, 31):
         c = warehouse.compare(db, night(k))
         assert c["baseline_run_id"] == night(k - 1) and c["workload"].startswith("build of 44 crates")
-        rows = [r for r in c["changes"] if r["kind"] in DETAIL]
+        rows = c["headline"] + c["changes"]
         checked += len(rows)
-        assert all(r["confidence"] == "history" for r in rows if r["history"] >= 10)
         flagged = [(r["kind"], r["key"], r["relative_change"]) for r in rows if r["verdict"] == "regression"]
-        if flagged:
+        if flagged or verdict.exceeds_budget(c, 5.0):
             false[night(k)] = flagged
+        if k >= 12:                               # (ten past changes of its own: the noise is the metric's own)
+            assert all(r["confidence"] == "history" for r in rows if r["history"] >= 10)
     assert checked > 10_000 and false == {}
 
 
 def test_every_injected_change_is_found(history):
     db, _ = history
-    # (a 2 MB trace holds ~150 samples of a crate: 40% more is within sampling error at the metric's 4.5 sigma, so
-    # the slower crate is found by its wall time; a real build's samples are 1,000 times as many)
-    slow = {(r["kind"], r["key"]): r for r in verdicts(db, 31)}
-    assert slow[("crate_wall_ns", SLOW_CRATE)]["verdict"] == "regression"
-    assert slow[("crate_wall_ns", SLOW_CRATE)]["confidence"] == "history"
-    back = {(r["kind"], r["key"]): r["verdict"] for r in verdicts(db, 32)}
-    assert back[("crate_wall_ns", SLOW_CRATE)] == "improvement"
-    hot = [r for r in verdicts(db, 32) if r["kind"] == "cpu_function_inclusive_share"
+    from pipeline.warehouse import verdict
+
+    slow = warehouse.compare(db, night(31))
+    assert slow["verdict"] == "regression"
+    assert [(f["family"], f["key"]) for f in verdict.exceeds_budget(slow, 5.0)] == [("crate time", SLOW_CRATE)]
+    rows = {(r["kind"], r["key"]): r for r in slow["changes"]}
+    assert rows[("crate_wall_ns", SLOW_CRATE)]["verdict"] == "regression"
+    assert rows[("crate_wall_ns", SLOW_CRATE)]["confidence"] == "history"
+    back = {(f["family"], f["key"]): f["verdict"] for f in warehouse.compare(db, night(32))["families"]}
+    assert back[("crate time", SLOW_CRATE)] == "improvement"
+    # (stage0's and stage1's copy of the function, each found by its inclusive samples or share: a 2 MB trace holds
+    # ~100 samples of it, where the counting error alone is 10 %)
+    hot = [r for r in verdicts(db, 32) if r["kind"] in ("cpu_function_inclusive", "cpu_function_inclusive_share")
            and r["key"].endswith("!" + HOT_FUNCTION)]
-    assert len(hot) == 2 and all(r["verdict"] == "regression" for r in hot)     # (stage0's and stage1's)
+    assert len({r["key"] for r in hot}) == 2
+    assert {r["key"] for r in hot if r["verdict"] == "regression"} == {r["key"] for r in hot}
     big = [r for r in verdicts(db, 33) if r["kind"] == "commit_function" and r["key"].endswith("!" + BIG_COMMIT)]
     assert len(big) == 2 and all(r["verdict"] == "regression" for r in big)
     # night 31 flags the crate and nothing else of the crate and function levels (night 32's and 33's changes
     # reach every caller of the function, every crate's codegen: real consequences, not noise)
-    assert {(r["kind"], r["key"]) for r in verdicts(db, 31) if r["verdict"] == "regression" and r["kind"] in DETAIL} \
-        == {("crate_wall_ns", SLOW_CRATE)}
+    assert {r["key"] for r in verdicts(db, 31) if r["verdict"] == "regression" and r["kind"] in DETAIL} == {SLOW_CRATE}
 
 
 def test_the_same_trace_twice_changes_nothing_and_workloads_never_meet(history, tmp_path):

@@ -5,8 +5,10 @@ Entry point: :func:`run` (``stages: [..., warehouse, compare]``, e.g. ``jobs/nig
 ingested. Writes ``RUN_DIR/compare/``: ``summary.md`` (the markdown of ``bootprof warehouse compare``, for a CI
 job summary; also appended to ``$GITHUB_STEP_SUMMARY`` when that is set), ``compare.html`` (the tables over a
 differential flame graph) and ``comparison.json`` (every metric with its verdict). The summary it returns
-counts ``regressions_past_budget``: ``bootprof run`` exits 1 when it is not 0. A run with no baseline (the
-first of its job and workload) writes the files saying so and passes.
+counts ``regressions_past_budget``, the build and crate families that regressed with confidence by at least
+``warehouse.budget_pct``: ``bootprof run`` exits 1 when it is not 0. Suspects (past the noise, but not with
+confidence: no history yet, or too close to it) and the query and function metrics that explain a change never
+fail the job. A run with no baseline (the first of its job and workload) writes the files saying so and passes.
 """
 
 from __future__ import annotations
@@ -36,11 +38,15 @@ def run(run_dir: Path, config, pool, inputs=None) -> dict[str, Any]:
         folded = (warehouse.folded(db, base, timeout), warehouse.folded(db, c["run_id"], timeout)) if base else ([], [])
         atomic_write_text(out.path / "compare.html", verdict.html_page(c, *folded))
         atomic_write_text(out.path / "comparison.json", json.dumps(c, indent=1, sort_keys=True, default=str) + "\n")
-        rows = c["headline"] + c["changes"]
-        summary = {"baseline_run_id": base, "reason": c["reason"],
-                   "regressions": sum(r["verdict"] == "regression" for r in rows),
-                   "improvements": sum(r["verdict"] == "improvement" for r in rows),
-                   "regressions_past_budget": len(failing), "budget_pct": config.warehouse.budget_pct}
+        fams = c["families"]
+        summary = {"baseline_run_id": base, "reason": c["reason"], "verdict": c["verdict"],
+                   "regressions": sum(f["verdict"] == "regression" for f in fams),
+                   "suspects": sum(f["verdict"] == "suspect" for f in fams),
+                   "improvements": sum(f["verdict"] == "improvement" for f in fams),
+                   "regressions_past_budget": len(failing), "budget_pct": config.warehouse.budget_pct,
+                   "regressed": [verdict.family_name(f).replace("`", "") for f in failing],
+                   "suspected": [verdict.family_name(f).replace("`", "") for f in fams
+                                 if f["verdict"] == "suspect" and (f["adjusted_change"] or 0) > 0]}
         out.manifest.update(summary)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
@@ -53,6 +59,9 @@ def headline(summary: dict[str, Any]) -> str:
     """The stage's line in a job's output."""
     if not summary.get("baseline_run_id"):
         return f"no baseline: {summary.get('reason')}"
-    return (f"against {summary['baseline_run_id']}: {summary['regressions']} regressions "
-            f"({summary['regressions_past_budget']} past the {summary['budget_pct']:g} % budget), "
+    named = summary.get("regressed") or summary.get("suspected")
+    regressed = f" ({', '.join(named[:3])})" if named else ""
+    return (f"against {summary['baseline_run_id']}: {summary.get('verdict', '')}{regressed}; "
+            f"{summary['regressions']} regressions ({summary['regressions_past_budget']} past the "
+            f"{summary['budget_pct']:g} % budget), {summary.get('suspects', 0)} suspects, "
             f"{summary['improvements']} improvements")

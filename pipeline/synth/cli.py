@@ -28,7 +28,8 @@ def add_arguments(p) -> None:
     p.add_argument("--self-profiles", action=argparse.BooleanOptionalAction, default=None,
                    help="also write a rustc self-profile of every rustc process into selfprofile/ beside the trace")
     p.add_argument("--rerun", type=int, help="re-run K of the same build (0: the original), with run-to-run noise")
-    p.add_argument("--noise", type=float, help="relative standard deviation of each process's work between re-runs")
+    p.add_argument("--noise", type=float, help="relative standard deviation of a 1-second process's work, and of the machine's speed, "
+                   "between re-runs (default 0.08, as on real builds; smaller processes vary more)")
     p.add_argument("--inject", action="append", metavar="KIND:NAME:FACTOR",
                    help="a known change: crate:NAME:FACTOR, function:NAME:FACTOR or commit:NAME:FACTOR (repeatable)")
 

@@ -538,11 +538,20 @@ class Workload:
     duration_s: float = 0.0                    # simulated duration the schedule was scaled to
 
 
+#: Run-to-run noise by size, fitted to real rustc builds on a 2-core VM (``scripts/real_history.py``,
+#: ``bench/HISTORY.md``): a job of ``s`` seconds varies by ``sqrt(noise^2 + (NOISE_ABSOLUTE_S / s)^2)`` (relative
+#: standard deviation of one run; 0.08 and 0.023 s fit there), the whole machine by ``noise`` a night. A job's
+#: seconds: its weight against the median rustc job's, which stands for ``MEDIAN_JOB_S`` of a real build.
+NOISE_ABSOLUTE_S = 0.023
+MEDIAN_JOB_S = 1.0
+
+
 @dataclass(frozen=True)
 class Rerun:
     """A re-run of the build (``SynthConfig.rerun``, ``noise``, ``inject``): each job's work is scaled by its own
-    noise, the machine's, and the injected factors of its crate; the trace's size target only sets the time
-    scale of the original build, so a slower re-run takes longer instead of being scaled back."""
+    noise (larger for a smaller job, ``NOISE_ABSOLUTE_S``), the machine's, and the injected factors of its crate;
+    the trace's size target only sets the time scale of the original build, so a slower re-run takes longer
+    instead of being scaled back."""
 
     index: int = 0
     noise: float = 0.0
@@ -552,7 +561,11 @@ class Rerun:
         out = np.ones(len(jobs))
         if self.index:
             rng = np.random.default_rng([seed, 101, self.index])
-            out *= np.exp(rng.normal(0.0, self.noise / 2)) * np.exp(rng.normal(0.0, self.noise, len(jobs)))
+            weights = np.array([j[3] for j in jobs])
+            median = float(np.median([j[3] for j in jobs if j[1] == "rustc"] or [1.0]))
+            seconds = weights / median * MEDIAN_JOB_S
+            spread = np.sqrt(self.noise ** 2 + (NOISE_ABSOLUTE_S / seconds) ** 2) if self.noise else np.zeros(len(jobs))
+            out *= np.exp(rng.normal(0.0, self.noise)) * np.exp(rng.normal(0.0, 1.0, len(jobs)) * spread)
         for crate, factor in self.crates:
             out *= np.array([factor if j[1] == "rustc" and j[2] == crate else 1.0 for j in jobs])
         return out

@@ -5,10 +5,10 @@ Entry point: :func:`run` (the job runner's stage) = :func:`ingest` of one run di
 again replaces all of its rows in one transaction, so ingestion is idempotent and a crash leaves
 the previous state. Each ``aggregated/<table>.parquet`` becomes rows of the warehouse table of the
 same name with ``run_id`` in front (tables and columns are created as they first appear, so new
-aggregate sections need no change here). ``runs`` holds one row per run; the views ``metrics``,
-``run_baselines``, ``comparisons`` and ``regressions`` and the table macro ``compare_runs(run, baseline)``
-answer "what changed" (significance: :mod:`.significance`). Every table, view and column is
-described in ``schema.md``.
+aggregate sections need no change here). ``runs`` holds one row per run, ``run_metrics`` the numbers runs are
+compared by and ``verdicts`` each run's comparison with its baseline (:mod:`.comparison`, :mod:`.significance`),
+kept current as runs come in; the views ``metrics``, ``run_baselines``, ``comparisons`` and ``regressions`` answer
+"what changed". Every table, view and column is described in ``schema.md``.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any, Callable
 from pipeline.errors import InputError, ManifestError
 from pipeline.mirror import location
 from pipeline.runs import MANIFEST, parquet_glob, read_manifest, sql_path, stage_dir
-from pipeline.warehouse.significance import (HISTORY_RUNS, MIN_HISTORY, significant_sql, threshold_sql,
-                                              z_sql)
+from pipeline.warehouse import comparison
+from pipeline.warehouse.comparison import HEADLINE
 
 STAGES = ("capture", "decoded", "symbolized", "aggregated", "report")
 AGGREGATED = "aggregated"
@@ -67,91 +67,50 @@ _FN = "coalesce(module || '!', '') || function"
 _BUILD_CPU = "(SELECT sum(samples) FROM cpu_by_process WHERE run_id = $1 AND coalesce(pid, -1) <> 0)"
 _HAS_TREE = "EXISTS (SELECT 1 FROM process_tree WHERE run_id = $1 AND crate IS NOT NULL)"
 
-#: kind -> (significance test, SQL of one run ($1) giving (key, value, n)): n is the total a share is of (NULL
-#: for the others). Written into ``run_metrics`` when a run is ingested; ``headline`` kinds open a comparison.
+#: kind -> SQL of one run ($1) giving (key, value, n): n is the total a share is of (NULL for the others). Written
+#: into ``run_metrics`` when a run is ingested; what each kind is (its test, family, vote) is in
+#: ``significance.KINDS``.
 METRICS = {
-    "build_wall_ns": ("time", f"""SELECT 'build', CASE WHEN {_HAS_TREE}
+    "build_wall_ns": f"""SELECT 'build', CASE WHEN {_HAS_TREE}
         THEN (SELECT max(end_ns) - min(start_ns) FROM process_tree WHERE run_id = $1 AND crate IS NOT NULL)
-        ELSE (SELECT max(wall_end_ns) - min(wall_start_ns) FROM self_profile_processes WHERE run_id = $1) END, NULL"""),
-    "cpu_build": ("count", f"SELECT 'build', {_BUILD_CPU}, NULL"),
-    "peak_commit_build": ("bytes", "SELECT 'build', peak_commit_bytes, NULL FROM runs WHERE run_id = $1"),
-    "commit_build": ("bytes", "SELECT 'build', commit_bytes, NULL FROM runs WHERE run_id = $1"),
-    "query_build_ns": ("time", "SELECT 'build', query_total_ns, NULL FROM runs WHERE run_id = $1"),
-    "crate_wall_ns": ("time", f"""SELECT crate, sum(duration_ns), NULL FROM process_tree
-                                 WHERE run_id = $1 AND crate IS NOT NULL GROUP BY crate
-                                 UNION ALL SELECT crate, sum(wall_end_ns - wall_start_ns), NULL FROM self_profile_processes
-                                 WHERE run_id = $1 AND crate IS NOT NULL AND NOT {_HAS_TREE} GROUP BY crate"""),
-    "cpu_crate": ("count", "SELECT crate, sum(samples), NULL FROM cpu_by_crate WHERE run_id = $1 GROUP BY ALL"),
-    "cpu_function_self": ("count", f"SELECT {_FN}, sum(self_samples), NULL FROM cpu_by_function WHERE run_id = $1 "
-                                   "GROUP BY ALL"),
-    "cpu_function_inclusive": ("count", f"SELECT {_FN}, sum(inclusive_samples), NULL FROM cpu_by_function "
-                                        "WHERE run_id = $1 GROUP BY ALL"),
-    "cpu_function_self_share": ("share", f"""SELECT k, v / n, n FROM (SELECT {_FN} AS k, sum(self_samples) AS v
-        FROM cpu_by_function WHERE run_id = $1 GROUP BY ALL), (SELECT {_BUILD_CPU} AS n) WHERE n > 0"""),
-    "cpu_function_inclusive_share": ("share", f"""SELECT k, v / n, n FROM (SELECT {_FN} AS k, sum(inclusive_samples)
-        AS v FROM cpu_by_function WHERE run_id = $1 GROUP BY ALL), (SELECT {_BUILD_CPU} AS n) WHERE n > 0"""),
-    "query_self_ns": ("time", "SELECT label, sum(self_ns), NULL FROM query_summary WHERE run_id = $1 AND scope = 'build' "
-                              "GROUP BY ALL"),
-    "query_count": ("number", "SELECT label, sum(invocations), NULL FROM query_summary WHERE run_id = $1 "
-                              "AND scope = 'build' GROUP BY ALL"),
-    "query_crate_ns": ("time", "SELECT crate, sum(total_ns), NULL FROM query_totals WHERE run_id = $1 AND scope = 'crate' "
-                               "GROUP BY ALL"),
-    "commit_function": ("bytes", f"SELECT {_FN}, sum(inclusive_commit_bytes), NULL FROM commit_by_function "
-                                 "WHERE run_id = $1 GROUP BY ALL"),
-    "commit_crate": ("bytes", "SELECT crate, sum(commit_bytes), NULL FROM commit_by_crate WHERE run_id = $1 GROUP BY ALL"),
-    "peak_commit": ("bytes", "SELECT coalesce(crate, image_name, '?'), max(peak_commit_bytes), NULL FROM commit_by_process "
-                             "WHERE run_id = $1 GROUP BY ALL"),
+        ELSE (SELECT max(wall_end_ns) - min(wall_start_ns) FROM self_profile_processes WHERE run_id = $1) END, NULL""",
+    "cpu_build": f"SELECT 'build', {_BUILD_CPU}, NULL",
+    "peak_commit_build": "SELECT 'build', peak_commit_bytes, NULL FROM runs WHERE run_id = $1",
+    "commit_build": "SELECT 'build', commit_bytes, NULL FROM runs WHERE run_id = $1",
+    "query_build_ns": "SELECT 'build', query_total_ns, NULL FROM runs WHERE run_id = $1",
+    "crate_wall_ns": f"""SELECT crate, sum(duration_ns), NULL FROM process_tree
+                      WHERE run_id = $1 AND crate IS NOT NULL GROUP BY crate
+                      UNION ALL SELECT crate, sum(wall_end_ns - wall_start_ns), NULL FROM self_profile_processes
+                      WHERE run_id = $1 AND crate IS NOT NULL AND NOT {_HAS_TREE} GROUP BY crate""",
+    "cpu_crate": "SELECT crate, sum(samples), NULL FROM cpu_by_crate WHERE run_id = $1 GROUP BY ALL",
+    "cpu_function_self": f"SELECT {_FN}, sum(self_samples), NULL FROM cpu_by_function WHERE run_id = $1 "
+        "GROUP BY ALL",
+    "cpu_function_inclusive": f"SELECT {_FN}, sum(inclusive_samples), NULL FROM cpu_by_function "
+        "WHERE run_id = $1 GROUP BY ALL",
+    "cpu_function_self_share": f"""SELECT k, v / n, n FROM (SELECT {_FN} AS k, sum(self_samples) AS v
+        FROM cpu_by_function WHERE run_id = $1 GROUP BY ALL), (SELECT {_BUILD_CPU} AS n) WHERE n > 0""",
+    "cpu_function_inclusive_share": f"""SELECT k, v / n, n FROM (SELECT {_FN} AS k, sum(inclusive_samples)
+        AS v FROM cpu_by_function WHERE run_id = $1 GROUP BY ALL), (SELECT {_BUILD_CPU} AS n) WHERE n > 0""",
+    "query_self_ns": "SELECT label, sum(self_ns), NULL FROM query_summary WHERE run_id = $1 AND scope = 'build' "
+        "GROUP BY ALL",
+    "query_count": "SELECT label, sum(invocations), NULL FROM query_summary WHERE run_id = $1 "
+        "AND scope = 'build' GROUP BY ALL",
+    "query_crate_ns": "SELECT crate, sum(total_ns), NULL FROM query_totals WHERE run_id = $1 AND scope = 'crate' "
+        "GROUP BY ALL",
+    "commit_function": f"SELECT {_FN}, sum(inclusive_commit_bytes), NULL FROM commit_by_function "
+        "WHERE run_id = $1 GROUP BY ALL",
+    "commit_crate": "SELECT crate, sum(commit_bytes), NULL FROM commit_by_crate WHERE run_id = $1 GROUP BY ALL",
+    "peak_commit": "SELECT coalesce(crate, image_name, '?'), max(peak_commit_bytes), NULL FROM commit_by_process "
+        "WHERE run_id = $1 GROUP BY ALL",
 }
-#: The kinds a comparison opens with (one key, 'build'), in order.
-HEADLINE = ("build_wall_ns", "cpu_build", "peak_commit_build", "query_build_ns", "commit_build")
-_TEST_OF = "CASE kind " + " ".join(f"WHEN '{k}' THEN '{t}'" for k, (t, _) in METRICS.items()) + " END"
-
-
-def comparison_sql(pairs: str, runs: str = "runs") -> str:
-    """Every metric of each (run_id, baseline_run_id) pair of ``pairs``, with its history-based threshold and
-    verdict (:mod:`.significance`); ``runs`` (a subquery of ``runs``) limits the history read to those runs."""
-    threshold = threshold_sql("h.test", "coalesce(h.history, 0)", "h.q1", "h.q3")
-    z = z_sql("k.test", "coalesce(v.value, 0)", "coalesce(b.value, 0)", "coalesce(v.n, b.n)", "coalesce(b.n, v.n)")
-    return f"""
-        WITH pairs AS ({pairs}),
-        seq AS (SELECT run_id, job, workload, row_number() OVER (PARTITION BY job, workload ORDER BY run_time, run_id) AS seq
-                FROM {runs}),
-        vals AS (SELECT s.job, s.workload, s.seq, m.run_id, m.kind, m.key, m.value FROM run_metrics m JOIN seq s USING (run_id)),
-        steps AS (SELECT *, CASE WHEN lag(seq) OVER w = seq - 1
-                                 THEN abs(value - lag(value) OVER w) / nullif(abs(lag(value) OVER w), 0) END AS step
-                  FROM vals WINDOW w AS (PARTITION BY job, workload, kind, key ORDER BY seq)),
-        hist AS (SELECT run_id, kind, key, {_TEST_OF} AS test, count(step) OVER h AS history,
-                        quantile_cont(step, 0.25) OVER h AS q1, quantile_cont(step, 0.75) OVER h AS q3
-                 FROM steps WINDOW h AS (PARTITION BY job, workload, kind, key ORDER BY seq
-                                         ROWS BETWEEN {HISTORY_RUNS} PRECEDING AND 1 PRECEDING)),
-        keys AS (SELECT p.run_id, p.baseline_run_id, m.kind, m.key, any_value({_TEST_OF.replace("kind", "m.kind")}) AS test
-                 FROM pairs p JOIN run_metrics m ON m.run_id = p.run_id OR m.run_id = p.baseline_run_id GROUP BY ALL),
-        c AS (SELECT k.run_id, k.baseline_run_id, k.kind, k.test, k.key, coalesce(b.value, 0) AS baseline_value,
-                     coalesce(v.value, 0) AS value, {z} AS z, coalesce(h.history, 0) AS history,
-                     {threshold.replace("h.test", "k.test")} AS threshold
-              FROM keys k LEFT JOIN run_metrics v ON v.run_id = k.run_id AND v.kind = k.kind AND v.key = k.key
-              LEFT JOIN run_metrics b ON b.run_id = k.baseline_run_id AND b.kind = k.kind AND b.key = k.key
-              LEFT JOIN hist h ON h.run_id = k.run_id AND h.kind = k.kind AND h.key = k.key)
-        SELECT c.run_id, c.baseline_run_id, r.run_time, r.job, r.workload, c.kind, c.test, c.key, c.baseline_value,
-               c.value, c.value - c.baseline_value AS change,
-               CASE WHEN c.baseline_value <> 0 THEN (c.value - c.baseline_value) / abs(c.baseline_value) END AS relative_change,
-               c.z, c.threshold, c.history, CASE WHEN c.history >= {MIN_HISTORY} THEN 'history' ELSE 'fixed' END AS confidence,
-               {significant_sql("c.test", "c.value", "c.baseline_value", "c.z", "c.threshold")} AS significant,
-               CASE WHEN NOT {significant_sql("c.test", "c.value", "c.baseline_value", "c.z", "c.threshold")} THEN 'noise'
-                    WHEN c.value > c.baseline_value THEN 'regression' ELSE 'improvement' END AS verdict,
-               CASE WHEN c.value > c.baseline_value THEN 'regression' WHEN c.value < c.baseline_value THEN 'improvement'
-                    ELSE 'same' END AS direction
-        FROM c JOIN runs r ON r.run_id = c.run_id"""
-
 
 VIEWS = {
     "metrics": "SELECT run_id, kind, key, value FROM run_metrics",
     "run_baselines": """SELECT run_id, job, workload, run_time,
         lag(run_id) OVER (PARTITION BY job, workload ORDER BY run_time, run_id) AS baseline_run_id FROM runs""",
-    "comparisons": comparison_sql("SELECT run_id, baseline_run_id FROM run_baselines WHERE baseline_run_id IS NOT NULL"),
+    "comparisons": "SELECT v.*, r.run_time, r.job, r.workload FROM verdicts v JOIN runs r USING (run_id)",
     "regressions": "SELECT * FROM comparisons WHERE verdict = 'regression'",
 }
-MACROS = {"compare_runs": comparison_sql("SELECT run AS run_id, baseline AS baseline_run_id")}
 
 
 #: DuckDB storage format the warehouse file is written in: readable by every DuckDB from 1.0 on (the newest
@@ -200,12 +159,15 @@ def connect(path: Path, read_only: bool = False, lock_timeout_s: float = 300.0):
         con.execute(f"CREATE TABLE IF NOT EXISTS {table} (run_id VARCHAR, {cols})")
         for column in cols.split(", "):           # (a table made by an older bootprof lacks newer columns)
             con.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column}")
+    judged = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'verdicts'").fetchone()[0]
+    con.execute(comparison.VERDICTS_DDL)
     for name, sql in VIEWS.items():
         con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
-    for name, sql in MACROS.items():
-        con.execute(f"CREATE OR REPLACE MACRO {name}(run, baseline) AS TABLE {sql}")
+    con.execute("DROP MACRO TABLE IF EXISTS compare_runs")     # (an older bootprof's: verdicts are in the table now)
     if older:
         _upgrade(con)
+    if not judged:
+        comparison.write_verdicts(con, [r[0] for r in con.execute("SELECT run_id FROM runs").fetchall()])
     return con
 
 
@@ -220,7 +182,7 @@ def _upgrade(con) -> None:
 
 
 def _write_metrics(con, run_id: str) -> None:
-    for kind, (_, sql) in METRICS.items():
+    for kind, sql in METRICS.items():
         con.execute(f"""INSERT INTO run_metrics SELECT $1, '{kind}', key, value, n
                         FROM ({sql}) AS t(key, value, n) WHERE value IS NOT NULL AND key IS NOT NULL""", [run_id])
 
@@ -372,6 +334,7 @@ def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: s
             sections.get("cpu", {}).get("samples"), sections.get("memory", {}).get("commit_bytes"), query_total,
             sections.get("memory", {}).get("peak_commit_bytes")])
         _write_metrics(con, run_id)
+        comparison.write_verdicts(con, [run_id, *comparison.later_runs(con, run_id)])
         for stage, m in manifests.items():
             con.execute("INSERT INTO stage_manifests VALUES (?, ?, ?::TIMESTAMP, ?, ?, ?, ?, ?)", [
                 run_id, stage, m["created_utc"].replace("T", " ").rstrip("Z"), m.get("elapsed_s"),
@@ -393,35 +356,37 @@ def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: s
 
 
 def compare(db: Path, run: str, baseline: str | None = None, lock_timeout_s: float = 300.0) -> dict[str, Any]:
-    """``run`` against ``baseline`` (default: the previous run of its job and workload): every metric with its
-    threshold, verdict and impact (its change as a share of its kind's baseline total), regressions first,
-    then by impact. Returns ``{run_id, job, workload, baseline_run_id (None: nothing to compare with), reason,
-    headline, changes}``; a baseline of another workload is compared (it was asked for) and ``reason`` says so."""
+    """``run`` against ``baseline`` (default: the previous run of its job and workload), judged as
+    :mod:`.significance` says. Returns ``{run_id, job, workload, baseline_run_id (None: nothing to compare with),
+    reason, verdict, headline, families, changes, explanations}``: ``verdict`` the comparison's (``regression``,
+    ``suspect``, ``improvement``, ``no change``); ``headline`` the build's metrics; ``families`` one verdict per
+    build and crate family, worst first; ``changes`` every other metric, regressions first, then by impact (its
+    change as a share of its kind's baseline total); ``explanations``: for each crate family that regressed or is
+    suspect, the queries of the crate that grew most. A baseline of another workload is compared (it was asked
+    for) and ``reason`` says so."""
     con = connect(db, read_only=True, lock_timeout_s=lock_timeout_s)
     try:
         run_id = _run_id(con, run)
-        run_time, job, workload = con.execute("SELECT run_time, job, workload FROM runs WHERE run_id = ?", [run_id]).fetchone()
+        job, workload, before = comparison.history_of(con, run_id)
         out: dict[str, Any] = {"run_id": run_id, "job": job, "workload": workload, "baseline_run_id": None,
-                               "reason": None, "headline": [], "changes": []}
+                               "reason": None, "verdict": "no change", "headline": [], "families": [], "changes": [],
+                               "explanations": {}}
         if baseline is None:
-            row = con.execute("SELECT baseline_run_id FROM run_baselines WHERE run_id = ?", [run_id]).fetchone()
-            if not row or row[0] is None:
+            if not before:
                 out["reason"] = f"no earlier run of job '{job}' and workload '{workload}' to compare with"
                 return out
-            base_id = row[0]
+            base_id = before[-1]
         else:
             base_id = _run_id(con, baseline)
             other = con.execute("SELECT workload FROM runs WHERE run_id = ?", [base_id]).fetchone()[0]
             if other != workload:
                 out["reason"] = f"the baseline is of another workload ('{other}'): differences include the workload's"
         out["baseline_run_id"] = base_id
-        # (the run and the HISTORY_RUNS before it: all a threshold looks at; 1,000 runs would all be windowed)
-        history = f"""(SELECT * FROM runs WHERE job = $job AND workload = $workload AND run_time <= $time
-                       ORDER BY run_time DESC, run_id DESC LIMIT {HISTORY_RUNS + 1})"""
-        cur = con.execute(f"SELECT * FROM ({comparison_sql('SELECT $run AS run_id, $base AS baseline_run_id', history)})",
-                          {"run": run_id, "base": base_id, "job": job, "workload": workload, "time": run_time})
-        cols = [d[0] for d in cur.description]
-        rows = [dict(zip(cols, r)) for r in cur.fetchall()]
+        rows = comparison.judge(con, run_id, base_id)
+        fams = comparison.families(rows)
+        out["explanations"] = {f["key"]: comparison.explain(con, run_id, base_id, f["key"]) for f in fams
+                               if f["family"] == "crate time" and f["verdict"] in ("regression", "suspect")
+                               and (f["adjusted_change"] or 0) > 0}
     finally:
         con.close()
     totals: dict[str, float] = {}
@@ -431,14 +396,16 @@ def compare(db: Path, run: str, baseline: str | None = None, lock_timeout_s: flo
         r["impact"] = abs(r["change"]) / totals[r["kind"]] if totals[r["kind"]] else float(abs(r["change"]) > 0)
     by_kind = {r["kind"]: r for r in rows if r["kind"] in HEADLINE}
     out["headline"] = [by_kind[k] for k in HEADLINE if k in by_kind]
-    rank = {"regression": 0, "improvement": 1, "noise": 2}
+    out["families"] = fams
+    out["verdict"] = comparison.overall(fams)
+    rank = {"regression": 0, "suspect": 1, "improvement": 2, "noise": 3}
     out["changes"] = sorted((r for r in rows if r["kind"] not in HEADLINE),
                             key=lambda r: (rank[r["verdict"]], -r["impact"], r["kind"], r["key"]))
     return out
 
 
 #: Tables that summarize a run and survive ``prune``: what compare and the history need, and the manifests.
-SUMMARY_TABLES = ("runs", "run_metrics", "stage_manifests", "table_rows")
+SUMMARY_TABLES = ("runs", "run_metrics", "verdicts", "stage_manifests", "table_rows")
 
 
 def prune(db: Path, keep: int, lock_timeout_s: float = 300.0) -> dict[str, int]:

@@ -5,9 +5,10 @@
 * ``prune --keep N``: of each job and workload, only the newest N runs keep their detail tables; the others
   keep their summary (``runs``, ``run_metrics``, manifests), still history and baselines.
 * ``compare --run A [--baseline B] [--all] [--format text|markdown|html] [--output FILE] [--budget PCT]``: run A against
-  B (default: the previous run of A's job and workload): a headline, then regressions and improvements by
-  impact (``--all``: noise too). Exit status 1 when a significant regression is at least ``--budget`` percent
-  (``warehouse.budget_pct``), else 0; also 0 when there is nothing to compare with (it says so).
+  B (default: the previous run of A's job and workload): the verdict, the build and crate families that changed,
+  the queries that explain them, then the other metrics by impact (``--all``: noise too). Exit status 1 when a
+  build or crate family regressed with confidence by at least ``--budget`` percent (``warehouse.budget_pct``),
+  else 0; also 0 when there is nothing to compare with (it says so).
 
 ``--db PATH`` overrides ``warehouse.path`` of the config.
 """
@@ -117,5 +118,5 @@ def main(args, config) -> int:
     budget = config.warehouse.budget_pct if args.budget is None else args.budget
     failing = verdict.exceeds_budget(c, budget) if c["baseline_run_id"] else []
     if failing:
-        print(f"{len(failing)} significant regressions of {budget:g}% or more", file=sys.stderr)
+        print(f"{len(failing)} confident regressions of {budget:g}% or more", file=sys.stderr)
     return 1 if failing else 0

@@ -38,26 +38,68 @@ def fmt_value(test: str, v: float | None) -> str:
     return f"{v:,.0f}" + (" samples" if test == "count" else "")
 
 
-def fmt_change(r: dict[str, Any]) -> str:
-    rel = r["relative_change"]
+def fmt_change(r: dict[str, Any], key: str = "relative_change") -> str:
+    rel = r[key]
     return "new" if rel is None and r["value"] else ("gone" if rel is None else f"{100 * rel:+.1f}%")
 
 
+def fmt_noise(r: dict[str, Any]) -> str:
+    """The noise a change is judged against, and what it was learned from."""
+    if r["noise"] == 0:                                # (a count that never moved: any change is real)
+        return f"none ({r['confidence']})"
+    if r["z"] is None or r["noise"] is None:          # (new or gone: nothing to judge it against)
+        return "-"
+    noise = f"±{100 * r['noise']:.1f}%"
+    return f"{noise} ({r['confidence']})"
+
+
+#: What a family's name is called in a report.
+FAMILY_TITLES = {"build time": "build time", "build memory": "build memory", "crate time": "crate compile time",
+                 "crate memory": "crate memory"}
+
+
+def family_name(f: dict[str, Any]) -> str:
+    return FAMILY_TITLES[f["family"]] if f["key"] == "build" else f"{FAMILY_TITLES[f['family']]} `{f['key']}`"
+
+
 def exceeds_budget(c: dict[str, Any], budget_pct: float) -> list[dict[str, Any]]:
-    """The regressions of a comparison that fail a nightly job: significant, and at least ``budget_pct`` percent
-    (a new metric always)."""
-    rows = c["headline"] + c["changes"]
-    return [r for r in rows if r["verdict"] == "regression"
-            and (r["relative_change"] is None or 100 * r["relative_change"] >= budget_pct)]
+    """The families whose confident regression fails a nightly job: at least ``budget_pct`` percent against the
+    other items (a new one always). Suspects, improvements and the metrics that explain never do."""
+    return [f for f in c.get("families", []) if f["verdict"] == "regression"
+            and (f["adjusted_change"] is None or 100 * f["adjusted_change"] >= budget_pct)]
 
 
-def _summary(c: dict[str, Any]) -> str:
-    rows = c["headline"] + c["changes"]
-    reg = sum(r["verdict"] == "regression" for r in rows)
-    imp = sum(r["verdict"] == "improvement" for r in rows)
-    fixed = sum(r["confidence"] == "fixed" for r in rows)
-    note = f"; {fixed} of them need more runs (fixed thresholds)" if fixed else ""
-    return f"{reg} regressions and {imp} improvements among {len(rows)} metrics{note}"
+def _counts(c: dict[str, Any]) -> str:
+    fams = c.get("families", [])
+    n = {v: sum(f["verdict"] == v for f in fams) for v in ("regression", "suspect", "improvement")}
+    return (f"{n['regression']} regressions, {n['suspect']} suspects and {n['improvement']} improvements among "
+            f"{len(fams)} build and crate families ({len(c['headline']) + len(c['changes'])} metrics)")
+
+
+def headline_sentence(c: dict[str, Any]) -> str:
+    """The comparison's verdict in one sentence: what regressed (or may have), else that nothing did."""
+    fams = c.get("families", [])
+    bad = [f for f in fams if f["verdict"] == "regression"]
+    maybe = [f for f in fams if f["verdict"] == "suspect" and (f["adjusted_change"] or 0) > 0]
+    if bad:
+        return "Regression: " + "; ".join(f"{family_name(f)} {fmt_change(f, 'adjusted_change')}" for f in bad[:5]) + "."
+    if maybe:
+        return ("Suspect (not past the noise with confidence: the next runs will tell): "
+                + "; ".join(f"{family_name(f)} {fmt_change(f, 'adjusted_change')}" for f in maybe[:5]) + ".")
+    good = [f for f in fams if f["verdict"] == "improvement"]
+    if good:
+        return "Improvement: " + "; ".join(f"{family_name(f)} {fmt_change(f, 'adjusted_change')}" for f in good[:5]) + "."
+    return "No change past the noise."
+
+
+def _family_line(f: dict[str, Any]) -> tuple[str, ...]:
+    z = "-" if f["z"] is None else f"{f['z']:.1f}"
+    return (f["verdict"], family_name(f), fmt_value(f["test"], f["baseline_value"]), fmt_value(f["test"], f["value"]),
+            fmt_change(f), fmt_change(f, "adjusted_change"), fmt_noise(f), z, TITLES[f["kind"]])
+
+
+FAMILY_HEAD = ("verdict", "family", "baseline", "this run", "change", "against the others", "noise", "z",
+               "judged by")
 
 
 def text(c: dict[str, Any], limit: int = 40, everything: bool = False) -> str:
@@ -65,21 +107,29 @@ def text(c: dict[str, Any], limit: int = 40, everything: bool = False) -> str:
     head = f"run {c['run_id']} (job {c['job']}, workload {c['workload']})"
     if c["baseline_run_id"] is None:
         return f"{head}: {c['reason']}; nothing compared"
-    lines = [f"{head} vs baseline {c['baseline_run_id']}"]
+    lines = [f"{head} vs baseline {c['baseline_run_id']}: {c['verdict']}", headline_sentence(c)]
     if c["reason"]:
         lines.append(f"note: {c['reason']}")
     width = max([len(TITLES[r["kind"]]) for r in c["headline"]] + [10])
     for r in c["headline"]:
         lines.append(f"  {TITLES[r['kind']].ljust(width)}  {fmt_value(r['test'], r['baseline_value']):>14} -> "
                      f"{fmt_value(r['test'], r['value']):>14}  {fmt_change(r):>7}  {r['verdict']}")
-    lines.append(_summary(c))
-    shown = [r for r in c["changes"] if everything or r["verdict"] != "noise"][:limit]
+    lines.append(_counts(c))
+    for f in [f for f in c["families"] if everything or f["verdict"] != "noise"][:limit]:
+        lines.append("  " + "  ".join(_family_line(f)))
+    for crate, queries in c.get("explanations", {}).items():
+        lines.append(f"  queries of {crate} that grew: " + ", ".join(
+            f"{q['label']} {fmt_value('time', q['baseline_ns'])} -> {fmt_value('time', q['ns'])}" for q in queries))
+    listed = [r for r in c["changes"] if everything or (r["verdict"] != "noise" and r["role"] == "explain")]
+    shown = listed[:limit]
+    if shown:
+        lines.append("metrics:" if everything else "queries and functions that moved (they explain; they never fail a job):")
     for r in shown:
         z = f"  z {r['z']:.1f}" if r["z"] is not None else ""
         lines.append(f"{r['verdict']:>11}  {fmt_change(r):>7}  {TITLES[r['kind']]}: {r['key']}  "
-                     f"({fmt_value(r['test'], r['baseline_value'])} -> {fmt_value(r['test'], r['value'])}, threshold "
-                     f"{100 * r['threshold']:.1f}% from {r['confidence']}{z})")
-    rest = len([r for r in c["changes"] if everything or r["verdict"] != "noise"]) - len(shown)
+                     f"({fmt_value(r['test'], r['baseline_value'])} -> {fmt_value(r['test'], r['value'])}, noise "
+                     f"{fmt_noise(r)}{z})")
+    rest = len(listed) - len(shown)
     if rest > 0:
         lines.append(f"... and {rest} more (--limit N, or --format markdown for a file)")
     return "\n".join(lines)
@@ -89,25 +139,40 @@ def _md(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _md_table(head: tuple[str, ...] | list[str], rows: list[tuple[str, ...]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(_md(v) for v in r) + " |"
+                                                                       for r in rows]
+
+
 def markdown(c: dict[str, Any], limit: int = 100) -> str:
-    """The comparison as markdown for a CI job summary."""
+    """The comparison as markdown for a CI job summary: the verdict first, then the families that changed and
+    what explains them, then the build's numbers and the other metrics that moved."""
     title = f"### bootprof: `{_md(c['run_id'])}`"
     if c["baseline_run_id"] is None:
         return f"{title}\n\n{_md(c['reason'])}; nothing compared.\n"
-    out = [f"{title} vs `{_md(c['baseline_run_id'])}`", "",
+    out = [f"{title} vs `{_md(c['baseline_run_id'])}`: **{c['verdict']}**", "", f"**{_md(headline_sentence(c))}**", "",
            f"job `{_md(c['job'])}`, workload `{_md(c['workload'])}`" + (f" — **{_md(c['reason'])}**" if c["reason"] else ""),
-           "", "| | baseline | this run | change | verdict |", "|---|---:|---:|---:|---|"]
-    for r in c["headline"]:
-        out.append(f"| {TITLES[r['kind']]} | {fmt_value(r['test'], r['baseline_value'])} | "
-                   f"{fmt_value(r['test'], r['value'])} | {fmt_change(r)} | {r['verdict']} |")
-    out += ["", _summary(c) + ".", ""]
-    shown = [r for r in c["changes"] if r["verdict"] != "noise"][:limit]
+           ""]
+    changed = [f for f in c["families"] if f["verdict"] != "noise"][:limit]
+    if changed:
+        out += _md_table(FAMILY_HEAD, [_family_line(f) for f in changed]) + [""]
+    for crate, queries in c.get("explanations", {}).items():
+        if queries:
+            out += [f"Queries of `{_md(crate)}` that grew:", ""]
+            out += _md_table(("query", "self time", "this run", "invocations", "this run"), [
+                (q["label"], fmt_value("time", q["baseline_ns"]), fmt_value("time", q["ns"]),
+                 "-" if q["baseline_invocations"] is None else f"{q['baseline_invocations']:,}",
+                 "-" if q["invocations"] is None else f"{q['invocations']:,}") for q in queries]) + [""]
+    out += _md_table(("", "baseline", "this run", "change", "verdict"), [
+        (TITLES[r["kind"]], fmt_value(r["test"], r["baseline_value"]), fmt_value(r["test"], r["value"]), fmt_change(r),
+         r["verdict"]) for r in c["headline"]])
+    out += ["", _counts(c) + ".", ""]
+    shown = [r for r in c["changes"] if r["verdict"] != "noise" and r["role"] == "explain"][:limit]
     if shown:
-        out += ["| verdict | change | metric | name | baseline | this run | threshold |", "|---|---:|---|---|---:|---:|---:|"]
-        for r in shown:
-            out.append(f"| {r['verdict']} | {fmt_change(r)} | {TITLES[r['kind']]} | `{_md(r['key'])}` | "
-                       f"{fmt_value(r['test'], r['baseline_value'])} | {fmt_value(r['test'], r['value'])} | "
-                       f"{100 * r['threshold']:.1f}% ({r['confidence']}) |")
+        out += ["Queries and functions that moved (they explain; they never fail a job on their own):", ""]
+        out += _md_table(("verdict", "change", "metric", "name", "baseline", "this run", "noise"), [
+            (r["verdict"], fmt_change(r), TITLES[r["kind"]], f"`{r['key']}`", fmt_value(r["test"], r["baseline_value"]),
+             fmt_value(r["test"], r["value"]), fmt_noise(r)) for r in shown])
     return "\n".join(out) + "\n"
 
 
@@ -127,18 +192,22 @@ def html_page(c: dict[str, Any], baseline_folded: list[tuple[str, int]], run_fol
 
     intro = [f"<p>{esc(text(c).splitlines()[0])}</p>"]
     if c["baseline_run_id"] is not None:
+        intro.append(f"<p><b>{esc(headline_sentence(c))}</b></p>")
         if c["reason"]:
             intro.append(f"<p><b>{esc(c['reason'])}</b></p>")
+        changed = [f for f in c["families"] if f["verdict"] != "noise"][:limit]
+        if changed:
+            intro.append(table([_family_line(f) for f in changed], list(FAMILY_HEAD)))
         intro.append(table([(TITLES[r["kind"]], fmt_value(r["test"], r["baseline_value"]), fmt_value(r["test"], r["value"]),
                              fmt_change(r), r["verdict"]) for r in c["headline"]],
                            ["", "baseline", "this run", "change", "verdict"]))
-        intro.append(f"<p>{esc(_summary(c))}.</p>")
-        shown = [r for r in c["changes"] if r["verdict"] != "noise"][:limit]
+        intro.append(f"<p>{esc(_counts(c))}.</p>")
+        shown = [r for r in c["changes"] if r["verdict"] != "noise" and r["role"] == "explain"][:limit]
         if shown:
             intro.append(table([(r["verdict"], fmt_change(r), TITLES[r["kind"]], r["key"],
                                  fmt_value(r["test"], r["baseline_value"]), fmt_value(r["test"], r["value"]),
-                                 f"{100 * r['threshold']:.1f}% ({r['confidence']})") for r in shown],
-                               ["verdict", "change", "metric", "name", "baseline", "this run", "threshold"]))
+                                 fmt_noise(r)) for r in shown],
+                               ["verdict", "change", "metric", "name", "baseline", "this run", "noise"]))
     note = ("Differential flame graph of the CPU samples: each run normalized by its own samples; colour is the "
             "change of a frame's inclusive share (red grew, blue shrank; solid: only in one run); width is the "
             "larger of its two shares.") if run_folded or baseline_folded else "No folded CPU stacks in these runs."

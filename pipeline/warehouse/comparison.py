@@ -1,0 +1,174 @@
+"""A run against its baseline: every metric judged (:mod:`.significance`), one verdict per family, the
+comparison's own verdict, and what explains a family that regressed.
+
+:func:`compare` reads the run, its baseline and the runs before it (the history the noise is estimated from) from
+the warehouse; :func:`write_verdicts` keeps each run's comparison with its default baseline in the ``verdicts``
+table, which the ``comparisons`` and ``regressions`` views read.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from pipeline.warehouse import significance as sig
+
+#: The kinds a comparison opens with (one key, 'build'), in order.
+HEADLINE = ("build_wall_ns", "cpu_build", "peak_commit_build", "query_build_ns", "commit_build")
+#: Columns of the ``verdicts`` table, in order.
+COLUMNS = {
+    "run_id": "VARCHAR", "baseline_run_id": "VARCHAR", "kind": "VARCHAR", "test": "VARCHAR", "family": "VARCHAR",
+    "role": "VARCHAR", "key": "VARCHAR", "baseline_value": "DOUBLE", "value": "DOUBLE", "change": "DOUBLE",
+    "relative_change": "DOUBLE", "reference": "DOUBLE", "adjusted_change": "DOUBLE", "noise": "DOUBLE",
+    "z": "DOUBLE", "threshold": "DOUBLE", "history": "INTEGER", "pooled": "DOUBLE", "confidence": "VARCHAR",
+    "verdict": "VARCHAR", "decides": "BOOLEAN",
+}
+VERDICTS_DDL = ("CREATE TABLE IF NOT EXISTS verdicts ("
+                + ", ".join(f"{c} {t}" for c, t in COLUMNS.items()) + ")")
+_RANK = {"regression": 0, "suspect": 1, "improvement": 2, "noise": 3}
+
+
+def history_of(con, run_id: str) -> tuple[str, str, list[str]]:
+    """(job, workload, the runs of its job and workload before it, oldest first, at most HISTORY_RUNS + 1)."""
+    job, workload, run_time = con.execute("SELECT job, workload, run_time FROM runs WHERE run_id = ?",
+                                          [run_id]).fetchone()
+    before = [r[0] for r in con.execute(
+        """SELECT run_id FROM runs WHERE job IS NOT DISTINCT FROM $job AND workload IS NOT DISTINCT FROM $workload
+           AND (run_time < $time OR (run_time = $time AND run_id < $run))
+           ORDER BY run_time DESC, run_id DESC LIMIT $n""",
+        {"job": job, "workload": workload, "time": run_time, "run": run_id, "n": sig.HISTORY_RUNS + 1}).fetchall()]
+    return job, workload, before[::-1]
+
+
+def judge(con, run_id: str, base_id: str) -> list[dict[str, Any]]:
+    """Every metric of ``run_id`` and ``base_id`` judged, with the noise learned from the runs of the run's job and
+    workload before it (up to the baseline when the baseline is one of them)."""
+    _, _, before = history_of(con, run_id)
+    history = before[: before.index(base_id) + 1] if base_id in before else before
+    ids = history + ([] if base_id in history else [base_id]) + [run_id]
+    table = con.execute("""SELECT run_id, kind, key, value, n FROM run_metrics
+                           WHERE run_id IN (SELECT unnest($1::VARCHAR[])) AND value IS NOT NULL""", [ids]).fetchall()
+    column = {r: i for i, r in enumerate(ids)}
+    by_kind: dict[str, dict[str, dict[int, tuple[float, float | None]]]] = {}
+    for rid, kind, key, value, n in table:
+        if kind in sig.KINDS:
+            by_kind.setdefault(kind, {}).setdefault(key, {})[column[rid]] = (value, n)
+    b_col, r_col = column[base_id], column[run_id]
+    rows = []
+    for kind, items in by_kind.items():
+        keys = sorted(k for k, cols in items.items() if b_col in cols or r_col in cols)
+        if not keys:
+            continue
+        values = np.full((len(keys), len(ids)), np.nan)
+        totals = np.full((len(keys), len(ids)), np.nan)
+        for i, key in enumerate(keys):
+            for c, (v, n) in items[key].items():
+                values[i, c] = v
+                totals[i, c] = np.nan if n is None else n
+        base, value = np.nan_to_num(values[:, b_col]), np.nan_to_num(values[:, r_col])
+        j = sig.judge_kind(kind, values[:, : len(history)], base, value, totals[:, b_col], totals[:, r_col])
+        k = sig.KINDS[kind]
+        for i, key in enumerate(keys):
+            noise = float(j.noise[i])
+            z = float(j.z[i])
+            evidence = int(j.history[i]) + float(j.pooled[i])
+            rows.append({
+                "run_id": run_id, "baseline_run_id": base_id, "kind": kind, "test": k.test, "family": k.family,
+                "role": k.role, "key": key, "baseline_value": float(base[i]), "value": float(value[i]),
+                "change": float(value[i] - base[i]),
+                "relative_change": float((value[i] - base[i]) / abs(base[i])) if base[i] else None,
+                "reference": _finite(math.expm1(j.reference[i])), "adjusted_change": _finite(math.expm1(j.e[i])),
+                "noise": _finite(noise), "z": _finite(z), "threshold": _finite(sig.threshold(noise, k.test)),
+                "history": int(j.history[i]), "pooled": float(j.pooled[i]),
+                "confidence": "history" if j.history[i] >= sig.MIN_EVIDENCE else (
+                    "pooled" if evidence >= sig.MIN_EVIDENCE else "prior"),
+                "verdict": str(j.verdict[i]), "decides": False})
+    _decide(rows)
+    return rows
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if x is not None and math.isfinite(x) else None
+
+
+def _decide(rows: list[dict[str, Any]]) -> None:
+    """Mark the member that decides each voting family's verdict: the steadiest (least noise) of those with a
+    change on both sides, else (a new or gone item) the first that is not noise."""
+    families: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["role"] == "vote":
+            families.setdefault((r["family"], r["key"]), []).append(r)
+    for members in families.values():
+        measured = [r for r in members if r["z"] is not None and r["noise"] is not None]
+        if measured:
+            pick = min(measured, key=lambda r: (r["noise"], r["kind"]))
+        else:
+            pick = min(members, key=lambda r: (_RANK[r["verdict"]], r["kind"]))
+        pick["decides"] = True
+
+
+def families(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The voting families, each with its verdict (that of the member that decides), worst first (a crate before
+    the build: the crate is what a regression of both is about)."""
+    out = []
+    for r in rows:
+        if r["decides"]:
+            members = [m for m in rows if m["role"] == "vote" and m["family"] == r["family"] and m["key"] == r["key"]]
+            out.append({**r, "members": [{k: m[k] for k in ("kind", "relative_change", "adjusted_change", "z",
+                                                          "verdict")} for m in members]})
+    return sorted(out, key=lambda f: (_RANK[f["verdict"]], f["key"] == "build", f["adjusted_change"] is None,
+                                      -abs(f["adjusted_change"] or 0), f["family"], f["key"]))
+
+
+def overall(fams: list[dict[str, Any]]) -> str:
+    """The comparison's verdict: ``regression`` (a family regressed), ``suspect`` (one may have: more runs will
+    tell), ``improvement``, or ``no change``."""
+    verdicts = {f["verdict"] for f in fams}
+    if "regression" in verdicts:
+        return "regression"
+    if any(f["verdict"] == "suspect" and (f["adjusted_change"] or 0) > 0 for f in fams):
+        return "suspect"
+    return "improvement" if "improvement" in verdicts else "no change"
+
+
+def explain(con, run_id: str, base_id: str, crate: str, limit: int = 5) -> list[dict[str, Any]]:
+    """The queries of ``crate`` whose self time grew the most between the runs (their invocations too), from the
+    detail ``query_summary`` (empty once pruned or without self-profiles)."""
+    try:
+        got = con.execute("""
+            SELECT label, sum(self_ns) FILTER (WHERE run_id = $base) AS b, sum(self_ns) FILTER (WHERE run_id = $run) AS v,
+                   sum(invocations) FILTER (WHERE run_id = $base) AS bn, sum(invocations) FILTER (WHERE run_id = $run) AS vn
+            FROM query_summary WHERE run_id IN ($base, $run) AND scope = 'crate' AND crate = $crate
+            GROUP BY label HAVING coalesce(v, 0) > coalesce(b, 0) ORDER BY coalesce(v, 0) - coalesce(b, 0) DESC
+            LIMIT $limit""", {"base": base_id, "run": run_id, "crate": crate, "limit": limit}).fetchall()
+    except Exception:        # noqa: BLE001 - a warehouse of an older bootprof without the columns: no explanation
+        return []
+    return [{"label": label, "baseline_ns": b or 0, "ns": v or 0, "baseline_invocations": bn, "invocations": vn}
+            for label, b, v, bn, vn in got]
+
+
+def write_verdicts(con, run_ids: list[str]) -> None:
+    """(Re)write the ``verdicts`` rows of each run against its default baseline (none for a first run)."""
+    for run_id in run_ids:
+        con.execute("DELETE FROM verdicts WHERE run_id = ?", [run_id])
+        _, _, before = history_of(con, run_id)
+        if not before:
+            continue
+        rows = judge(con, run_id, before[-1])
+        if rows:
+            import pyarrow as pa
+
+            batch = pa.table({c: [r[c] for r in rows] for c in COLUMNS})  # noqa: F841 - read by the SQL below
+            con.execute(f"INSERT INTO verdicts SELECT {', '.join(COLUMNS)} FROM batch")
+
+
+def later_runs(con, run_id: str) -> list[str]:
+    """Runs of ``run_id``'s job and workload after it whose history holds it (their verdicts change with it)."""
+    job, workload, run_time = con.execute("SELECT job, workload, run_time FROM runs WHERE run_id = ?",
+                                          [run_id]).fetchone()
+    return [r[0] for r in con.execute(
+        """SELECT run_id FROM runs WHERE job IS NOT DISTINCT FROM $job AND workload IS NOT DISTINCT FROM $workload
+           AND (run_time > $time OR (run_time = $time AND run_id > $run)) ORDER BY run_time, run_id LIMIT $n""",
+        {"job": job, "workload": workload, "time": run_time, "run": run_id, "n": sig.HISTORY_RUNS + 1}).fetchall()]
