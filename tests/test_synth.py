@@ -94,7 +94,7 @@ def test_cli_overrides_config(tmp_path):
     summary = json.loads(r.stdout)
     truth = json.loads((tmp_path / "cli.truth.json").read_text())
     assert truth["config"] == {"seed": 2, "size": "1MB", "cpus": 2, "compress": True, "pointer_size": 4,
-                               "stack_caching": True, "stack_variety": 3, "self_profiles": False, "rerun": 0, "noise": 0.03,
+                               "stack_caching": True, "stack_variety": 3, "self_profiles": False, "rerun": 0, "noise": 0.08,
                                "inject": []}
     assert summary["self_profiles"] is None and not (tmp_path / "selfprofile").exists()
     assert summary["bytes"] == out.stat().st_size

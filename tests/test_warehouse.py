@@ -110,7 +110,7 @@ def test_regressions_against_the_previous_run_of_the_job(etl_run, tmp_path):
     names = [f["function"] for f in functions]
     big = next(f for f in functions if names.count(f["function"]) == 1)    # one key in the metrics
     small = next(f for f in functions if 50 <= f["inclusive_samples"] <= 200 and names.count(f["function"]) == 1)
-    scale_function(slower, big, big["self_samples"] // 2)   # +50%: a regression
+    scale_function(slower, big, big["self_samples"])        # +100%: a regression
     scale_function(slower, small, 2)                        # +2 samples: noise
     for run in (first, same, slower, other):
         # run_time comes from the decoded manifest; keep the copies in name order
@@ -129,7 +129,7 @@ def test_regressions_against_the_previous_run_of_the_job(etl_run, tmp_path):
     self_row = next(r for r in q(db, """SELECT kind, key, baseline_value, value, z FROM comparisons
                                         WHERE run_id = 'nightly-20260103-010000' AND kind = 'cpu_function_self'
                                         AND key = ?""", [key]))
-    v, b = big["self_samples"] + big["self_samples"] // 2, big["self_samples"]
+    v, b = 2 * big["self_samples"], big["self_samples"]
     assert self_row[2:4] == (b, v) and self_row[4] > 0
     noise = q(db, """SELECT verdict FROM comparisons WHERE run_id = 'nightly-20260103-010000'
                      AND kind = 'cpu_function_inclusive' AND key = ?""", [f"{small['module']}!{small['function']}"])
