@@ -92,9 +92,9 @@ def headline_sentence(c: dict[str, Any]) -> str:
     return "No change past the noise."
 
 
-def _family_line(f: dict[str, Any]) -> tuple[str, ...]:
+def _family_line(f: dict[str, Any], plain: bool = False) -> tuple[str, ...]:
     z = "-" if f["z"] is None else f"{f['z']:.1f}"
-    return (f["verdict"], family_name(f), fmt_value(f["test"], f["baseline_value"]), fmt_value(f["test"], f["value"]),
+    return (f["verdict"], family_name(f).replace("`", "") if plain else family_name(f), fmt_value(f["test"], f["baseline_value"]), fmt_value(f["test"], f["value"]),
             fmt_change(f), fmt_change(f, "adjusted_change"), fmt_noise(f), z, TITLES[f["kind"]])
 
 
@@ -116,7 +116,7 @@ def text(c: dict[str, Any], limit: int = 40, everything: bool = False) -> str:
                      f"{fmt_value(r['test'], r['value']):>14}  {fmt_change(r):>7}  {r['verdict']}")
     lines.append(_counts(c))
     for f in [f for f in c["families"] if everything or f["verdict"] != "noise"][:limit]:
-        lines.append("  " + "  ".join(_family_line(f)))
+        lines.append("  " + "  ".join(_family_line(f, plain=True)))
     for crate, queries in c.get("explanations", {}).items():
         lines.append(f"  queries of {crate} that grew: " + ", ".join(
             f"{q['label']} {fmt_value('time', q['baseline_ns'])} -> {fmt_value('time', q['ns'])}" for q in queries))
@@ -192,12 +192,19 @@ def html_page(c: dict[str, Any], baseline_folded: list[tuple[str, int]], run_fol
 
     intro = [f"<p>{esc(text(c).splitlines()[0])}</p>"]
     if c["baseline_run_id"] is not None:
-        intro.append(f"<p><b>{esc(headline_sentence(c))}</b></p>")
+        intro.append(f"<p><b>{esc(headline_sentence(c).replace('`', ''))}</b></p>")
         if c["reason"]:
             intro.append(f"<p><b>{esc(c['reason'])}</b></p>")
         changed = [f for f in c["families"] if f["verdict"] != "noise"][:limit]
         if changed:
-            intro.append(table([_family_line(f) for f in changed], list(FAMILY_HEAD)))
+            intro.append(table([_family_line(f, plain=True) for f in changed], list(FAMILY_HEAD)))
+        for crate, queries in c.get("explanations", {}).items():
+            if queries:
+                intro.append(f"<p>Queries of {esc(crate)} that grew:</p>" + table(
+                    [(q["label"], fmt_value("time", q["baseline_ns"]), fmt_value("time", q["ns"]),
+                      "-" if q["baseline_invocations"] is None else f"{q['baseline_invocations']:,}",
+                      "-" if q["invocations"] is None else f"{q['invocations']:,}") for q in queries],
+                    ["query", "self time", "this run", "invocations", "this run"]))
         intro.append(table([(TITLES[r["kind"]], fmt_value(r["test"], r["baseline_value"]), fmt_value(r["test"], r["value"]),
                              fmt_change(r), r["verdict"]) for r in c["headline"]],
                            ["", "baseline", "this run", "change", "verdict"]))
