@@ -92,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
 
         if isinstance(getattr(args, "run_dir", None), RunURL):
             with mirrored(args.run_dir, config.runs) as args.run_dir:
-                return int(args._module.main(args, config) or 0)
-        return int(args._module.main(args, config) or 0)
+                return _owning(args, config)
+        return _owning(args, config)
     except BootprofError as exc:
         print(f"bootprof: error: {exc}", file=sys.stderr)
         return 2
@@ -109,6 +109,20 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print("bootprof: interrupted", file=sys.stderr)
         return 130
+
+
+#: Commands that write into their ``--run``: each holds it while it runs (``runs.owned``).
+WRITES_RUN = ("capture", "decode", "symbolize", "aggregate", "report")
+
+
+def _owning(args, config) -> int:
+    """Run a subcommand, holding its run directory when it writes one."""
+    if args.command not in WRITES_RUN or getattr(args, "run_dir", None) is None:
+        return int(args._module.main(args, config) or 0)
+    from pipeline.runs import owned
+
+    with owned(Path(args.run_dir), f"bootprof {args.command}", config.runs.lock_timeout_s):
+        return int(args._module.main(args, config) or 0)
 
 
 def entry() -> NoReturn:

@@ -207,6 +207,9 @@ class RunsConfig(Section):
     mirror_max_bytes: Size = Field(
         "20GB", description="Working copies together beyond this size are removed once put back, the least recently "
         "used first (never the command's own, one used in the last hour, or one holding what is not put back yet).")
+    lock_timeout_s: float = Field(300.0, ge=0, description="How long a command waits for another that works in the "
+                                  "same run directory (one command at a time owns a run directory) before it fails, "
+                                  "naming the other.")
 
 
 class Config(Section):
@@ -277,15 +280,61 @@ def _line_of(node: yaml.Node | None, loc: tuple) -> int | None:
     return line
 
 
+#: Bounds of a config or job file: its size, and the nodes and nesting of what it holds once its aliases are
+#: expanded (a 366-byte file of nested aliases, "billion laughs", stands for 10^9 nodes).
+MAX_YAML_BYTES = 1 << 20
+MAX_YAML_NODES = 100_000
+MAX_YAML_DEPTH = 64
+
+
+def _expanded(node: yaml.Node, memo: dict[int, tuple[int, int]]) -> tuple[int, int]:
+    """(nodes, depth) of ``node`` with its aliases expanded, each shared node counted once per use."""
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    memo[key] = (MAX_YAML_NODES + 1, MAX_YAML_DEPTH + 1)     # (a node that holds itself is past every bound)
+    nodes, depth = 1, 1
+    children = ([v for pair in node.value for v in pair] if isinstance(node, yaml.MappingNode)
+                else node.value if isinstance(node, yaml.SequenceNode) else [])
+    for child in children:
+        n, d = _expanded(child, memo)
+        nodes, depth = nodes + n, max(depth, d + 1)
+        if nodes > MAX_YAML_NODES:
+            break
+    memo[key] = (nodes, depth)
+    return memo[key]
+
+
+def parse_yaml(text: str, where: str) -> tuple[Any, yaml.Node | None]:
+    """YAML text as data (and its node tree, for line numbers), within the bounds above; ConfigError naming
+    ``where`` otherwise."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        if node is not None:
+            nodes, depth = _expanded(node, {})
+            if nodes > MAX_YAML_NODES or depth > MAX_YAML_DEPTH:
+                raise ConfigError(f"{where}: more than {MAX_YAML_NODES:,} values or {MAX_YAML_DEPTH} levels of "
+                                  "nesting once its aliases are expanded: not a config")
+        return yaml.safe_load(text), node
+    except RecursionError:
+        raise ConfigError(f"{where}: nested more than the YAML reader can follow: not a config") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: not valid YAML: {' '.join(str(exc).split())[:300]}") from None
+
+
 def _load_yaml(path: Path) -> tuple[Any, yaml.Node | None]:
     try:
-        text = path.read_text()
+        size = path.stat().st_size
+        if size > MAX_YAML_BYTES:
+            raise ConfigError(f"{path}: {size:,} bytes, more than a config or job file holds ({MAX_YAML_BYTES:,})")
+        raw = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
     try:
-        return yaml.safe_load(text), yaml.compose(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a text file (byte {exc.start} is not UTF-8)") from None
+    return parse_yaml(text, str(path))
 
 
 def _validate(model: type[Section], path: Path, data: Any, node: yaml.Node | None):

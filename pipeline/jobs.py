@@ -25,11 +25,11 @@ from typing import Any
 import yaml
 
 from pipeline import __version__, sources
-from pipeline.config import Config, Job, load_config, load_job
+from pipeline.config import Config, Job, load_config, load_job, parse_yaml
 from pipeline.errors import BootprofError, ConfigError, ManifestError
 from pipeline.mirror import mirrored
 from pipeline.progress import Status, print_line
-from pipeline.runs import MANIFEST, canonical_hash, read_manifest, stage_dir
+from pipeline.runs import MANIFEST, canonical_hash, fresh_dir, owned, read_manifest, stage_dir
 
 #: job stage -> (its output directory in the run, the config section its output depends on)
 OUTPUTS = {"decode": ("decoded", "decode"), "symbolize": ("symbolized", "symbolize"),
@@ -46,10 +46,8 @@ def apply_sets(config: Config, sets: list[str]) -> Config:
         path = [p for p in key.strip().split(".") if p]
         if not sep or not path:
             raise ConfigError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. --set synth.size=20MB")
-        try:
-            value = yaml.safe_load(text) if text.strip() else ""
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"--set {item!r}: the value is not valid YAML: {exc}") from None
+        shown = item if len(item) <= 80 else item[:77] + "..."
+        value = parse_yaml(text, f"--set {shown!r}: the value")[0] if text.strip() else ""
         node = data
         for part in path[:-1]:
             if not isinstance(node.get(part), dict):
@@ -270,7 +268,10 @@ def run_job(job_path: Path, traces: list[Path] | None, run_dir: Path | None, con
         return backfill(job, config, traces, force)
     if run_dir is None:
         run_dir = job.run_dir(f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    with mirrored(run_dir, config.runs) as local:
+        if not sources.is_url(run_dir):         # (two jobs started in the same second get a run each)
+            run_dir = fresh_dir(Path(run_dir))
+    with mirrored(run_dir, config.runs) as local, \
+            owned(Path(local), f"bootprof run {job_path}", config.runs.lock_timeout_s):
         return _run_in(job, job_path, config, traces, Path(local), force, shown=str(run_dir))
 
 
@@ -325,8 +326,8 @@ def backfill(job: Job, config: Config, traces: list[sources.Input], force: bool 
         try:
             if not sources.exists(trace):
                 raise BootprofError(f"{trace}: no such file or directory")
-            with mirrored(run_dir, config.runs) as local:
-                Path(local).mkdir(parents=True, exist_ok=True)
+            with mirrored(run_dir, config.runs) as local, \
+                    owned(Path(local), f"bootprof run {job.name} (backfill)", config.runs.lock_timeout_s):
                 run_stages(job, config, [trace], Path(local), force)
         except BootprofError as exc:
             failed.append((trace, str(exc)))

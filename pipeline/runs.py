@@ -211,6 +211,62 @@ def upstream_hashes(run_dir: Path, stages: tuple[str, ...]) -> dict[str, str]:
     return {s: h for s in stages if (h := manifest_hash(run_dir, s)) is not None}
 
 
+#: The lock a command holds on a run directory for as long as it works there, and who holds it.
+LOCK = ".bootprof.lock"
+OWNER = ".bootprof.owner.json"
+
+
+@contextlib.contextmanager
+def owned(run_dir: Path, command: str, timeout_s: float = 300.0) -> Iterator[None]:
+    """Hold ``run_dir`` for one command (``command``, for the message another one gets): a second command on the
+    same run directory waits up to ``timeout_s`` (``runs.lock_timeout_s``), then fails with one line that names
+    the holder. Two commands in one run directory once mixed one trace's decode with another's aggregate."""
+    import socket
+
+    from filelock import FileLock, Timeout
+
+    from pipeline.errors import InputError
+
+    run_dir = Path(run_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"{run_dir}: cannot make the run directory: {exc.strerror or exc}") from None
+    lock = FileLock(str(run_dir / LOCK))
+    try:
+        lock.acquire(timeout=timeout_s)
+    except Timeout:
+        try:
+            who = json.loads((run_dir / OWNER).read_text())
+            holder = f"pid {who['pid']} on {who['host']} since {who['since']}: {who['command']}"
+        except (OSError, ValueError, KeyError):
+            holder = "a process that did not say which"
+        raise InputError(f"{run_dir}: another bootprof command works in this run directory ({holder}); waited "
+                         f"{timeout_s:g} s (runs.lock_timeout_s)") from None
+    except OSError as exc:
+        raise InputError(f"{run_dir}: cannot lock the run directory: {exc.strerror or exc}") from None
+    try:
+        atomic_write_json(run_dir / OWNER, {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
+                                            "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        yield
+    finally:
+        (run_dir / OWNER).unlink(missing_ok=True)
+        lock.release()
+
+
+def fresh_dir(base: Path) -> Path:
+    """``base``, or ``base-2``, ``base-3``, ... : the first that did not exist, made now (two commands that start in
+    the same second get two)."""
+    for k in range(1, 10_000):
+        path = base if k == 1 else base.with_name(f"{base.name}-{k}")
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{base}: no free name")
+
+
 @contextlib.contextmanager
 def stage_output(
     run_dir: Path,

@@ -35,8 +35,14 @@ PREFETCH = 256
 
 
 def parse(raw: str | os.PathLike) -> Input:
-    """A path as typed: a URL stays a string (``file://`` becomes a local path); anything else is a Path."""
+    """A path as typed: a URL stays a string (``file://`` becomes a local path); anything else is a Path. An empty one
+    (an unset variable in a CI script) is refused: it would name the working directory."""
     text = os.fspath(raw)
+    if not text.strip():
+        import argparse
+
+        raise argparse.ArgumentTypeError("an empty path (an unset variable?): name a trace, a directory of "
+                                         ".mm_profdata files, or a URL")
     if isinstance(raw, str) and URL.match(text):
         return Path(urlparse(text).path) if text.lower().startswith("file://") else text
     return Path(text)
@@ -147,9 +153,17 @@ def version(x: str) -> str | None:
 
 
 def profiles_below(x: Input) -> list[Input]:
-    """The ``*.mm_profdata`` files below a directory, sorted."""
+    """The ``*.mm_profdata`` files below a directory, sorted; what is named so but is no regular file (a FIFO, a
+    device) is left out, with a warning (reading it could wait forever)."""
     if not is_url(x):
-        return sorted(Path(x).rglob("*.mm_profdata"))
+        found = sorted(Path(x).rglob("*.mm_profdata"))
+        special = [p for p in found if not p.is_file()]
+        if special:
+            import logging
+
+            logging.getLogger("bootprof").warning("%s: left out %d entries that are no regular files: %s", x,
+                                                  len(special), ", ".join(p.name for p in special[:5]))
+        return [p for p in found if p.is_file()]
     fs, _ = _fs(x)
     return sorted(fs.unstrip_protocol(p) for p in _call(x.rstrip("/") + "/**/*.mm_profdata", "glob"))
 

@@ -45,7 +45,9 @@ def main(args, config) -> int:
     from pipeline import capture
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    run_dir = args.run_dir or Path("runs") / f"capture-{time.strftime('%Y%m%d-%H%M%S')}"
+    from pipeline.runs import fresh_dir
+
+    run_dir = args.run_dir or fresh_dir(Path("runs") / f"capture-{time.strftime('%Y%m%d-%H%M%S')}")
     summary = capture.run(run_dir, config, None, inputs=command, events=args.events, self_profile=args.self_profile,
                           etw_tool=args.etw, profiles=args.profile, heap_period_s=args.heap_snapshots)
     for warning in summary["warnings"]:

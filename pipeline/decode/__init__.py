@@ -58,6 +58,9 @@ def classify(inputs: list[sources.Input]) -> tuple[sources.Input | None, list[so
             raise InputError(f"{path}: no such file or directory")
         if not sources.is_url(path):
             path = path.absolute()     # (the tasks may run in workers of another working directory)
+        if not sources.is_url(path) and not (path.is_file() or path.is_dir()):
+            raise InputError(f"{path}: not a regular file or directory (a pipe, FIFO or device): bootprof reads a "
+                             "trace at offsets, so give the file itself")
         if sources.is_dir(path):
             found = sources.profiles_below(path)
             if not found:

@@ -206,7 +206,7 @@ def workload_of(con, run_id: str, inputs: list[dict], trace_sha: str | None) -> 
 
 def job_of(run_dir: Path) -> str:
     """The job of a run directory named ``<job>-YYYYmmdd-HHMMSS`` (as ``bootprof run`` names them)."""
-    m = re.fullmatch(r"(.+)-\d{8}-\d{6}", run_dir.name)
+    m = re.fullmatch(r"(.+)-\d{8}-\d{6}(?:-\d+)?", run_dir.name)
     return m.group(1) if m else run_dir.name
 
 

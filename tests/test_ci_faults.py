@@ -1,0 +1,178 @@
+"""A busy CI runner's faults, for real: two commands on one run directory, two jobs started in the same second, YAML
+bombs and binary files as config or job, an unset variable as --trace, a FIFO where a trace should be. Each ends in
+one line and exit 2, or waits its turn; none in exit 0 with wrong data, a traceback or a hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from tests.conftest import ROOT, fixture_path
+
+BOMB = "".join(f"{k}: &{k} [{','.join(['*' + prev] * 9) if prev else ','.join(['lol'] * 9)}]\n"
+               for prev, k in zip([""] + list("abcdefgh"), "abcdefghi"))
+
+
+def bootprof(*args, cwd=ROOT, timeout=300, **kw):
+    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+def one_line_error(proc) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("bootprof: error:")]
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("where", ["config", "job", "title", "set"])
+def test_yaml_bombs_end_in_one_line_at_once(tmp_path, where):
+    """A 366-byte config of nested aliases once took 15 GB and 87 s; in report.title 17 GB; in a job file 5.5 GB."""
+    job = ROOT / "jobs" / "single-trace.yaml"
+    args = []
+    if where == "config":
+        (tmp_path / "c.yaml").write_text(BOMB)
+        args = ["--config", str(tmp_path / "c.yaml"), "run", str(job)]
+    elif where == "title":
+        (tmp_path / "c.yaml").write_text(BOMB.replace("i: &i", "report:\n  title: &i"))
+        args = ["--config", str(tmp_path / "c.yaml"), "run", str(job)]
+    elif where == "job":
+        (tmp_path / "j.yaml").write_text(BOMB)
+        args = ["run", str(tmp_path / "j.yaml")]
+    else:
+        args = ["run", str(job), "--set", "report.title={" + ", ".join(BOMB.strip().splitlines()) + "}"]
+    t0 = time.monotonic()
+    proc = bootprof(*args, "--run", str(tmp_path / "run"), timeout=120)
+    line = one_line_error(proc)
+    assert time.monotonic() - t0 < 60 and len(line) < 400
+    assert "aliases are expanded" in line or "not valid YAML" in line
+
+
+def test_nesting_binary_and_huge_files_are_one_line(tmp_path):
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("a: " + "[" * 5000 + "]" * 5000 + "\n")
+    assert "nested more than" in one_line_error(bootprof("--config", str(deep), "run", "jobs/single-trace.yaml"))
+    binary = tmp_path / "job.yaml"
+    binary.write_bytes(b"\xff\xfe\x00name: x\x00\x81")
+    assert "not a text file" in one_line_error(bootprof("run", str(binary)))
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("# " + "x" * (2 << 20))
+    assert "more than a config or job file holds" in one_line_error(bootprof("--config", str(huge), "run",
+                                                                             "jobs/single-trace.yaml"))
+
+
+def test_an_unset_variable_as_trace_and_a_fifo_are_refused(tmp_path):
+    """``--trace ""`` once decoded the working directory and exited 0; a FIFO as the trace, or named like a
+    self-profile in a directory, hung."""
+    proc = bootprof("run", "jobs/single-trace.yaml", "--trace", "", "--run", str(tmp_path / "r1"))
+    assert proc.returncode == 2 and "an empty path" in proc.stderr and "Traceback" not in proc.stderr
+    fifo = tmp_path / "t.etl"
+    os.mkfifo(fifo)
+    line = one_line_error(bootprof("decode", str(fifo), "--run", str(tmp_path / "r2"), timeout=60))
+    assert str(fifo) in line and "not a regular file" in line
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    for f in fixture_path("selfprofile/workspace-clean").glob("*.mm_profdata"):
+        (profiles / f.name).write_bytes(f.read_bytes())
+    os.mkfifo(profiles / "x-0001.mm_profdata")
+    proc = bootprof("decode", str(profiles), "--run", str(tmp_path / "r3"), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "left out 1 entries that are no regular files: x-0001.mm_profdata" in proc.stderr
+
+
+def test_a_second_command_on_a_run_directory_waits_then_names_the_holder(tmp_path):
+    """One command owns a run directory: another one waits for it (up to runs.lock_timeout_s), then fails in one
+    line naming the holder; once the first is done, the second goes in."""
+    from pipeline.runs import owned
+
+    run = tmp_path / "run"
+    config = tmp_path / "c.yaml"
+    config.write_text(json.dumps({"runs": {"lock_timeout_s": 1}, "cluster": {"mode": "synchronous"}}))
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with owned(run, "bootprof run jobs/nightly.yaml (the test)"):
+            held.set()
+            release.wait(60)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(30)
+        t0 = time.monotonic()
+        line = one_line_error(bootprof("--config", str(config), "decode",
+                                       str(fixture_path("selfprofile/hello-default")), "--run", str(run)))
+        assert time.monotonic() - t0 >= 1
+        assert f"pid {os.getpid()}" in line and "bootprof run jobs/nightly.yaml (the test)" in line
+        assert not (run / "decoded").exists()
+    finally:
+        release.set()
+        holder.join()
+    proc = bootprof("--config", str(config), "decode", str(fixture_path("selfprofile/hello-default")), "--run", str(run))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_two_jobs_on_one_run_directory_never_mix_their_data(tmp_path):
+    """Two ``bootprof run`` into one ``--run``, of two different builds' self-profiles, the second started while the
+    first runs: once mixed decoded/ of one with aggregated/ of the other and exited 0. Now the second waits, then
+    makes every stage again from its own input: the run's manifests chain up to one input, and the warehouse's
+    row for the run is of that input."""
+    from pipeline import warehouse
+    from pipeline.runs import read_manifest
+
+    run = tmp_path / "run"
+    db = tmp_path / "wh.duckdb"
+    config = tmp_path / "c.yaml"
+    config.write_text(json.dumps({"cluster": {"mode": "synchronous"}, "warehouse": {"path": str(db)}}))
+    inputs = [fixture_path("selfprofile/workspace-clean"), fixture_path("selfprofile/workspace-incremental")]
+    for delay in (0.5, 1.5):
+        procs = []
+        for k, trace in enumerate(inputs):
+            procs.append(subprocess.Popen([sys.executable, "-m", "pipeline", "--config", str(config), "run",
+                                           "jobs/single-trace.yaml", "--trace", str(trace), "--run", str(run)],
+                                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            if k == 0:
+                time.sleep(delay)
+        for p in procs:
+            out, err = p.communicate(timeout=600)
+            assert p.returncode == 0 and "Traceback" not in err, err[-2000:]
+        decoded = read_manifest(run, "decoded")
+        assert [os.path.basename(i["path"]) for i in decoded["inputs"]][0].endswith(".mm_profdata")
+        dirs = {os.path.dirname(i["path"]) for i in decoded["inputs"]}
+        assert dirs == {str(inputs[1])}           # (the second job's input, the last to own the run directory)
+        for stage in ("aggregated", "report"):
+            read_manifest(run, stage)               # (raises if made from another decode than the one there now)
+        con = warehouse.connect(db, read_only=True)
+        try:
+            (sha,) = con.execute("SELECT trace_sha256 FROM runs WHERE run_id = 'run'").fetchone()
+        finally:
+            con.close()
+        shas = sorted(i["sha256_tree"] for i in decoded["inputs"])
+        import hashlib
+
+        assert sha == hashlib.sha256("".join(shas).encode()).hexdigest()
+
+
+def test_jobs_started_in_the_same_second_get_a_run_each(tmp_path):
+    """Without --run, a job's run is ``<job>-YYYYmmdd-HHMMSS``: two started in the same second once shared one."""
+    from pipeline.runs import fresh_dir
+
+    base = tmp_path / "runs" / "single-trace-20261128-010000"
+    made = []
+    threads = [threading.Thread(target=lambda: made.append(fresh_dir(base))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(made)) == 8 and base in made and all(p.is_dir() for p in made)
+    from pipeline.warehouse import job_of
+
+    assert {job_of(p) for p in made} == {"single-trace"}
