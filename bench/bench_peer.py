@@ -6,9 +6,7 @@ model, the closest to ``bootprof decode``. Runs alternate between the tools, eac
 cache; the median of ``--runs`` (default 3) is reported, and every ratio is of two numbers of this run:
 
 * the small real trace (``perfview-net452-x64``, 4.9 MB, XPRESS): ``bootprof decode`` end to end (in process,
-  as inputs below ``cluster.inline_below`` run) against the peer, in a fresh process and handed to a warm command
-  server (``bootprof server start``, started before the runs: the client's start, the decode in a fork of the
-  server, and the exit). Target: at most 5x the peer.
+  as inputs below ``cluster.inline_below`` run) against the peer, in a fresh process. Target: at most 5x the peer.
 * a 1 GB synthesized trace (``bench_decode``'s: seed 1, 16 simulated CPUs): ``bootprof decode`` with one
   worker against the peer's one thread, and with every core; then decode wall time with 1, 2 and all workers,
   with the **serial seconds** of each run: the wall time outside the decode stage's parallel partition phase
@@ -17,10 +15,10 @@ cache; the median of ``--runs`` (default 3) is reported, and every ratio is of t
   speed-up that N workers can give is at most wall(1) / (serial + parallel / N): on a machine with more
   cores than this one, the serial seconds are what limits it. Target (on 16 cores): >= 10x from 1 to 16
   workers; here it is reported for the cores there are.
-* the same decode with the fewest and the most workers on a **resident cluster** (``cluster.mode: resident``:
-  started before the runs, its workers warm), which takes the cluster's start out of each run's serial seconds;
-  ``speedup_most_workers_resident`` is the speed-up between those two. Then each of those runs again handed to a
-  command server, which also takes the client's start and imports out (``..._resident_server``).
+* the same decode with the fewest and the most workers on a **standing dask cluster** (``dask scheduler
+  --scheduler-file F`` and ``dask worker --scheduler-file F``, started before the runs; ``cluster.mode: address``,
+  ``scheduler_file: F``), which takes the cluster's start out of each run's serial seconds;
+  ``speedup_most_workers_standing`` is the speed-up between those two.
 * the full pipeline on the 1 GB trace (``bootprof run jobs/single-trace.yaml``, its self-profiles too, every
   core): each stage's seconds and the whole against the decode alone on every core. Target: within 2x.
 
@@ -65,14 +63,13 @@ def peer(trace: Path) -> float:
     return secs
 
 
-def ours(trace: Path, cfg: Path | None, tag: str, env: dict[str, str] | None = None) -> dict:
-    """One ``bootprof decode`` (in its own process, unless ``env`` names a command server): wall seconds and the
-    manifest's stage phases."""
+def ours(trace: Path, cfg: Path | None, tag: str) -> dict:
+    """One ``bootprof decode`` in its own process: wall seconds and the manifest's stage phases."""
     run = OUT / f"peer-{tag}"
     shutil.rmtree(run, ignore_errors=True)
     page_in(trace)
     cmd = [sys.executable, "-m", "pipeline", *(["--config", str(cfg)] if cfg else []), "decode", str(trace), "--run", str(run)]
-    secs, _, _, out = measure(cmd, env={"BOOTPROF_SERVER": "off", **os.environ, **(env or {})})
+    secs, _, _, out = measure(cmd)
     summary = json.loads(out[out.index("{"):])
     etl = summary["etl"]
     elapsed = json.loads((run / "decoded" / "_manifest.json").read_text())["elapsed_s"]
@@ -89,20 +86,35 @@ def ours(trace: Path, cfg: Path | None, tag: str, env: dict[str, str] | None = N
 PHASES = ("walk_s", "cluster_wait_s", "partitions_s", "join_s", "hash_wait_s", "outside_s")
 
 
-#: The environment of a command handed to the bench's command server.
-SERVED = {"BOOTPROF_SERVER": "on", "BOOTPROF_SERVER_DIR": str(OUT / "servers")}
-
-
 @contextlib.contextmanager
-def command_server():
-    """A warm command server (``bootprof server start``) for the commands run with ``SERVED``, stopped after."""
-    server = [sys.executable, "-m", "pipeline", "server"]
-    subprocess.run([*server, "start", "--idle", "600"], cwd=ROOT, check=True, capture_output=True,
-                   env={**os.environ, **SERVED})
+def standing_cluster(n: int):
+    """A dask scheduler and ``n`` single-threaded workers started by hand, as a user keeps them between commands;
+    the config that points bootprof at them. Stopped after."""
+    sched_file = OUT / f"scheduler-{n}w.json"
+    sched_file.unlink(missing_ok=True)
+    dask = [sys.executable, "-m", "distributed.cli.dask_scheduler"]
+    scheduler = subprocess.Popen([*dask, "--host", "127.0.0.1", "--port", "0", "--no-dashboard", "--scheduler-file",
+                                  str(sched_file)], stderr=subprocess.DEVNULL)
+    workers = None
     try:
-        yield
+        deadline = time.monotonic() + 60
+        while not sched_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        workers = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file",
+                                    str(sched_file), "--nworkers", str(n), "--nthreads", "1", "--memory-limit", "4GiB",
+                                    "--no-dashboard"], stderr=subprocess.DEVNULL, cwd=ROOT)
+        cfg = OUT / f"decode-standing-{n}w.yaml"
+        cfg.write_text(f"cluster:\n  mode: address\n  scheduler_file: {sched_file}\n")
+        from distributed import Client
+
+        with Client(scheduler_file=str(sched_file)) as client:
+            client.wait_for_workers(n, timeout=120)
+        yield cfg
     finally:
-        subprocess.run([*server, "stop"], cwd=ROOT, capture_output=True, env={**os.environ, **SERVED})
+        for proc in (workers, scheduler):
+            if proc is not None:
+                proc.terminate()
+                proc.wait(30)
 
 
 def median(rows: list[dict], key: str) -> float:
@@ -142,16 +154,13 @@ def main() -> int:
 
     # Small real trace: bootprof in process (its default below cluster.inline_below) against the peer.
     if SMALL.exists():
-        small_peer, small_ours, small_served = [], [], []
-        with command_server():
-            for _ in range(args.runs):
-                if has_peer:
-                    small_peer.append(peer(SMALL))
-                small_ours.append(ours(SMALL, None, "small")["seconds"])
-                small_served.append(ours(SMALL, None, "small-server", SERVED)["seconds"])
+        small_peer, small_ours = [], []
+        for _ in range(args.runs):
+            if has_peer:
+                small_peer.append(peer(SMALL))
+            small_ours.append(ours(SMALL, None, "small")["seconds"])
         p = statistics.median(small_peer) if has_peer else None
-        for how, times, key in (("own process", small_ours, "small_ratio"),
-                                ("command server", small_served, "small_ratio_server")):
+        for how, times, key in (("own process", small_ours, "small_ratio"),):
             o = statistics.median(times)
             row = {"case": f"{SMALL.name} ({SMALL.stat().st_size / 1e6:.1f} MB), {how}", "bootprof_s": o}
             if has_peer:
@@ -171,23 +180,13 @@ def main() -> int:
             big_peer.append(peer(trace))
         for n in counts:
             runs[n].append(ours(trace, cluster_config("local", n), f"{n}w"))
-    # The fewest and the most workers again, each on a resident cluster started (and warmed) before its runs and
-    # stopped after them: no cluster start in any run, so the speed-up is the decode's own.
-    resident: dict[int, list[dict]] = {}
-    served: dict[int, list[dict]] = {}      # (the same, each command handed to a warm command server)
+    # The fewest and the most workers again, each on a dask cluster started before its runs and stopped after
+    # them: no cluster start in any run, so the speed-up is the decode's own.
+    standing: dict[int, list[dict]] = {}
     for n in dict.fromkeys([counts[0], most]):
-        cfg = OUT / f"decode-resident-{n}w.yaml"
-        cfg.write_text(f"cluster:\n  mode: resident\n  n_workers: {n}\n  memory_limit: 4GiB\n"
-                       f"  resident_dir: {OUT / 'clusters'}\n  resident_idle_s: 600\n")
-        cluster = [sys.executable, "-m", "pipeline", "--config", str(cfg), "cluster"]
-        subprocess.run([*cluster, "start"], cwd=ROOT, check=True, capture_output=True)
-        try:
-            with command_server():
-                for _ in range(args.runs):
-                    resident.setdefault(n, []).append(ours(trace, cfg, f"{n}w-resident"))
-                    served.setdefault(n, []).append(ours(trace, cfg, f"{n}w-resident-server", SERVED))
-        finally:
-            subprocess.run([*cluster, "stop"], cwd=ROOT, capture_output=True)
+        with standing_cluster(n) as cfg:
+            for _ in range(args.runs):
+                standing.setdefault(n, []).append(ours(trace, cfg, f"{n}w-standing"))
     mb = trace.stat().st_size / 1e6
     result["trace_mb"] = round(mb)
     one = median(runs[counts[0]], "seconds")
@@ -205,8 +204,7 @@ def main() -> int:
         # (the parallel seconds are the phase partitions_s)
         result[f"workers_{n}"] = {"wall_s": round(wall, 2), "serial_s": round(serial, 2),
                                   **{k: round(median(runs[n], k), 2) for k in PHASES}}
-    for how, tag, of in ((", resident cluster", "resident", resident),
-                         (", resident cluster, command server", "resident_server", served)):
+    for how, tag, of in ((", standing dask cluster", "standing", standing),):
         for n, done in of.items():
             wall, par = median(done, "seconds"), median(done, "partitions_s")
             rows.append({"case": f"synth {args.size}: bootprof, {n} worker{'s' * (n > 1)}{how}",
@@ -220,8 +218,8 @@ def main() -> int:
     result["speedup_most_workers"] = round(one / median(runs[most], "seconds"), 2)
     # (what 16 workers could give at most, were the parallel phase to scale perfectly and the serial part stay)
     result["speedup_16_bound"] = round(one / (result[f"workers_{most}"]["serial_s"] + par1 / 16), 2)
-    # (both ends on resident clusters: the fewest workers' run has no cluster start either)
-    for tag in ("resident", "resident_server"):
+    # (both ends on standing clusters: the fewest workers' run has no cluster start either)
+    for tag in ("standing",):
         r_one, r_most = result[f"workers_{counts[0]}_{tag}"], result[f"workers_{most}_{tag}"]
         result[f"speedup_most_workers_{tag}"] = round(r_one["wall_s"] / r_most["wall_s"], 2)
         result[f"speedup_16_bound_{tag}"] = round(r_one["wall_s"] / (r_most["serial_s"] + r_one["partitions_s"] / 16), 2)

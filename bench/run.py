@@ -67,9 +67,7 @@ def main(argv: list[str]) -> int:
         section_path.unlink(missing_ok=True)
         print(f"\n>>> {script.relative_to(BENCH.parent)}", flush=True)
         t0 = time.perf_counter()
-        # (every command a bench starts runs in its own process, as measured, unless it asks for a command server)
-        rc = subprocess.run([sys.executable, str(script)], cwd=BENCH.parent,
-                            env={**os.environ, "BOOTPROF_SERVER": "off"}).returncode
+        rc = subprocess.run([sys.executable, str(script)], cwd=BENCH.parent).returncode
         elapsed = round(time.perf_counter() - t0, 1)
         if rc != 0 or not section_path.exists():
             failed.append(name)

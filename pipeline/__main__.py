@@ -1,3 +1,3 @@
-from pipeline.front import entry
+from pipeline.cli import entry
 
 entry()

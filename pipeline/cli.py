@@ -17,21 +17,20 @@ import threading
 from pathlib import Path
 from typing import NoReturn
 
-from pipeline import __version__, front, sources
+from pipeline import ENV_DEFAULTS, __version__, sources
 from pipeline.config import Config, load_config
 from pipeline.errors import BootprofError, is_interrupt
 
 #: subcommand -> (module, one-line help). Order is the order of the pipeline.
 COMMANDS: dict[str, tuple[str, str]] = {
     "capture": ("pipeline.capture.cli", "record a build (rustc -Z self-profile; WPR/xperf on Windows)"),
+    "pack": ("pipeline.capture.pack_cli", "pack a captured run (trace, self-profiles, symbols) into one zip"),
     "synth": ("pipeline.synth.cli", "write a synthetic rustc-bootstrap ETL trace with its ground truth"),
     "decode": ("pipeline.decode.cli", "decode an ETL trace or .mm_profdata files into parquet"),
     "symbolize": ("pipeline.symbolize.cli", "resolve stack frames to modules, functions and lines"),
     "aggregate": ("pipeline.aggregate.cli", "summarize CPU, memory, processes and queries"),
     "report": ("pipeline.report.cli", "write the HTML report, flamegraphs, tables and exports"),
     "warehouse": ("pipeline.warehouse.cli", "ingest runs into the DuckDB warehouse and query it"),
-    "cluster": ("pipeline.resident", "start, list or stop the resident dask cluster (cluster.mode: resident)"),
-    "server": ("pipeline.server", "start, list or stop the warm command server that runs later commands at once"),
 }
 
 log = logging.getLogger("bootprof")
@@ -77,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    for var, value in front.ENV_DEFAULTS.items():       # (before numpy is first imported)
+    for var, value in ENV_DEFAULTS.items():       # (before numpy is first imported)
         os.environ.setdefault(var, value)
     try:
         args = build_parser().parse_args(argv)

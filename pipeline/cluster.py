@@ -14,7 +14,7 @@ import os
 import threading
 from typing import Any, Callable, Iterable, Iterator
 
-from pipeline import front, warmup
+from pipeline import ENV_DEFAULTS, warmup
 from pipeline.config import ClusterConfig
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 WORKER_ENV = {"MIMALLOC_PURGE_DELAY": "1000"}
 #: One thread for numpy's BLAS in the processes the workers are forked from, as dask sets for the workers
 #: it spawns (and the CLI for itself): read when numpy is imported, which the fork server does.
-FORK_SERVER_ENV = front.ENV_DEFAULTS
+FORK_SERVER_ENV = ENV_DEFAULTS
 
 
 class Pool:
@@ -230,37 +230,44 @@ def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = (), lazy:
     if logging.getLogger().level > logging.DEBUG:
         logging.getLogger("distributed").setLevel(logging.WARNING)
 
-    if cfg.mode == "resident":
-        with _resident_client(cfg, warm_up) as client, _gc_set_aside():
-            # (a cluster that has just started may still be warming its workers up)
-            yield Pool(client, warming=bool(warm_up))
-        return
     if cfg.mode == "address":
-        if not cfg.address:
-            from pipeline.errors import ConfigError
-
-            raise ConfigError("cluster.address: required when cluster.mode is 'address'")
         from distributed.comm import get_address_host_port
 
         from pipeline.errors import ConfigError
 
+        address = cfg.address or _scheduler_file_address(cfg.scheduler_file)
         try:
             # (checked before a Client exists: one that fails to start leaves its event loop behind)
-            get_address_host_port(cfg.address)
-            client = Client(cfg.address, timeout="30s")
+            get_address_host_port(address)
+            client = Client(address, timeout="30s")
         except (OSError, ValueError) as exc:     # (not an address, unreachable, timed out)
-            raise ConfigError(f"cluster.address {cfg.address!r}: cannot connect to a dask scheduler: {exc}") from None
+            raise ConfigError(f"cluster.address {address!r}: cannot connect to a dask scheduler: {exc}") from None
         with client:
-            yield Pool(client, remote=cfg.address)
+            yield Pool(client, remote=address)
         return
     with local_cluster(cfg, warm_up, forked) as cluster, Client(cluster) as client, _gc_set_aside():
         yield Pool(client, warming=bool(warm_up))
 
 
+def _scheduler_file_address(path: str | None) -> str:
+    """The address a dask scheduler wrote to its ``--scheduler-file``."""
+    import json
+    from pathlib import Path
+
+    from pipeline.errors import ConfigError
+
+    if not path:
+        raise ConfigError("cluster.address or cluster.scheduler_file: one is required when cluster.mode is 'address'")
+    try:
+        return str(json.loads(Path(path).expanduser().read_text())["address"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"cluster.scheduler_file {path}: no dask scheduler's address there ({exc}); start one "
+                          f"with `dask scheduler --scheduler-file {path}`") from None
+
+
 @contextlib.contextmanager
 def local_cluster(cfg: ClusterConfig, warm_up: list[str], forked: bool, **options):
-    """The ``LocalCluster`` of mode 'local' (and of a resident cluster, :mod:`pipeline.resident`, which adds
-    ``options``): ``cfg``'s workers on 127.0.0.1, forked from the fork server when ``forked``
+    """The ``LocalCluster`` of mode 'local': ``cfg``'s workers on 127.0.0.1, forked from the fork server when ``forked``
     (:func:`_fork_server`), each warming up ``warm_up`` as it starts."""
     import dask
     from distributed import LocalCluster
@@ -283,28 +290,6 @@ def local_cluster(cfg: ClusterConfig, warm_up: list[str], forked: bool, **option
         **options,
     ) as cluster:
         yield cluster
-
-
-@contextlib.contextmanager
-def _resident_client(cfg: ClusterConfig, warm_up: list[str]):
-    """A client of the resident cluster of ``cfg`` (:mod:`pipeline.resident`), which is started when none runs.
-    One that does not answer (it was ending as this command found it) is forgotten, and another started."""
-    from distributed import Client
-
-    from pipeline import resident
-
-    for attempt in (1, 2):
-        state = resident.ensure(cfg, warm_up)
-        address = state["address"]
-        try:
-            client = Client(address, timeout="10s", security=resident.security(state))
-            break
-        except OSError as exc:
-            resident.forget(cfg, address)
-            if attempt == 2:
-                raise resident.ClusterError(f"the resident dask cluster at {address} does not answer: {exc}") from None
-    with client:
-        yield client
 
 
 def processes(n: int):

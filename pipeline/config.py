@@ -53,14 +53,16 @@ class Section(BaseModel):
 
 
 class ClusterConfig(Section):
-    mode: Literal["local", "resident", "address", "synchronous"] = Field(
+    mode: Literal["local", "address", "synchronous"] = Field(
         "local",
-        description="local: start a dask LocalCluster on 127.0.0.1 for the command; resident: use the local "
-        "cluster that stays between commands (started by the first one that needs it, or `bootprof cluster start`; "
-        "it ends after resident_idle_s unused); address: connect to a running scheduler; synchronous: no dask at "
-        "all, tasks run in this process (for debugging).",
+        description="local: start a dask LocalCluster on 127.0.0.1 for the command; address: connect to a running "
+        "dask scheduler (`address`, or `scheduler_file`: workers that stay between commands are dask's own, "
+        "`dask scheduler --scheduler-file F` and `dask worker --scheduler-file F`); synchronous: no dask at all, "
+        "tasks run in this process (for debugging).",
     )
     address: str | None = Field(None, description="Scheduler address (tcp://host:8786) when mode is 'address'.")
+    scheduler_file: str | None = Field(None, description="When mode is 'address' and no address is given: the "
+                                       "file a dask scheduler wrote its address to (`dask scheduler --scheduler-file`).")
     n_workers: int | None = Field(None, ge=1, description="Worker processes for mode 'local'; default: one per core.")
     threads_per_worker: int = Field(1, ge=1, description="Threads per worker process (numba kernels hold the GIL-free loops).")
     memory_limit: Annotated[str, AfterValidator(_dask_memory)] = Field(
@@ -70,10 +72,6 @@ class ClusterConfig(Section):
         "without starting a cluster: its start (1.2 s of the 2.4 s `bootprof decode` of a 4.4 MB trace) would "
         "cost more than its workers save. The aggregate and report stages weigh only the self-profiles (what they hand "
         "to workers). 0: always start the cluster.")
-    resident_dir: str = Field("~/.cache/bootprof/clusters", description="Where resident clusters (mode 'resident') "
-                              "keep their address, log and lock files.")
-    resident_idle_s: float = Field(900.0, gt=0, description="A resident cluster ends after this many seconds with no "
-                                   "command connected and no task running.")
 
 
 class DecodeConfig(Section):

@@ -71,12 +71,15 @@ def captured_inputs(run_dir: Path) -> list[Path]:
         manifest = read_manifest(run_dir, "capture")
     except ManifestError:
         return []
+    from pipeline.capture import PROFILE_DIR, TRACE
+
+    # (where the capture wrote them, else where they are in this run directory: a run moved or unpacked elsewhere)
     found = []
     trace = (manifest.get("recording") or {}).get("path")
-    if trace and Path(trace).exists():
-        found.append(Path(trace))
+    if trace:
+        found += [p for p in (Path(trace), run_dir / TRACE) if p.exists()][:1]
     if manifest.get("files") and manifest.get("profile_dir"):
-        found.append(Path(manifest["profile_dir"]))
+        found += [p for p in (Path(manifest["profile_dir"]), run_dir / PROFILE_DIR) if p.is_dir()][:1]
     return found
 
 
@@ -280,6 +283,7 @@ def _run_in(job: Job, job_path: Path, config: Config, traces: list[sources.Input
     """``run_job`` in ``run_dir`` (``shown``: what the user named, a path or the URL it is a working copy of)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     print(f"run directory: {shown}")
+    traces = unpacked(traces, run_dir)
     inputs = traces or captured_inputs(run_dir) or decoded_inputs(run_dir)
     if isinstance(inputs, RunInputs) and inputs:
         print(f"inputs: those of the run's decode ({len(inputs)} file{'' if len(inputs) == 1 else 's'})")
@@ -298,6 +302,21 @@ def _run_in(job: Job, job_path: Path, config: Config, traces: list[sources.Input
             f" ({past} confident regressions of {config.warehouse.budget_pct:g}% or more)" if past else ""))
         return 1 if past else 0
     return 0
+
+
+def unpacked(traces: list[sources.Input], run_dir: Path) -> list[sources.Input]:
+    """``traces``, with a pack (``bootprof pack``'s zip) unpacked into ``run_dir`` and taken as its capture: its
+    trace and self-profiles (and its symbols, which symbolize searches first)."""
+    from pipeline.capture.bundle import is_pack, unpack_into
+
+    packs = [t for t in traces if not sources.is_url(t) and is_pack(t)]
+    if not packs:
+        return traces
+    if len(traces) > 1:
+        raise BootprofError(f"{packs[0]}: a pack is a whole capture: give it alone as --trace")
+    unpack_into(Path(packs[0]), run_dir)
+    print(f"inputs: the capture packed in {packs[0]}")
+    return captured_inputs(run_dir)
 
 
 def backfill_inputs(traces: list[sources.Input]) -> list[sources.Input]:

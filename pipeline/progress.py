@@ -18,6 +18,8 @@ import threading
 import time
 from typing import TextIO
 
+from pipeline import portable
+
 #: Seconds between two updates of the line (the last one, at 100 %, is always shown).
 INTERVAL_S = 0.25
 #: Between the statuses shown side by side.
@@ -142,10 +144,4 @@ def _columns(stream: TextIO) -> int | None:
     return columns - 1 if columns >= 20 else None
 
 
-def _same_terminal(a: TextIO, b: TextIO) -> bool:
-    try:
-        if not (a.isatty() and b.isatty()):
-            return False
-        return os.ttyname(a.fileno()) == os.ttyname(b.fileno())
-    except (AttributeError, ValueError, OSError):
-        return False
+_same_terminal = portable.same_terminal

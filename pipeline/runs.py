@@ -32,7 +32,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
-from pipeline import __version__
+from pipeline import __version__, portable
 from pipeline.errors import ManifestError
 
 #: Version of the on-disk layout of stage outputs (tables, columns, manifest fields). Readers refuse
@@ -60,11 +60,11 @@ def sha256_tree(path: Path, piece: int = HASH_PIECE, threads: int | None = None)
     def one(offset: int) -> bytes:
         h = hashlib.sha256()
         buf = memoryview(bytearray(min(1 << 20, piece)))
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, portable.READ_BINARY)
         try:
             end = min(offset + piece, size)
             while offset < end:
-                n = os.preadv(fd, [buf[:min(len(buf), end - offset)]], offset)
+                n = portable.pread_into(fd, buf[:min(len(buf), end - offset)], offset)
                 if n == 0:
                     break
                 h.update(buf[:n])
@@ -156,38 +156,28 @@ def stage_dir(run_dir: Path, stage: str) -> Path:
 #: Hidden leftovers of a stage killed before it finished: its temporary output (``.STAGE.tmp-PID-…``), the old
 #: output of a swap cut in two (``.STAGE.old-PID-…``) and the aggregate's DuckDB spill (``.aggregate-spill-PID-…``),
 #: PID the process that made them.
-LEFTOVER = re.compile(r"^\.(?:\w+\.tmp|\w+\.old|aggregate-spill)-(?:(\d+)-)?")
+LEFTOVER = re.compile(r"^\.(?:(\w+)\.tmp|(\w+)\.old|aggregate-spill)-(?:(\d+)-)?")
 
 
 def clean_leftovers(run_dir: Path) -> list[Path]:
-    """Remove what killed stages left in ``run_dir`` (``LEFTOVER``) once their process is gone; returns them."""
+    """Tidy what killed stages left in ``run_dir`` (``LEFTOVER``) once their process is gone; returns what was
+    removed. A swap cut between its two renames (``swap_into_place``: the old output set aside, the new one not yet
+    in place) is undone: the old output goes back."""
     removed = []
     for entry in sorted(Path(run_dir).iterdir()) if Path(run_dir).is_dir() else []:
         m = LEFTOVER.match(entry.name)
-        if m is None or not entry.is_dir() or (m.group(1) and pid_alive(int(m.group(1)))):
+        if m is None or not entry.is_dir() or (m.group(3) and pid_alive(int(m.group(3)))):
             continue
-        shutil.rmtree(entry, ignore_errors=True)
+        aside = m.group(2)
+        if aside and not (entry.parent / aside).exists():
+            portable.rename(entry, entry.parent / aside)
+            continue
+        portable.rmtree(entry)
         removed.append(entry)
     return removed
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (this one does; a zombie, ended but not waited for, does not)."""
-    if pid == os.getpid():
-        return True
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
+pid_alive = portable.pid_alive
 
 
 _hashes: dict[tuple[str, int, int], str] = {}
@@ -288,7 +278,7 @@ def stage_output(
     run_dir.mkdir(parents=True, exist_ok=True)
     clean_leftovers(run_dir)
     made_from = upstream_hashes(run_dir, upstream)
-    # (absolute: the stage's tasks may run in workers of another working directory, a resident cluster's)
+    # (absolute: the stage's tasks may run in workers of another working directory, a standing dask cluster's)
     tmp = run_dir.absolute() / f".{stage}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     out = StageOutput(run_dir, stage, tmp)
@@ -317,14 +307,21 @@ def stage_output(
 
 def swap_into_place(tmp: Path, final: Path) -> None:
     """Make the directory ``tmp`` the directory ``final``: a reader finds the old one, none for a moment, or the new
-    one; never a part of either."""
+    one; never a part of either. Two renames, as every system allows (Windows renames no directory over another):
+    the old output aside, then the new one in place; a process that ends between them leaves the old one aside,
+    which the next run puts back (:func:`clean_leftovers`)."""
     old = None
     if final.exists():
         old = final.with_name(f".{final.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        os.replace(final, old)
-    os.replace(tmp, final)
+        portable.rename(final, old)
+    try:
+        portable.rename(tmp, final)
+    except BaseException:
+        if old is not None and not final.exists():
+            portable.rename(old, final)         # (the new output could not go in place: the old one stays)
+        raise
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        portable.rmtree(old)
 
 
 def read_manifest(run_dir: Path, stage: str) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Iterable, Union
 from urllib.parse import urlparse
 
+from pipeline import portable
 from pipeline.errors import InputError
 
 Input = Union[Path, str]
@@ -229,7 +230,7 @@ _hashed: dict[tuple, str] = {}
 
 
 class Reader:
-    """Reads byte ranges of an input: ``pread(n, offset)`` as :func:`os.pread`, and ``size``.
+    """Reads byte ranges of an input: ``pread(n, offset)`` as :func:`pipeline.portable.pread`, and ``size``.
 
     For a URL each read is a ranged request, and the walk over a trace's buffer headers (0x48 bytes every
     BufferSize) would cost a round trip per buffer. Two ways avoid that, and the reader takes the faster:
@@ -254,7 +255,7 @@ class Reader:
             self.size = size(x)
         else:
             try:
-                self._fd = os.open(x, os.O_RDONLY)
+                self._fd = os.open(x, portable.READ_BINARY)
             except OSError as exc:
                 raise InputError(f"{x}: cannot read: {exc.strerror or exc}") from exc
             self.size = os.fstat(self._fd).st_size
@@ -266,7 +267,7 @@ class Reader:
 
     def pread(self, n: int, offset: int) -> bytes:
         if not self.url:
-            return os.pread(self._fd, n, offset)
+            return portable.pread(self._fd, n, offset)
         end = min(offset + n, self.size)
         if end <= offset:
             return b""

@@ -48,7 +48,7 @@ def decode(tree: Path, trace: Path, run: Path, partition_bytes: int) -> dict:
     run.parent.mkdir(parents=True, exist_ok=True)
     cfg = run.parent / f"{run.name}.yaml"
     cfg.write_text(json.dumps({"cluster": {"mode": "synchronous"}, "decode": {"partition_bytes": partition_bytes}}))
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NUMBA_DISABLE_JIT")} | {"BOOTPROF_SERVER": "off"}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NUMBA_DISABLE_JIT")}
     proc = subprocess.run([sys.executable, "-m", "pipeline", "--config", str(cfg), "decode", str(trace), "--run", str(run)],
                           cwd=tree, env=env, capture_output=True, text=True)
     if proc.returncode != 0:

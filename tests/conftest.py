@@ -7,9 +7,6 @@ from pathlib import Path
 
 import pytest
 
-# Every command a test starts runs in its own process, never on a command server a user of this machine started
-# (tests/test_server.py starts its own, in a directory of its own).
-os.environ["BOOTPROF_SERVER"] = "off"
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"

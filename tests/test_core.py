@@ -541,9 +541,9 @@ def test_warm_up_loads_only_cached_code_and_survives_bad_names(tmp_path):
 
 
 def test_kernels_that_python_calls_are_public():
-    """Warm-up (workers, the command server) loads the kernels a module exports and skips the private ones, which
-    only other kernels call and whose cached code holds them. A private kernel called from Python was loaded in
-    every command instead: symbolize's image lookup, 0.09 s of each `bootprof symbolize` through the server."""
+    """Warm-up (workers) loads the kernels a module exports and skips the private ones, which only other kernels call
+    and whose cached code holds them. A private kernel called from Python was loaded in every command instead:
+    symbolize's image lookup, 0.09 s of each `bootprof symbolize`."""
     import ast
 
     def jitted(fn: ast.FunctionDef) -> bool:
@@ -729,8 +729,13 @@ def test_ctrl_c_during_a_duckdb_query_is_an_interrupt(tmp_path):
 def test_output_to_a_reader_that_went_away_ends_quietly(tmp_path):
     """``bootprof ... | head``: the reader is gone before the command writes. The command ends with 141 (128 +
     SIGPIPE, as a shell reports it) and no traceback."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "BOOTPROF_SERVER_DIR": str(tmp_path / "servers")}
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "server", "status"], cwd=ROOT, env=env,
+    db = tmp_path / "wh.duckdb"
+    from pipeline import warehouse
+
+    warehouse.connect(db).close()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "warehouse", "--db", str(db), "query",
+                             "SELECT * FROM range(1000)"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     proc.stdout.close()         # (before the command writes: it imports for a while first)
     err = proc.stderr.read()

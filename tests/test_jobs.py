@@ -343,3 +343,42 @@ def test_workers_that_do_not_see_the_run_say_which_setting_to_change(tmp_path, c
         err = capsys.readouterr().err
         assert "workers on other machines need symbolize.cache_dir on a filesystem they share" in err, err
         assert not (run / "symbolized").exists()
+
+
+def test_workers_that_stay_between_commands_are_dasks_own(tmp_path):
+    """The README's way to keep workers between commands: `dask scheduler --scheduler-file F` and `dask worker
+    --scheduler-file F` started by hand, `cluster: {mode: address, scheduler_file: F}`; two commands run on them.
+    A scheduler file that names no scheduler is one line saying how to start one."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    dask = str(Path(sys.executable).with_name("dask"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    sched_file = tmp_path / "scheduler.json"
+    procs = [subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+                               "--scheduler-file", str(sched_file)], stderr=subprocess.DEVNULL, env=env, cwd=ROOT)]
+    try:
+        deadline = time.monotonic() + 120
+        while not sched_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        procs.append(subprocess.Popen([dask, "worker", "--scheduler-file", str(sched_file), "--nthreads", "1",
+                                       "--no-dashboard", "--memory-limit", "2GiB"], stderr=subprocess.DEVNULL, env=env,
+                                      cwd=ROOT))
+        config = tmp_path / "c.yaml"
+        config.write_text(json.dumps({"cluster": {"mode": "address", "scheduler_file": str(sched_file)},
+                                      "aggregate": {"memory_limit": "1GB"}}))
+        for k in (1, 2):
+            run = tmp_path / f"run{k}"
+            assert cli_main(["--config", str(config), "decode", str(fixture_path("selfprofile/workspace-clean")),
+                             "--run", str(run)]) == 0
+            assert read_manifest(run, "decoded")["self_profile"]["decoded"] >= 3
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=60)
+    config.write_text(json.dumps({"cluster": {"mode": "address", "scheduler_file": str(tmp_path / "none.json")}}))
+    assert cli_main(["--config", str(config), "decode", str(fixture_path("selfprofile/hello-default")),
+                     "--run", str(tmp_path / "run3")]) == 2

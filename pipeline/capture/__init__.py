@@ -27,6 +27,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from pipeline import portable
 from pipeline.errors import BootprofError, InputError
 from pipeline.runs import stage_output
 from pipeline.sources import fingerprint
@@ -167,10 +168,22 @@ class _Snapshots(threading.Thread):
                                    "ok": ok})
 
 
+def _copy_symbols(run_dir: Path, trace: Path, checkout: Path, config) -> list[dict[str, Any]]:
+    """Decode the recorded trace into the run (``bootprof run`` then finds it done) and copy the PDBs of its images
+    that lie under ``checkout`` into ``RUN_DIR/symbols``."""
+    from pipeline import decode, sources
+    from pipeline.capture.bundle import collect_symbols
+    from pipeline.cluster import connect
+
+    with connect(config.cluster, warm_up=decode.WARM_UP, size=sources.input_bytes([trace]), background=True) as pool:
+        decode.run(run_dir, config, pool, inputs=[trace])
+    return collect_symbols(run_dir, checkout)
+
+
 def _end_build(proc: subprocess.Popen) -> None:
-    """Stop an interrupted build: SIGINT (Ctrl-C reached it too on a terminal), then terminate, then kill."""
-    for action, wait in ((lambda: proc.send_signal(signal.SIGINT) if os.name != "nt" else None, 10),
-                         (proc.terminate, 10), (proc.kill, 10)):
+    """Stop an interrupted build: as Ctrl-C would (SIGINT; Windows: CTRL_BREAK_EVENT to its process group), then
+    terminate, then kill."""
+    for action, wait in ((lambda: portable.interrupt(proc), 10), (proc.terminate, 10), (proc.kill, 10)):
         if proc.poll() is not None:
             return
         action()
@@ -182,9 +195,12 @@ def _end_build(proc: subprocess.Popen) -> None:
 
 def run(run_dir: Path, config, pool=None, inputs: list[str] | None = None, events: str | None = None,
         cwd: Path | None = None, *, self_profile: bool = True, etw_tool: str | None = None,
-        profiles: list[str] | None = None, heap_period_s: float | None = None) -> dict[str, Any]:
+        profiles: list[str] | None = None, heap_period_s: float | None = None,
+        symbols: bool = True) -> dict[str, Any]:
     """Run the build command ``inputs`` (argv) once, with self-profiling into ``RUN_DIR/selfprofile/``
-    and/or inside a WPR or xperf recording (``etw_tool``) into ``RUN_DIR/input/trace.etl``."""
+    and/or inside a WPR or xperf recording (``etw_tool``) into ``RUN_DIR/input/trace.etl``. With ``symbols``, the
+    recorded trace is decoded and the PDBs of its images that lie under the checkout are copied into
+    ``RUN_DIR/symbols/`` (:mod:`pipeline.capture.bundle`), so that the run can be analyzed elsewhere."""
     from pipeline.capture import etw
 
     if not inputs:
@@ -248,7 +264,7 @@ def run(run_dir: Path, config, pool=None, inputs: list[str] | None = None, event
     started_at, t0 = time.time(), time.perf_counter()
     try:
         try:
-            proc = subprocess.Popen(list(inputs), env=env, cwd=cwd)
+            proc = subprocess.Popen(list(inputs), env=env, cwd=cwd, **portable.child_group())
         except OSError as exc:
             raise InputError(f"cannot run {inputs[0]}: {exc.strerror or exc}") from exc
         if recording is not None and recording.heap_period_s is not None:
@@ -273,8 +289,13 @@ def run(run_dir: Path, config, pool=None, inputs: list[str] | None = None, event
     inputs_fp = [fingerprint(p) for p in files]
     if trace_info and trace_info.get("path"):
         inputs_fp.append(fingerprint(Path(trace_info["path"])))
+    copied = None
+    if symbols and trace_info and trace_info.get("path") and not interrupted and not trace_info.get("error"):
+        copied = _copy_symbols(run_dir, Path(trace_info["path"]), cwd, config)
     with stage_output(run_dir, STAGE, inputs=inputs_fp, config=config.resolved()) as out:
         out.manifest.update(manifest)
+        if copied is not None:
+            out.manifest["symbols"] = copied
         out.manifest.update({
             "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at)),
             "ended_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at + elapsed)),
@@ -289,7 +310,8 @@ def run(run_dir: Path, config, pool=None, inputs: list[str] | None = None, event
             out.manifest["recording"]["heap_snapshots"] = snapshots.taken if snapshots is not None else []
     summary = {"exit_code": exit_code, "files": len(files), "profile_dir": str(profile_dir) if self_profile else None,
                "elapsed_s": round(elapsed, 3), "warnings": warnings, "trace": (trace_info or {}).get("path"),
-               "trace_size": (trace_info or {}).get("size"), "run_dir": str(run_dir)}
+               "trace_size": (trace_info or {}).get("size"), "run_dir": str(run_dir),
+               "symbols": copied}
     where = f"capture manifest in {run_dir / STAGE}"
     if interrupted:
         raise KeyboardInterrupt(f"capture interrupted by {interrupted}; recording stopped; {where}")

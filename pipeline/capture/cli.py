@@ -33,6 +33,9 @@ def add_arguments(p) -> None:
     p.add_argument("--heap-snapshots", type=_period, metavar="PERIOD",
                    help="with --wpr: heap snapshot of every live rustc of the build every PERIOD seconds "
                    "(very expensive; only when asked)")
+    p.add_argument("--no-symbols", dest="symbols", action="store_false",
+                   help="with --wpr or --xperf: do not copy the PDBs of the build's own images (those under the "
+                   "working directory that the trace names) into RUN_DIR/symbols")
     p.add_argument("--events", default="default",
                    help="-Z self-profile-events list, e.g. default,args or default,query-cache-hit (default: default)")
     p.add_argument("--run", dest="run_dir", type=sources.local_run_dir,
@@ -49,12 +52,17 @@ def main(args, config) -> int:
 
     run_dir = args.run_dir or fresh_dir(Path("runs") / f"capture-{time.strftime('%Y%m%d-%H%M%S')}")
     summary = capture.run(run_dir, config, None, inputs=command, events=args.events, self_profile=args.self_profile,
-                          etw_tool=args.etw, profiles=args.profile, heap_period_s=args.heap_snapshots)
+                          etw_tool=args.etw, profiles=args.profile, heap_period_s=args.heap_snapshots,
+                          symbols=args.symbols)
     for warning in summary["warnings"]:
         print(f"  warning: {warning}")
     if args.self_profile:
         print(f"captured {summary['files']} self-profiles into {summary['profile_dir']}")
     if summary["trace"]:
         print(f"captured {summary['trace']} ({summary['trace_size'] / 1e6:.1f} MB)")
-    print(f"build took {summary['elapsed_s']} s; next: bootprof run jobs/single-trace.yaml --run {run_dir}")
+    if summary.get("symbols") is not None:
+        print(f"copied {len(summary['symbols'])} PDBs of the build's images into {Path(run_dir) / 'symbols'} "
+              f"({sum(s['size'] for s in summary['symbols']) / 1e6:.1f} MB)")
+    print(f"build took {summary['elapsed_s']} s; next: bootprof run jobs/single-trace.yaml --run {run_dir} "
+          f"(elsewhere: bootprof pack {run_dir} run.zip)")
     return 0

@@ -19,6 +19,9 @@ def main(args, config) -> int:
     from pipeline import decode
     from pipeline.cluster import connect
 
+    from pipeline.jobs import unpacked
+
+    args.inputs = unpacked(args.inputs, args.run_dir)      # (a pack: its trace and self-profiles, into the run)
     decode.classify(args.inputs)  # a bad input fails here, before a cluster is started
     # (the cluster starts while the decode walks the trace's buffer headers and opens its output)
     with connect(config.cluster, warm_up=decode.WARM_UP, size=sources.input_bytes(args.inputs), background=True) as pool:

@@ -43,7 +43,10 @@ def section(ctx):
     if symbolized.exists():
         m = read_manifest(ctx.run_dir, "symbolized")
         rate = m.get("resolution_rate")
-        if rate is not None and m.get("frames") and rate < POOR_RESOLUTION:
+        if m.get("symbolic_missing") and m.get("frames"):
+            notes.append(f"<li><b>Frames are unresolved: {html.escape(m['symbolic_missing'])}</b>; then run "
+                         "<code>bootprof symbolize --run RUN_DIR</code> again.</li>")
+        elif rate is not None and m.get("frames") and rate < POOR_RESOLUTION:
             missing = sorted(m.get("images_without_symbols", []), key=lambda e: -e.get("frames", 0))[:10]
             items = "".join(f"<li><code>{html.escape(e['module'])}</code> ({e['frames']:,} frames): "
                             f"{html.escape(e['reason'])}</li>" for e in missing)

@@ -28,6 +28,7 @@ import logging
 import ntpath
 import os
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -387,6 +388,9 @@ def run(run_dir: Path, config, pool, inputs: list[Path] | None = None) -> dict[s
         return {"frames": 0, "skipped": "no ETL stacks or images in decoded/"}
     cache_dir = Path(cfg.cache_dir).expanduser().absolute()
     symbol_path = cfg.symbol_path if cfg.symbol_path is not None else os.environ.get("_NT_SYMBOL_PATH", "")
+    bundled = run_dir / "symbols"
+    if bundled.is_dir():        # (the PDBs that capture copied with the run: searched first)
+        symbol_path = f"{bundled.absolute()};{symbol_path}" if symbol_path else str(bundled.absolute())
     entries = parse_symbol_path(symbol_path, cache_dir)
 
     frames = collect_frames(run_dir)
@@ -410,11 +414,18 @@ def run(run_dir: Path, config, pool, inputs: list[Path] | None = None) -> dict[s
     if todo:        # (the tasks write the symbol tables there, and this process reads them)
         cache_dir.mkdir(parents=True, exist_ok=True)
         pool.require_shared(cache_dir, "symbolize.cache_dir")
+    missing_reader = symbolic_missing()
+    if missing_reader:
+        # (no symbol file can be read: every image stays unresolved, and the run goes on)
+        print(f"bootprof: symbolize: {missing_reader}", file=sys.stderr)
+        results = [{"key": d["key"], "status": "missing", "reason": missing_reader} for d in descs]
+        todo = here = []
     with Status("symbolize", len(descs), unit="symbol files") as shown:
         shared = dict(on_result=lambda _: shown.advance(1), entries=entries, cache_dir=str(cache_dir),
                       fetch=fetch_limits(cfg))
         # (a map of nothing starts no cluster)
-        results = Pool(None).map(resolve_debug_id, here, **shared) + pool.map(resolve_debug_id, todo, **shared)
+        results = (results if missing_reader else []) + Pool(None).map(resolve_debug_id, here, **shared) \
+            + pool.map(resolve_debug_id, todo, **shared)
     status = {r["key"]: r for r in results}
     t_symbols = time.perf_counter()
 
@@ -429,6 +440,7 @@ def run(run_dir: Path, config, pool, inputs: list[Path] | None = None) -> dict[s
         out.manifest.update(stats)
         out.manifest["symbol_path"] = symbol_path
         out.manifest["cache_dir"] = str(cache_dir)
+        out.manifest["symbolic_missing"] = missing_reader
         out.manifest["debug_ids"] = sorted(
             ({k: v for k, v in r.items() if k != "tried"} for r in results), key=lambda r: r["key"])
         out.manifest["http_requests"] = int(sum(r.get("requests", 0) for r in results))
@@ -451,6 +463,20 @@ def run(run_dir: Path, config, pool, inputs: list[Path] | None = None) -> dict[s
         "resolution_rate": stats["resolution_rate"],
         "images_without_symbols": len(stats["images_without_symbols"]),
     }
+
+
+#: What symbolize says when it cannot read symbol files: ``symbolic`` has wheels for Linux and macOS, not for
+#: Windows, where pip builds it from its sdist with a Rust toolchain.
+SYMBOLIC_MISSING = ("the `symbolic` package is not installed, so no symbol file can be read and frames stay "
+                    "unresolved (module+0xoffset); with a Rust toolchain (https://rustup.rs), `pip install symbolic` "
+                    "builds it from its sdist")
+
+
+def symbolic_missing() -> str | None:
+    """Why symbol files cannot be read here (``SYMBOLIC_MISSING``), or None when they can."""
+    import importlib.util
+
+    return SYMBOLIC_MISSING if importlib.util.find_spec("symbolic") is None else None
 
 
 def fetch_limits(cfg):

@@ -9,7 +9,6 @@ sides use.
 
 from __future__ import annotations
 
-import mmap
 import os
 import uuid
 from pathlib import Path
@@ -19,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline import portable
 from pipeline.decode.etl.batch import unique_pairs
 from pipeline.decode.etl.kernels import JIT
 from pipeline.decode.etl.tables import OUTPUT, THREAD_STACKED
@@ -65,17 +65,16 @@ def overlapping(sources: list[tuple[str, int, int]], lo: int, hi: int | None) ->
 
 
 #: Map a whole file range at once (Linux), not page by page as it is first read.
-MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 
 def mapped(path: str) -> pa.Buffer:
-    """A file, memory-mapped read-only with MAP_POPULATE: a bucket reads most of each scratch file it
-    opens, and mapping it in one call costs a third less than faulting it in page by page."""
+    """A file, memory-mapped read-only (on Linux in one call: a bucket reads most of each scratch file it opens,
+    and mapping it at once costs a third less than faulting it in page by page)."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
             return pa.py_buffer(b"")
-        return pa.py_buffer(mmap.mmap(f.fileno(), size, flags=mmap.MAP_SHARED | MAP_POPULATE, prot=mmap.PROT_READ))
+        return pa.py_buffer(portable.map_read(f.fileno(), size))
 
 
 #: The hash columns of a stack piece, which partitions store as one dictionary column (``pack_hashes``).

@@ -1,0 +1,172 @@
+"""bootprof on Windows, macOS and Linux, checked from Linux (no Windows machine runs here; these are the honest
+substitutes, and what they cannot see is said in pipeline/portable.py's and the README's words):
+
+- pyright's model of each system over ``pipeline/``: no call of an API that the system lacks (``os.fork``,
+  ``signal.SIGHUP``, ``mmap.MAP_SHARED`` on Windows; ``os.pidfd_open`` on macOS), except where the code asks
+  which system it runs on first, as ``pipeline/portable.py`` does;
+- the runtime dependencies resolve to wheels for Windows and macOS, CPython 3.11-3.13 (but ``symbolic``, which has
+  none for Windows: without it, symbolize says how to get it and the run goes on);
+- what portable.py does differently where an API is missing, run here on its other path."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline import portable
+from tests.conftest import ROOT
+
+PYRIGHT = ROOT / ".venv" / "pyright" / "node_modules" / ".bin" / "pyright"
+#: pyright's name of each system.
+SYSTEMS = ("Windows", "Darwin", "Linux")
+#: ``"X" is not a known attribute of module "M"`` (or an unknown import symbol of M) with M in the standard library.
+MISSING_API = re.compile(r'"(\w+)" is (?:not a known attribute of module|unknown import symbol) "?([\w.]*)"?')
+
+
+def platform_errors(system: str, *more: Path) -> list[str]:
+    """pyright's errors for ``system`` over ``pipeline/`` (and ``more`` files) that name an API of the standard
+    library the system lacks, as ``file:line: message``."""
+    if not PYRIGHT.exists():
+        pytest.fail(f"pyright is not installed at {PYRIGHT} (make test installs it from npm)")
+    proc = subprocess.run([str(PYRIGHT), "--outputjson", "--pythonplatform", system, "--pythonpath", sys.executable,
+                           "pipeline", *map(str, more)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    report = json.loads(proc.stdout)
+    found = []
+    for d in report["generalDiagnostics"]:
+        m = MISSING_API.search(d["message"])
+        module = (m.group(2) if m else "").split(".")[0]
+        if d["severity"] == "error" and m and module in sys.stdlib_module_names:
+            name = Path(d["file"]).relative_to(ROOT) if Path(d["file"]).is_relative_to(ROOT) else Path(d["file"]).name
+            found.append(f"{name}:{d['range']['start']['line'] + 1}: {d['message']}")
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("system", SYSTEMS)
+def test_no_platform_api_is_used_where_the_system_lacks_it(system, tmp_path):
+    """No error in ``pipeline/``. The check can fail: a module beside it that forks, as the command server did,
+    and names SIGHUP is an error for Windows (the probe is checked with the package, in one run of pyright)."""
+    probe = tmp_path / "portable_probe.py"
+    probe.write_text("import os\nimport signal\n\n\ndef start():\n    os.fork()\n    return signal.SIGHUP\n")
+    found = platform_errors(system, *([probe] if system == "Windows" else []))
+    in_probe = [f for f in found if f.startswith(probe.name)]
+    assert [f for f in found if f not in in_probe] == []
+    if system == "Windows":
+        assert len(in_probe) == 2 and '"fork"' in in_probe[0] and '"SIGHUP"' in in_probe[1], found
+
+
+def runtime_requirements() -> list[str]:
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    return [d for d in deps if not d.startswith("symbolic")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("platform", ["win_amd64", "macosx_14_0_arm64"])
+@pytest.mark.parametrize("python", ["311", "312", "313"])
+def test_runtime_dependencies_resolve_to_wheels(platform, python, tmp_path):
+    """Every runtime dependency but symbolic, and what they need, installs from a wheel there: pip resolves them
+    for that system and interpreter from PyPI's metadata alone (no source build, nothing downloaded whole)."""
+    report = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed", "--report", str(report),
+         "--only-binary=:all:", "--platform", platform, "--python-version", python, "--implementation", "cp",
+         "--target", str(tmp_path / "target"), *runtime_requirements()],
+        capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    installs = json.loads(report.read_text())["install"]
+    names = {i["metadata"]["name"].lower() for i in installs}
+    assert {"numpy", "numba", "pyarrow", "duckdb", "distributed", "pydantic"} <= names
+    assert all(i["download_info"]["url"].endswith(".whl") for i in installs)
+
+
+def test_symbolic_is_the_one_dependency_without_a_windows_wheel():
+    deps = {re.split(r"[<>=; \[]", d)[0]: d for d in
+            __import__("tomllib").loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]}
+    assert deps["symbolic"].endswith("sys_platform != 'win32'")
+    assert [d for d in deps.values() if ";" in d] == [deps["symbolic"]]
+
+
+def test_reads_at_an_offset_without_pread(tmp_path):
+    """Where ``os.pread`` is missing (Windows), a seek and a read under the descriptor's lock give the same bytes,
+    from threads at once."""
+    import concurrent.futures
+
+    data = os.urandom(1 << 20)
+    path = tmp_path / "f.bin"
+    path.write_bytes(data)
+    fd = os.open(path, portable.READ_BINARY)
+    try:
+        offsets = list(range(0, len(data), 4093))
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(lambda o: portable._seek_and_read(fd, 5000, o), offsets))
+        assert got == [data[o:o + 5000] for o in offsets] == [portable.pread(fd, 5000, o) for o in offsets]
+        buf = memoryview(bytearray(100))
+        assert portable._seek_and_read_into(fd, buf, len(data) - 40) == 40 and bytes(buf[:40]) == data[-40:]
+    finally:
+        os.close(fd)
+
+
+def test_a_swap_cut_between_its_renames_is_undone_at_the_next_run(tmp_path):
+    """The old output was set aside and the process ended before the new one went in place: the next stage output
+    in that run directory puts the old one back (and a finished swap leaves nothing behind)."""
+    from pipeline.runs import clean_leftovers, stage_output, swap_into_place
+
+    run = tmp_path / "run"
+    (run / "decoded").mkdir(parents=True)
+    (run / "decoded" / "_manifest.json").write_text("{}")
+    # (what a killed process leaves: its pid is one that runs no more)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    aside = run / f".decoded.old-{dead}-0a1b2c3d"
+    (run / "decoded").rename(aside)
+    (run / f".decoded.tmp-{dead}-0a1b2c3d").mkdir()
+    assert clean_leftovers(run) == [run / f".decoded.tmp-{dead}-0a1b2c3d"]
+    assert (run / "decoded" / "_manifest.json").exists() and not aside.exists()
+    # a whole swap: the new output in place, nothing aside
+    with stage_output(run, "decoded") as out:
+        (out.path / "x.txt").write_text("new")
+    assert (run / "decoded" / "x.txt").read_text() == "new"
+    assert sorted(p.name for p in run.iterdir()) == ["decoded"]
+    # the new output cannot go in place: the old one stays where it was
+    tmp = run / ".decoded.tmp-1-x"
+    tmp.mkdir()
+    with pytest.raises(FileNotFoundError):
+        swap_into_place(tmp / "gone", run / "decoded")
+    assert (run / "decoded" / "x.txt").read_text() == "new"
+
+
+def test_symbolize_without_symbolic_says_how_to_get_it_and_goes_on(tmp_path):
+    """A machine without ``symbolic`` (Windows, without a Rust toolchain): modelled by a process in which it cannot
+    be imported. The job goes on: every frame unresolved, one line that says how to get it, the same in the
+    manifest and on the report's first banner."""
+    from tests.synth_traces import VARIANTS
+
+    trace = tmp_path / "t.etl"
+    from pipeline import synth
+
+    synth.run(trace, VARIANTS["plain32_cached"])
+    config = tmp_path / "c.yaml"
+    config.write_text(json.dumps({"cluster": {"mode": "synchronous"},
+                                  "symbolize": {"symbol_path": str(trace.parent / "symbols"),
+                                                "cache_dir": str(tmp_path / "symcache")},
+                                  "warehouse": {"path": str(tmp_path / "wh.duckdb")}}))
+    run = tmp_path / "run"
+    code = ("import sys\nsys.modules['symbolic'] = None\nfrom pipeline.cli import main\n"
+            f"sys.exit(main(['--config', {str(config)!r}, 'run', 'jobs/single-trace.yaml', '--trace', {str(trace)!r}, "
+            f"'--run', {str(run)!r}]))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "symbolize: the `symbolic` package is not installed" in proc.stderr
+    assert "pip install symbolic" in proc.stderr
+    manifest = json.loads((run / "symbolized" / "_manifest.json").read_text())
+    assert manifest["resolved_frames"] == 0 and manifest["frames"] > 0
+    assert manifest["symbolic_missing"].startswith("the `symbolic` package is not installed")
+    assert "Frames are unresolved: the `symbolic` package is not installed" in (run / "report" / "index.html").read_text()
