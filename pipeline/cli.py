@@ -19,7 +19,7 @@ from typing import NoReturn
 
 from pipeline import ENV_DEFAULTS, __version__, sources
 from pipeline.config import Config, load_config
-from pipeline.errors import BootprofError, is_interrupt
+from pipeline.errors import BootprofError, is_interrupt, place_error
 
 #: subcommand -> (module, one-line help). Order is the order of the pipeline.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -104,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except Exception as exc:        # (after the others: an exception re-raised here reaches no clause below it)
+        place = place_error(exc)
+        if place is not None:           # (a full or read-only disk: one line, what was written is left as it was)
+            print(f"bootprof: error: {place}; nothing half-written was kept", file=sys.stderr)
+            return 2
         if not is_interrupt(exc):       # (DuckDB's own word for a Ctrl-C during its query)
             raise
         print("bootprof: interrupted", file=sys.stderr)

@@ -247,7 +247,9 @@ class Job(Section):
         base = self.runs_dir.rstrip("/") or "/"
         return sources.run_dir(f"{base}/{name}") if sources.URL.match(base) else Path(base) / name
 
-    name: str = Field(description="Job name, used in run directory names.")
+    name: str = Field(description="Job name, used in run directory names: letters, digits, '.', '_' and '-', not "
+                      "starting with '.' (a run directory stays inside runs_dir).", pattern=r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$",
+                      max_length=100)
     config: Path | None = Field(None, description="Config file; a relative path is relative to the working directory "
                                 "(the project root, for the jobs in jobs/); `--config` overrides it.")
     stages: list[Literal["synth", "decode", "symbolize", "aggregate", "report", "warehouse", "compare"]] = Field(

@@ -34,3 +34,33 @@ def is_interrupt(exc: BaseException) -> bool:
     if type(exc).__name__ == "InterruptException" and type(exc).__module__.startswith("duckdb"):
         return True
     return type(exc) is RuntimeError and str(exc) == "Query interrupted"
+
+
+#: What a full or read-only disk, or a place this user may not write, is called by the OS, Arrow and DuckDB.
+_PLACE_ERRNOS = {28: "no space left on the device", 122: "the disk quota is exceeded", 30: "the file system is read-only",
+                 13: "permission denied"}
+_PLACE_WORDS = {"No space left on device": "no space left on the device", "Disk quota exceeded": "the disk quota is exceeded",
+                "Read-only file system": "the file system is read-only", "Permission denied": "permission denied"}
+
+
+def place_error(exc: BaseException) -> str | None:
+    """One line for an error of the place being written (a full or read-only disk, no permission), wherever in the
+    stack it came from (Python, Arrow, DuckDB, a dask worker): what happened and the file, if one is named; None
+    for any other error."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        what = _PLACE_ERRNOS.get(getattr(exc, "errno", None) or -1)
+        text = str(exc)
+        if what is None:
+            what = next((v for k, v in _PLACE_WORDS.items() if k in text), None)
+        if what is not None:
+            where = getattr(exc, "filename", None)
+            if not where:
+                import re
+
+                m = re.search(r"""(?:["'])(/[^"']+)(?:["'])""", text)
+                where = m.group(1) if m else None
+            return f"{where}: {what}" if where else f"{what}: {' '.join(text.split())[:300]}"
+        exc = exc.__cause__ or exc.__context__
+    return None

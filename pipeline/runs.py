@@ -164,6 +164,11 @@ def clean_leftovers(run_dir: Path) -> list[Path]:
     removed. A swap cut between its two renames (``swap_into_place``: the old output set aside, the new one not yet
     in place) is undone: the old output goes back."""
     removed = []
+    try:            # (the owner note of a command that was killed: its lock went with its process)
+        if not pid_alive(int(json.loads((Path(run_dir) / OWNER).read_text())["pid"])):
+            (Path(run_dir) / OWNER).unlink(missing_ok=True)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
     for entry in sorted(Path(run_dir).iterdir()) if Path(run_dir).is_dir() else []:
         m = LEFTOVER.match(entry.name)
         if m is None or not entry.is_dir() or (m.group(3) and pid_alive(int(m.group(3)))):
@@ -222,6 +227,10 @@ def owned(run_dir: Path, command: str, timeout_s: float = 300.0) -> Iterator[Non
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InputError(f"{run_dir}: cannot make the run directory: {exc.strerror or exc}") from None
+    strangers = not_a_run(run_dir)
+    if strangers:
+        raise InputError(f"{run_dir}: not a bootprof run directory (it holds {', '.join(strangers[:3])}"
+                         f"{', ...' if len(strangers) > 3 else ''}): name a new or empty directory for the run")
     lock = FileLock(str(run_dir / LOCK))
     try:
         lock.acquire(timeout=timeout_s)
@@ -242,6 +251,21 @@ def owned(run_dir: Path, command: str, timeout_s: float = 300.0) -> Iterator[Non
     finally:
         (run_dir / OWNER).unlink(missing_ok=True)
         lock.release()
+
+
+#: What a run directory holds: the stages' outputs, what capture records, the lock (hidden leftovers aside).
+RUN_ENTRIES = {"capture", "decoded", "symbolized", "aggregated", "report", "compare", "input", "selfprofile",
+               "symbols", LOCK, OWNER}
+
+
+def not_a_run(run_dir: Path) -> list[str]:
+    """The entries of ``run_dir`` that no run directory holds (none: it is a run directory, or empty). A command
+    once wrote ``/decoded`` when given ``--run /``."""
+    try:
+        return sorted(e.name for e in Path(run_dir).iterdir() if e.name not in RUN_ENTRIES
+                      and not e.name.startswith("."))
+    except OSError:
+        return []
 
 
 def fresh_dir(base: Path) -> Path:
@@ -299,6 +323,14 @@ def stage_output(
         }
         manifest.update(out.manifest)
         atomic_write_json(tmp / MANIFEST, manifest)
+        # (what the stage says it was made from: what was there as it started, or what it waited for and then
+        # read, as the aggregate does beside a running symbolize)
+        recorded = manifest["upstream"]
+        now = upstream_hashes(run_dir, upstream)
+        moved = sorted(s for s, h in now.items() if s in recorded and recorded[s] != h)
+        if moved or set(recorded) - set(now):
+            raise ManifestError(f"{run_dir}: {', '.join(moved) or 'an upstream output'} was written again while "
+                                f"{stage} read it; {stage} is not kept: run it again")
         swap_into_place(tmp, stage_dir(run_dir, stage))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -39,7 +39,7 @@ pub fn f{i}(x: &[u64], s: &str) -> (u64, String) {{
 }}"""
 
 
-def _hot_function(depth: int = 320) -> str:
+def _hot_function(depth: int = 480) -> str:
     """One function whose body is a chain of ``depth`` distinct generic closures: monomorphization and LLVM time."""
     steps = "".join(f"    let v = step(v, |a: u64| a.wrapping_mul({k + 3}).rotate_left({k % 31 + 1}) ^ {k});\n"
                     for k in range(depth))

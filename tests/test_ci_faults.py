@@ -176,3 +176,98 @@ def test_jobs_started_in_the_same_second_get_a_run_each(tmp_path):
     from pipeline.warehouse import job_of
 
     assert {job_of(p) for p in made} == {"single-trace"}
+
+
+def test_a_night_whose_inputs_are_all_unreadable_fails_and_is_not_ingested(tmp_path):
+    """Every self-profile unreadable: the nightly once exited 0, ingested an empty run and reported "305
+    improvements". Now exit 2 with the first reason, and the warehouse holds no such run."""
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    for k in range(3):
+        (profiles / f"crate{k}-000{k}.mm_profdata").write_bytes(os.urandom(5000))
+    config = tmp_path / "c.yaml"
+    config.write_text(json.dumps({"cluster": {"mode": "synchronous"}, "warehouse": {"path": str(tmp_path / "wh.duckdb")}}))
+    line = one_line_error(bootprof("--config", str(config), "run", "jobs/nightly.yaml", "--trace", str(profiles),
+                                   "--run", str(tmp_path / "run")))
+    assert "nothing could be decoded (3 self-profiles, first error:" in line and "not a .mm_profdata file" in line
+    assert not (tmp_path / "wh.duckdb").exists() and not (tmp_path / "run" / "decoded").exists()
+
+
+def test_a_night_that_lost_most_of_its_data_is_not_compared(tmp_path):
+    """A night of the same workload with one of the baseline's three crates left is missing data, not faster."""
+    config = tmp_path / "c.yaml"
+    config.write_text(json.dumps({"cluster": {"mode": "synchronous"}, "warehouse": {
+        "path": str(tmp_path / "wh.duckdb"), "labels": {"workload": "ws"}}}))
+    whole = fixture_path("selfprofile/workspace-clean")
+    proc = bootprof("--config", str(config), "run", "jobs/nightly.yaml", "--trace", str(whole), "--run",
+                    str(tmp_path / "nightly-1"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    part = tmp_path / "part"
+    part.mkdir()
+    one = sorted(whole.glob("*.mm_profdata"), key=lambda p: p.stat().st_size)[-1]     # (one crate of three)
+    (part / one.name).write_bytes(one.read_bytes())
+    line = one_line_error(bootprof("--config", str(config), "run", "jobs/nightly.yaml", "--trace", str(part), "--run",
+                                   str(tmp_path / "nightly-2")))
+    assert "most of its data is missing" in line and "nightly-1" in line
+
+
+def test_a_full_disk_is_one_line_naming_the_place(tmp_path):
+    """A run directory on a 1 MiB file system (a tmpfs mounted here, as root): the decode cannot write its tables.
+    17 of 17 such cases ended in a traceback; now one line, exit 2, and no stage output that looks complete."""
+    small = tmp_path / "small"
+    small.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)], capture_output=True,
+                             text=True)
+    assert mounted.returncode == 0, f"cannot mount a small tmpfs (the test needs root): {mounted.stderr}"
+    try:
+        proc = bootprof("--config", str(_sync(tmp_path)), "decode",
+                        str(fixture_path("etl/perfview-net452-x64/net.4.5.2.x64.etl")), "--run", str(small / "run"))
+        line = one_line_error(proc)
+        assert "no space left on the device" in line
+        assert not (small / "run" / "decoded" / "_manifest.json").exists()
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
+
+
+def _sync(tmp_path):
+    config = tmp_path / "sync.yaml"
+    config.write_text(json.dumps({"cluster": {"mode": "synchronous"}}))
+    return config
+
+
+def test_runs_go_where_they_belong(tmp_path):
+    """``decode --run /`` once wrote ``/decoded``; a job named ``../../x`` escaped runs_dir."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "notes.txt").write_text("mine")
+    line = one_line_error(bootprof("decode", str(fixture_path("selfprofile/hello-default")), "--run", str(home)))
+    assert "not a bootprof run directory (it holds notes.txt)" in line and not (home / "decoded").exists()
+    assert "not a bootprof run directory" in one_line_error(
+        bootprof("decode", str(fixture_path("selfprofile/hello-default")), "--run", "/"))
+    job = tmp_path / "j.yaml"
+    job.write_text(f"name: ../../x\nstages: [decode]\nruns_dir: {tmp_path / 'runs'}\n")
+    proc = bootprof("run", str(job), "--trace", str(fixture_path("selfprofile/hello-default")))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"{job}:1: name: String should match pattern" in proc.stderr
+    assert not (tmp_path.parent / "x").exists()
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert "cannot make the run directory" in one_line_error(
+        bootprof("decode", str(fixture_path("selfprofile/hello-default")), "--run", str(afile)))
+
+
+def test_a_stage_whose_upstream_was_written_again_meanwhile_is_not_kept(tmp_path):
+    """The upstream hashes a stage records are those of the manifests it read; one written again before the stage
+    ends (another process, past the lock) makes the stage fail instead of pairing its output with the new one."""
+    from pipeline.errors import ManifestError
+    from pipeline.runs import atomic_write_json, read_manifest, stage_output
+
+    run = tmp_path / "run"
+    with stage_output(run, "decoded") as out:
+        (out.path / "a.txt").write_text("first")
+    with pytest.raises(ManifestError, match="decoded was written again while aggregated read it"):
+        with stage_output(run, "aggregated", upstream=("decoded",)) as out:
+            manifest = read_manifest(run, "decoded")
+            manifest["again"] = True
+            atomic_write_json(run / "decoded" / "_manifest.json", manifest)
+    assert not (run / "aggregated").exists()

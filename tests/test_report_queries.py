@@ -512,22 +512,23 @@ def test_profile_queries_interaction_in_chromium(report_run, tmp_path):
 
 
 def test_run_where_every_profile_is_broken(tmp_path, dask_pool):
-    """No decodable file: aggregate and report still finish and the report says why."""
-    from pipeline import aggregate, decode, report
+    """No decodable file: no data is not a result. The decode stops with the file and the reason, and leaves no
+    output that a job would aggregate, report, ingest and compare (it once did all four, and exited 0)."""
+    import pytest
+
+    from pipeline import decode
     from pipeline.config import Config
+    from pipeline.errors import InputError
 
     bad = tmp_path / "in"
     bad.mkdir()
     raw = fixture_path("selfprofile/hello-default/hello-0006647.mm_profdata").read_bytes()
     (bad / "hello-0006647.mm_profdata").write_bytes(raw[:1000])
     run = tmp_path / "run"
-    decode.run(run, Config(), dask_pool, inputs=[bad])
-    aggregate.run(run, Config(), dask_pool)
-    summary = report.run(run, Config(), dask_pool)
-    assert summary["queries"]["processes"] == 0
-    index = (run / "report" / "index.html").read_text()
-    assert "Files not decoded" in index and "truncated events page" in index
-    assert (run / "report" / "profile_queries.counts.txt").read_text() == "label,count,duration_seconds\n"
+    with pytest.raises(InputError, match="nothing could be decoded") as caught:
+        decode.run(run, Config(), dask_pool, inputs=[bad])
+    assert "hello-0006647.mm_profdata" in str(caught.value) and "truncated" in str(caught.value)
+    assert not (run / "decoded").exists()
 
 
 def test_invocation_hits_sum_exactly_per_query():

@@ -92,6 +92,13 @@ def run(run_dir: Path, config, pool, inputs: list[sources.Input]) -> dict[str, A
                 from pipeline.decode.measureme import decode_profiles
 
                 summary["self_profile"] = decode_profiles(profiles, out, config.decode, pool)
+            nothing = (trace is None or not summary["etl"].get("records")) and \
+                (not profiles or not summary["self_profile"].get("decoded"))
+            if nothing:     # (no data is not a result: nothing is written, nothing ingested or compared)
+                errors = (summary.get("self_profile") or {}).get("error_messages") or []
+                raise InputError(f"{', '.join(map(str, inputs))}: nothing could be decoded"
+                                 + (f" ({len(profiles)} self-profiles, first error: {errors[0]})" if errors else "")
+                                 + "; no run is made of it")
             waited = time.perf_counter()
             fps = prints.result()
             # (what the stage waited for the input hashes after the decode: the hash's serial part)

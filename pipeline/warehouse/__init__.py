@@ -334,6 +334,7 @@ def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: s
             sections.get("cpu", {}).get("samples"), sections.get("memory", {}).get("commit_bytes"), query_total,
             sections.get("memory", {}).get("peak_commit_bytes")])
         _write_metrics(con, run_id)
+        _enough_data(con, run_id, run_dir)
         comparison.write_verdicts(con, [run_id, *comparison.later_runs(con, run_id)])
         for stage, m in manifests.items():
             con.execute("INSERT INTO stage_manifests VALUES (?, ?, ?::TIMESTAMP, ?, ?, ?, ?, ?)", [
@@ -344,15 +345,47 @@ def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: s
                 con.execute("INSERT INTO table_rows VALUES (?, ?, ?, ?)", [run_id, stage, table, n])
         con.execute("COMMIT")
     except duckdb.Error as exc:
-        con.execute("ROLLBACK")
+        _rollback(con)
         raise InputError(f"{db}: ingesting {run_dir} failed, nothing of it was written: "
                          f"{' '.join(str(exc).split())}") from None
     except BaseException:
-        con.execute("ROLLBACK")
+        _rollback(con)
         raise
     finally:
         con.close()
     return {"run_id": run_id, "db": str(db), "tables": len(counts), "rows": sum(counts.values())}
+
+
+#: A run with fewer metrics than this share of its baseline's lost most of its data (unreadable inputs): it is no
+#: night to compare, and is not ingested.
+MIN_DATA_SHARE = 0.5
+
+
+def _enough_data(con, run_id: str, run_dir: Path) -> None:
+    """InputError when the run has far fewer crates than the previous run of its job and workload (a build's data is
+    its crates; traces of no build are not weighed; inputs that decode to nothing at all stop at the decode)."""
+    def counted(run: str) -> tuple[int, int]:
+        return con.execute("""SELECT count(DISTINCT key) FILTER (WHERE kind IN ('crate_wall_ns', 'query_crate_ns',
+                              'cpu_crate')), count(*) FROM run_metrics WHERE run_id = ?""", [run]).fetchone()
+
+    crates = counted(run_id)[0]
+    _, _, before = comparison.history_of(con, run_id)
+    if before:
+        had = counted(before[-1])[0]
+        if crates < MIN_DATA_SHARE * had:
+            raise InputError(f"{run_dir}: {crates:,} crates against {had:,} in the run before it ({before[-1]}): most "
+                             "of its data is missing (unreadable inputs?); not ingested nor compared")
+
+
+def _rollback(con) -> None:
+    """Roll the transaction back; one that cannot be (the failure that ended it, a full disk, ended it too) is left
+    to DuckDB, which drops it with the connection: the first error is the one to tell."""
+    import duckdb
+
+    try:
+        con.execute("ROLLBACK")
+    except duckdb.Error:
+        pass
 
 
 def compare(db: Path, run: str, baseline: str | None = None, lock_timeout_s: float = 300.0) -> dict[str, Any]:
@@ -428,7 +461,7 @@ def prune(db: Path, keep: int, lock_timeout_s: float = 300.0) -> dict[str, int]:
         con.execute("COMMIT")
         con.execute("CHECKPOINT")
     except BaseException:
-        con.execute("ROLLBACK")
+        _rollback(con)
         raise
     finally:
         con.close()
