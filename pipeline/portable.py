@@ -6,7 +6,6 @@ and fails on a platform API used elsewhere).
 - Reads at an offset (``os.pread`` where it exists; elsewhere a seek and read under a lock per descriptor).
 - Stopping a child as Ctrl-C would: SIGINT on POSIX; on Windows, where there is no SIGINT to send, a child
   started in a process group of its own is sent ``CTRL_BREAK_EVENT``.
-- The signals that end a command: SIGINT and SIGTERM everywhere, SIGHUP where it exists.
 - Renames of directories: Windows refuses to rename a directory over another, and to rename or remove one
   while a file in it is open (a virus scanner or an indexer may hold one for a moment): tried again for a while.
 """
@@ -27,9 +26,6 @@ WINDOWS = sys.platform == "win32"
 
 #: Flags of ``os.open`` for reading a file's bytes as they are (Windows' C runtime opens in text mode otherwise).
 READ_BINARY = os.O_RDONLY | getattr(os, "O_BINARY", 0)
-#: Signals that end a command and that it cleans up after (the capture stops its recording on these).
-ENDING_SIGNALS: tuple[int, ...] = ((signal.SIGINT, signal.SIGTERM) if sys.platform == "win32"
-                                   else (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
 #: How long a rename or removal that Windows refuses (a file held open by another process) is tried again.
 RETRY_S = 5.0
 
@@ -153,10 +149,3 @@ def rename(src: Path, dst: Path) -> None:
     """Rename ``src`` to ``dst`` (which must not exist, as Windows requires of a directory), tried again for a
     while where Windows refuses it because another process holds a file in it open."""
     _retrying(os.rename, src, dst)
-
-
-def rmtree(path: Path) -> None:
-    """Remove a directory tree; what cannot be removed (held open on Windows) is left for the next run."""
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)

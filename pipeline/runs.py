@@ -177,7 +177,7 @@ def clean_leftovers(run_dir: Path) -> list[Path]:
         if aside and not (entry.parent / aside).exists():
             portable.rename(entry, entry.parent / aside)
             continue
-        portable.rmtree(entry)
+        shutil.rmtree(entry, ignore_errors=True)
         removed.append(entry)
     return removed
 
@@ -353,7 +353,7 @@ def swap_into_place(tmp: Path, final: Path) -> None:
             portable.rename(old, final)         # (the new output could not go in place: the old one stays)
         raise
     if old is not None:
-        portable.rmtree(old)
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def read_manifest(run_dir: Path, stage: str) -> dict[str, Any]:

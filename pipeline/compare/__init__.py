@@ -26,6 +26,7 @@ STAGE = "compare"
 def run(run_dir: Path, config, pool, inputs=None) -> dict[str, Any]:
     from pipeline import warehouse
     from pipeline.warehouse import verdict
+    from pipeline.warehouse.comparison import named
 
     run_dir = Path(run_dir)
     db, timeout = config.warehouse.path, config.warehouse.lock_timeout_s
@@ -45,8 +46,7 @@ def run(run_dir: Path, config, pool, inputs=None) -> dict[str, Any]:
                    "improvements": sum(f["verdict"] == "improvement" for f in fams),
                    "regressions_past_budget": len(failing), "budget_pct": config.warehouse.budget_pct,
                    "regressed": [verdict.family_name(f).replace("`", "") for f in failing],
-                   "suspected": [verdict.family_name(f).replace("`", "") for f in fams
-                                 if f["verdict"] == "suspect" and (f["adjusted_change"] or 0) > 0]}
+                   "suspected": [verdict.family_name(f).replace("`", "") for f in named(fams, "suspect")]}
         out.manifest.update(summary)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
@@ -59,8 +59,8 @@ def headline(summary: dict[str, Any]) -> str:
     """The stage's line in a job's output."""
     if not summary.get("baseline_run_id"):
         return f"no baseline: {summary.get('reason')}"
-    named = summary.get("regressed") or summary.get("suspected")
-    regressed = f" ({', '.join(named[:3])})" if named else ""
+    shown = summary.get("regressed") or summary.get("suspected")
+    regressed = f" ({', '.join(shown[:3])})" if shown else ""
     return (f"against {summary['baseline_run_id']}: {summary.get('verdict', '')}{regressed}; "
             f"{summary['regressions']} regressions ({summary['regressions_past_budget']} past the "
             f"{summary['budget_pct']:g} % budget), {summary.get('suspects', 0)} suspects, "

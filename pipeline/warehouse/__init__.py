@@ -415,7 +415,7 @@ def compare(db: Path, run: str, baseline: str | None = None, lock_timeout_s: flo
             if other != workload:
                 out["reason"] = f"the baseline is of another workload ('{other}'): differences include the workload's"
         out["baseline_run_id"] = base_id
-        rows = comparison.judge(con, run_id, base_id)
+        rows = comparison.judge(con, run_id, base_id, before)
         fams = comparison.families(rows)
         out["explanations"] = {f["key"]: comparison.explain(con, run_id, base_id, f["key"]) for f in fams
                                if f["family"] == "crate time" and f["verdict"] in ("regression", "suspect")

@@ -32,20 +32,31 @@ _RANK = {"regression": 0, "suspect": 1, "improvement": 2, "noise": 3}
 
 def history_of(con, run_id: str) -> tuple[str, str, list[str]]:
     """(job, workload, the runs of its job and workload before it, oldest first, at most HISTORY_RUNS + 1)."""
+    return _neighbours(con, run_id, later=False)
+
+
+def later_runs(con, run_id: str) -> list[str]:
+    """Runs of ``run_id``'s job and workload after it whose history holds it (their verdicts change with it)."""
+    return _neighbours(con, run_id, later=True)[2]
+
+
+def _neighbours(con, run_id: str, later: bool) -> tuple[str, str, list[str]]:
+    """(job, workload, the HISTORY_RUNS + 1 runs of that job and workload nearest ``run_id`` on one side of it, in
+    the order they ran); runs are ordered by run_time, then run_id."""
     job, workload, run_time = con.execute("SELECT job, workload, run_time FROM runs WHERE run_id = ?",
                                           [run_id]).fetchone()
-    before = [r[0] for r in con.execute(
-        """SELECT run_id FROM runs WHERE job IS NOT DISTINCT FROM $job AND workload IS NOT DISTINCT FROM $workload
-           AND (run_time < $time OR (run_time = $time AND run_id < $run))
-           ORDER BY run_time DESC, run_id DESC LIMIT $n""",
+    side, order = (">", "ASC") if later else ("<", "DESC")
+    found = [r[0] for r in con.execute(
+        f"""SELECT run_id FROM runs WHERE job IS NOT DISTINCT FROM $job AND workload IS NOT DISTINCT FROM $workload
+            AND (run_time {side} $time OR (run_time = $time AND run_id {side} $run))
+            ORDER BY run_time {order}, run_id {order} LIMIT $n""",
         {"job": job, "workload": workload, "time": run_time, "run": run_id, "n": sig.HISTORY_RUNS + 1}).fetchall()]
-    return job, workload, before[::-1]
+    return job, workload, found if later else found[::-1]
 
 
-def judge(con, run_id: str, base_id: str) -> list[dict[str, Any]]:
-    """Every metric of ``run_id`` and ``base_id`` judged, with the noise learned from the runs of the run's job and
-    workload before it (up to the baseline when the baseline is one of them)."""
-    _, _, before = history_of(con, run_id)
+def judge(con, run_id: str, base_id: str, before: list[str]) -> list[dict[str, Any]]:
+    """Every metric of ``run_id`` and ``base_id`` judged, with the noise learned from ``before``, the runs of the
+    run's job and workload before it (:func:`history_of`; up to the baseline when the baseline is one of them)."""
     history = before[: before.index(base_id) + 1] if base_id in before else before
     ids = history + ([] if base_id in history else [base_id]) + [run_id]
     table = con.execute("""SELECT run_id, kind, key, value, n FROM run_metrics
@@ -93,14 +104,19 @@ def _finite(x: float) -> float | None:
     return float(x) if x is not None and math.isfinite(x) else None
 
 
-def _decide(rows: list[dict[str, Any]]) -> None:
-    """Mark the member that decides each voting family's verdict: the steadiest (least noise) of those with a
-    change on both sides, else (a new or gone item) the first that is not noise."""
+def _voting_families(rows: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """The rows that vote, by family and key."""
     families: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in rows:
         if r["role"] == "vote":
             families.setdefault((r["family"], r["key"]), []).append(r)
-    for members in families.values():
+    return families
+
+
+def _decide(rows: list[dict[str, Any]]) -> None:
+    """Mark the member that decides each voting family's verdict: the steadiest (least noise) of those with a
+    change on both sides, else (a new or gone item) the first that is not noise."""
+    for members in _voting_families(rows).values():
         measured = [r for r in members if r["z"] is not None and r["noise"] is not None]
         if measured:
             pick = min(measured, key=lambda r: (r["noise"], r["kind"]))
@@ -113,24 +129,23 @@ def families(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The voting families, each with its verdict (that of the member that decides), worst first (a crate before
     the build: the crate is what a regression of both is about)."""
     out = []
-    for r in rows:
-        if r["decides"]:
-            members = [m for m in rows if m["role"] == "vote" and m["family"] == r["family"] and m["key"] == r["key"]]
-            out.append({**r, "members": [{k: m[k] for k in ("kind", "relative_change", "adjusted_change", "z",
-                                                          "verdict")} for m in members]})
+    for members in _voting_families(rows).values():
+        pick = next(m for m in members if m["decides"])
+        out.append({**pick, "members": [{k: m[k] for k in ("kind", "relative_change", "adjusted_change", "z",
+                                                             "verdict")} for m in members]})
     return sorted(out, key=lambda f: (_RANK[f["verdict"]], f["key"] == "build", f["adjusted_change"] is None,
                                       -abs(f["adjusted_change"] or 0), f["family"], f["key"]))
+
+
+def named(fams: list[dict[str, Any]], verdict: str) -> list[dict[str, Any]]:
+    """The families a comparison of ``verdict`` is about: those of that verdict (suspects: those that went up)."""
+    return [f for f in fams if f["verdict"] == verdict and (verdict != "suspect" or (f["adjusted_change"] or 0) > 0)]
 
 
 def overall(fams: list[dict[str, Any]]) -> str:
     """The comparison's verdict: ``regression`` (a family regressed), ``suspect`` (one may have: more runs will
     tell), ``improvement``, or ``no change``."""
-    verdicts = {f["verdict"] for f in fams}
-    if "regression" in verdicts:
-        return "regression"
-    if any(f["verdict"] == "suspect" and (f["adjusted_change"] or 0) > 0 for f in fams):
-        return "suspect"
-    return "improvement" if "improvement" in verdicts else "no change"
+    return next((v for v in ("regression", "suspect", "improvement") if named(fams, v)), "no change")
 
 
 def explain(con, run_id: str, base_id: str, crate: str, limit: int = 5) -> list[dict[str, Any]]:
@@ -156,19 +171,9 @@ def write_verdicts(con, run_ids: list[str]) -> None:
         _, _, before = history_of(con, run_id)
         if not before:
             continue
-        rows = judge(con, run_id, before[-1])
+        rows = judge(con, run_id, before[-1], before)
         if rows:
             import pyarrow as pa
 
             batch = pa.table({c: [r[c] for r in rows] for c in COLUMNS})  # noqa: F841 - read by the SQL below
             con.execute(f"INSERT INTO verdicts SELECT {', '.join(COLUMNS)} FROM batch")
-
-
-def later_runs(con, run_id: str) -> list[str]:
-    """Runs of ``run_id``'s job and workload after it whose history holds it (their verdicts change with it)."""
-    job, workload, run_time = con.execute("SELECT job, workload, run_time FROM runs WHERE run_id = ?",
-                                          [run_id]).fetchone()
-    return [r[0] for r in con.execute(
-        """SELECT run_id FROM runs WHERE job IS NOT DISTINCT FROM $job AND workload IS NOT DISTINCT FROM $workload
-           AND (run_time > $time OR (run_time = $time AND run_id > $run)) ORDER BY run_time, run_id LIMIT $n""",
-        {"job": job, "workload": workload, "time": run_time, "run": run_id, "n": sig.HISTORY_RUNS + 1}).fetchall()]

@@ -82,7 +82,6 @@ KINDS = {
     "cpu_function_inclusive_share": Kind("share", "function inclusive CPU", reference="none"),
     "commit_function": Kind("bytes", "function commit"),
 }
-TESTS = ("count", "share", "time", "bytes", "number")
 
 #: Past consecutive pairs of runs looked at.
 HISTORY_RUNS = 30

@@ -76,20 +76,20 @@ def _counts(c: dict[str, Any]) -> str:
             f"{len(fams)} build and crate families ({len(c['headline']) + len(c['changes'])} metrics)")
 
 
+#: How the sentence that opens a comparison begins, by its verdict.
+LEADS = {"regression": "Regression", "improvement": "Improvement",
+         "suspect": "Suspect (not past the noise with confidence: the next runs will tell)"}
+
+
 def headline_sentence(c: dict[str, Any]) -> str:
     """The comparison's verdict in one sentence: what regressed (or may have), else that nothing did."""
-    fams = c.get("families", [])
-    bad = [f for f in fams if f["verdict"] == "regression"]
-    maybe = [f for f in fams if f["verdict"] == "suspect" and (f["adjusted_change"] or 0) > 0]
-    if bad:
-        return "Regression: " + "; ".join(f"{family_name(f)} {fmt_change(f, 'adjusted_change')}" for f in bad[:5]) + "."
-    if maybe:
-        return ("Suspect (not past the noise with confidence: the next runs will tell): "
-                + "; ".join(f"{family_name(f)} {fmt_change(f, 'adjusted_change')}" for f in maybe[:5]) + ".")
-    good = [f for f in fams if f["verdict"] == "improvement"]
-    if good:
-        return "Improvement: " + "; ".join(f"{family_name(f)} {fmt_change(f, 'adjusted_change')}" for f in good[:5]) + "."
-    return "No change past the noise."
+    from pipeline.warehouse.comparison import named
+
+    verdict = c.get("verdict", "no change")
+    if verdict not in LEADS:
+        return "No change past the noise."
+    shown = named(c.get("families", []), verdict)[:5]
+    return f"{LEADS[verdict]}: " + "; ".join(f"{family_name(f)} {fmt_change(f, 'adjusted_change')}" for f in shown) + "."
 
 
 def _family_line(f: dict[str, Any], plain: bool = False) -> tuple[str, ...]:
