@@ -63,9 +63,13 @@ bench: install
 	$(PY) bench/run.py
 
 # Damage the fixtures and small synthesized traces in reproducible ways for FUZZ_BUDGET seconds (not part of
-# make test, which runs a short smoke of it): any traceback, or records lost with no error, fails.
+# make test, which runs a short smoke of it): any traceback, or records lost with no error, fails. Then a CI
+# runner's faults at random moments (two jobs on one run, signals, inputs replaced, a damaged warehouse) for
+# FUZZ_FAULTS_BUDGET seconds: any traceback, hang, process left behind or wrong end state fails.
+FUZZ_FAULTS_BUDGET ?= 900
 fuzz: install
 	$(PY) scripts/fuzz.py --mutations 100000 --seed $(FUZZ_SEED) --budget $(FUZZ_BUDGET)
+	$(PY) scripts/fuzz_faults.py --seed $(FUZZ_SEED) --budget $(FUZZ_FAULTS_BUDGET)
 
 clean:
 	rm -rf runs demo bench/out .pytest_cache

@@ -12,6 +12,7 @@ import atexit
 import importlib
 import logging
 import os
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import NoReturn
 
 from pipeline import ENV_DEFAULTS, __version__, sources
 from pipeline.config import Config, load_config
-from pipeline.errors import BootprofError, is_interrupt, place_error
+from pipeline.errors import DONE, BootprofError, Terminated, is_duckdb_error, is_interrupt, place_error
 
 #: subcommand -> (module, one-line help). Order is the order of the pipeline.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -78,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     for var, value in ENV_DEFAULTS.items():       # (before numpy is first imported)
         os.environ.setdefault(var, value)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)
     try:
         args = build_parser().parse_args(argv)
         level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
@@ -97,8 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bootprof: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
-        print(f"bootprof: interrupted{': ' + str(exc) if str(exc) else ''}", file=sys.stderr)
-        return 130
+        return _interrupted(str(exc))
     except BrokenPipeError:
         # (whoever read the output went away, as `| head` does: nothing more to say; 128 + SIGPIPE, as a shell does)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -108,10 +110,34 @@ def main(argv: list[str] | None = None) -> int:
         if place is not None:           # (a full or read-only disk: one line, what was written is left as it was)
             print(f"bootprof: error: {place}; nothing half-written was kept", file=sys.stderr)
             return 2
+        if is_duckdb_error(exc) and not is_interrupt(exc):
+            # (one line for any DuckDB error that no stage turned into its own: a damaged warehouse file, say)
+            text = " ".join(str(exc).split())
+            hint = ("; `bootprof warehouse verify` says what is damaged, `bootprof warehouse rebuild` remakes the "
+                    "file from its runs" if "orrupt" in text or "checksum" in text else "")
+            print(f"bootprof: error: DuckDB: {text[:400]}{hint}", file=sys.stderr)
+            return 2
         if not is_interrupt(exc):       # (DuckDB's own word for a Ctrl-C during its query)
             raise
-        print("bootprof: interrupted", file=sys.stderr)
-        return 130
+        return _interrupted("")
+
+
+def _interrupted(why: str) -> int:
+    """Exit status of a command ended by a signal: 143 for SIGTERM, 130 for Ctrl-C (as a shell counts them)."""
+    why = "; ".join([w for w in [why] if w] + [f"{done} before that" for done in DONE])
+    print(f"bootprof: {'terminated' if _terminated else 'interrupted'}{': ' + why if why else ''}", file=sys.stderr)
+    return 143 if _terminated else 130
+
+
+def _terminate(signum, frame) -> None:
+    """SIGTERM: end as a Ctrl-C does (:class:`Terminated`), not at once with the workers left behind."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)     # (a second one ends the process at once)
+    _terminated.append(signum)
+    raise Terminated()
+
+
+#: Set once SIGTERM arrived: what DuckDB or a worker turned into their own interrupt is still a termination.
+_terminated: list[int] = []
 
 
 #: Commands that write into their ``--run``: each holds it while it runs (``runs.owned``).
@@ -149,7 +175,8 @@ def exit_quickly(code: int) -> NoReturn:
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.flush()
+            if stream is not None:          # (None: the stream was closed before the process started)
+                stream.flush()
         except (OSError, ValueError):       # (a closed pipe: what the interpreter would ignore too)
             pass
     os._exit(code)

@@ -25,6 +25,21 @@ def out_of_memory(where: object, work: str, setting: str, value: str, exc: BaseE
                        f"DuckDB: {detail}")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a CI runner cancelling a job, ``kill``), raised in the main thread as a Ctrl-C is: every ``with`` on
+    the way out runs, so the command's workers, fork server and DuckDB connections end with it."""
+
+
+#: What a command has done that an interrupt after it must not leave unsaid ("run X was committed to W"): the CLI
+#: names it in the line it prints for a Ctrl-C or SIGTERM.
+DONE: list[str] = []
+
+
+def is_duckdb_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is one of DuckDB's errors (told by its module: this module imports no DuckDB)."""
+    return any(t.__module__.startswith(("duckdb", "_duckdb")) for t in type(exc).__mro__[:-2])
+
+
 def is_interrupt(exc: BaseException) -> bool:
     """Whether ``exc`` is a Ctrl-C: Python's ``KeyboardInterrupt``, or what DuckDB raises instead when the signal
     arrives during one of its queries on the main thread (``RuntimeError('Query interrupted')`` in DuckDB 2.0,

@@ -46,6 +46,8 @@ STATE = ".bootprof-mirror.json"
 PULL_TRIES = 3
 #: How long a fetch that finds a stage's manifest gone waits for the push that rewrites it to write the new one.
 PUSH_WAIT_S = 2.0
+#: How often it looks for that manifest meanwhile.
+PUSH_POLL_S = 0.1
 
 
 class RunURL(str):
@@ -183,8 +185,10 @@ class Mirror:
                     self._mark(stage, _hash(manifest))
                     return
                 if again is None:       # (a push between removing the old manifest and writing the new one)
-                    time.sleep(PUSH_WAIT_S)
-                    again = self._remote_manifest(stage)
+                    deadline = time.monotonic() + PUSH_WAIT_S
+                    while again is None and time.monotonic() < deadline:
+                        time.sleep(PUSH_POLL_S)
+                        again = self._remote_manifest(stage)
                     if again is None:
                         raise InputError(f"{self.url}/{stage}/: removed while it was fetched (or a push of it was cut "
                                          "short: run that stage again)")

@@ -12,6 +12,7 @@ and fails on a platform API used elsewhere).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
@@ -149,3 +150,29 @@ def rename(src: Path, dst: Path) -> None:
     """Rename ``src`` to ``dst`` (which must not exist, as Windows requires of a directory), tried again for a
     while where Windows refuses it because another process holds a file in it open."""
     _retrying(os.rename, src, dst)
+
+
+@contextlib.contextmanager
+def signals_held():
+    """Hold SIGINT and SIGTERM back while the block runs (a COMMIT and its journal line: the state a signal would cut
+    in two), then deliver what arrived meanwhile through the handler that was in place. Outside the main thread,
+    where Python delivers no signal, it holds nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    kinds = [signal.SIGINT, signal.SIGTERM]
+    before = {k: signal.getsignal(k) for k in kinds}
+    for k in kinds:
+        signal.signal(k, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        for k, handler in before.items():
+            signal.signal(k, handler)
+    for signum in held[:1]:
+        handler = before[signum]
+        if callable(handler):
+            handler(signum, None)
+        elif handler == signal.SIG_DFL:
+            os.kill(os.getpid(), signum)

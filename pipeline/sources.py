@@ -62,7 +62,12 @@ def run_dir(text: str) -> Path:
             raise argparse.ArgumentTypeError(f"{text}: a run directory is written to, and HTTP(S) is read-only here; "
                                              "give a path or a store's URL (s3://, gs://, abfs://, ...)")
         return RunURL(text)
-    return (Path(urlparse(text).path) if text.lower().startswith("file://") else Path(text)).absolute()
+    path = (Path(urlparse(text).path) if text.lower().startswith("file://") else Path(text)).absolute()
+    if os.sep != "\\" and "\\" in str(path):
+        # (DuckDB reads a stage's tables by a glob below the run directory, and there a backslash escapes)
+        raise argparse.ArgumentTypeError(f"{path}: a run directory's path cannot hold a backslash here (DuckDB "
+                                         "reads it as a glob escape); name the run without one")
+    return path
 
 
 def local_run_dir(text: str) -> Path:
@@ -159,7 +164,8 @@ def profiles_below(x: Input) -> list[Input]:
     if not is_url(x):
         found = sorted(Path(x).rglob("*.mm_profdata"))
         special = [p for p in found if not p.is_file()]
-        if special:
+        if special and str(Path(x).absolute()) not in _warned:
+            _warned.add(str(Path(x).absolute()))
             import logging
 
             logging.getLogger("bootprof").warning("%s: left out %d entries that are no regular files: %s", x,
@@ -215,15 +221,40 @@ def fingerprint(x: Input) -> dict[str, Any]:
         from pipeline.runs import sha256_tree
 
         path = Path(x).resolve()
-        st = path.stat()
-        # (once per file version in a process: ``bootprof run`` checks whether the decode is up to date, then
-        # the decode records the same hashes)
-        key = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-        if key not in _hashed:
-            _hashed[key] = sha256_tree(path)
+        try:
+            st = path.stat()
+            # (once per file version in a process: ``bootprof run`` checks whether the decode is up to date, then
+            # the decode records the same hashes)
+            key = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            if key not in _hashed:
+                _hashed[key] = sha256_tree(path)
+        except OSError as exc:      # (an unreadable file: the decode skips and counts it; its print says why)
+            return {"path": str(path), "size": None, "sha256_tree": None, "error": exc.strerror or str(exc)}
         return {"path": str(path), "size": st.st_size, "sha256_tree": _hashed[key]}
     return {"path": x, "size": size(x), "sha256_tree": None, "version": version(x)}
 
+
+def pin(x: Input) -> tuple:
+    """What says an input is still the file that was opened: a local file's device, file id, size and modification
+    time; a URL's size and version as its store says them now (asked again, not from the cache)."""
+    if is_url(x):
+        info = _call(x, "info")
+        return (info.get("size"),) + tuple(info.get(k) for k in ("ETag", "etag", "md5Hash", "Last-Modified",
+                                                                    "LastModified", "mtime", "last_modified"))
+    try:
+        st = Path(x).stat()
+    except OSError as exc:
+        return ("gone", exc.errno)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def changed(pins: dict[Input, tuple]) -> list[Input]:
+    """The inputs of ``pins`` (from :func:`pin`) that are no longer the files they were."""
+    return [x for x, before in pins.items() if pin(x) != before]
+
+
+#: Directories whose special entries were warned of (once per process, not at every listing).
+_warned: set[str] = set()
 
 #: Content hashes of local inputs this process computed, by (path, device, inode, size, mtime).
 _hashed: dict[tuple, str] = {}

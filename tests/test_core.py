@@ -299,7 +299,7 @@ def test_cli_decode_with_a_local_cluster_ends_cleanly(tmp_path):
     # where the wall time went: the decode is the walk, the wait for the cluster (started meanwhile: it takes
     # longer than the walk of this trace) and the partitions
     etl = manifest["etl"]
-    assert etl["cluster_wait_s"] > 0 and manifest["hash_wait_s"] >= 0
+    assert etl["cluster_wait_s"] > 0 and 0 <= manifest["hash_wait_s"] <= manifest["elapsed_s"]
     assert abs(etl["walk_s"] + etl["cluster_wait_s"] + etl["partitions_s"] - etl["decode_s"]) < 0.003
     assert manifest["inputs"] == [{"path": str(trace.resolve()), "size": trace.stat().st_size,
                                    "sha256_tree": sha256_tree(trace)}]
@@ -321,10 +321,10 @@ def test_the_content_hash_is_the_sha256_of_the_pieces_sha256s(tmp_path):
         assert sha256_tree(path, piece=100, threads=4) == want
     big = tmp_path / "big"
     big.write_bytes(os.urandom((64 << 20) + 12345))
-    if shutil.which("xxd") and shutil.which("split"):
-        shell = subprocess.run(f"split -b 64M --filter='sha256sum | head -c64 | xxd -r -p' {big} | sha256sum",
-                               shell=True, capture_output=True, text=True, check=True).stdout.split()[0]
-        assert sha256_tree(big) == shell
+    # (coreutils alone, always there: it once used xxd and skipped itself where xxd was missing)
+    shell = subprocess.run(f"split -b 64M --filter='sha256sum | head -c64 | tr a-f A-F | basenc --base16 -d' {big} "
+                           "| sha256sum", shell=True, capture_output=True, text=True, check=True).stdout.split()[0]
+    assert sha256_tree(big) == shell
 
 
 def _on_a_terminal(args: list[str], stdout_too: bool = False) -> tuple[list[str], bytes]:
@@ -639,8 +639,10 @@ def test_forked_workers_see_the_environment_of_their_cluster_start():
 def _burn_cpu(seconds):
     import time
 
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
+    # (CPU time, not wall time: on a loaded machine a wall-clock second held 0.896 s of CPU, and the check below
+    # failed although nothing was wrong)
+    end = time.process_time() + seconds
+    while time.process_time() < end:
         pass
     return True
 

@@ -143,6 +143,48 @@ def test_a_swap_cut_between_its_renames_is_undone_at_the_next_run(tmp_path):
     assert (run / "decoded" / "x.txt").read_text() == "new"
 
 
+def test_a_reader_never_sees_part_of_a_stage_output_while_it_is_swapped(tmp_path):
+    """Two renames: what a reader finds at ``RUN_DIR/decoded`` is always a directory that was complete before it
+    went there (its inode is that of a finished private directory), or nothing for a moment; never one being
+    filled (mutation once unseen: ``swap_into_place`` as ``rmtree`` + ``copytree``). (A reader that opened the old
+    output sees it emptied as it is removed: on Linux its open files stay readable.)"""
+    import threading
+
+    from pipeline.runs import swap_into_place
+
+    run = tmp_path / "run"
+    run.mkdir()
+    complete = set()
+
+    def output(k: int) -> Path:
+        tmp = run / f".decoded.tmp-{k}"
+        tmp.mkdir()
+        for i in range(300):
+            (tmp / f"part-{i:04d}.parquet").write_bytes(b"x" * 64)
+        complete.add(tmp.stat().st_ino)
+        return tmp
+
+    swap_into_place(output(0), run / "decoded")
+    seen, stop = set(), threading.Event()
+
+    def read():
+        while not stop.is_set():
+            try:
+                seen.add(os.stat(run / "decoded").st_ino)
+            except FileNotFoundError:
+                pass
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for k in range(1, 30):
+            swap_into_place(output(k), run / "decoded")
+    finally:
+        stop.set()
+        reader.join()
+    assert len(seen) > 1 and seen <= complete, (len(seen), len(seen - complete))
+
+
 def test_symbolize_without_symbolic_says_how_to_get_it_and_goes_on(tmp_path):
     """A machine without ``symbolic`` (Windows, without a Rust toolchain): modelled by a process in which it cannot
     be imported. The job goes on: every frame unresolved, one line that says how to get it, the same in the

@@ -143,9 +143,10 @@ def test_query_cpu_takes_its_frames_from_the_cpu_section(both, tmp_path, monkeyp
         copies.append(copy)
     adopted, real = [], resolve.adopt_units
     monkeypatch.setattr(resolve, "adopt_units", lambda *a: adopted.append(real(*a)) or adopted[-1])
-    # (the cpu section offers late: query_cpu waits for it)
-    export = resolve.export_units
-    monkeypatch.setattr(resolve, "export_units", lambda *a: time.sleep(2) or export(*a))
+    # (the cpu section offers only once query_cpu waits for it: an event, not a sleep of 2 s)
+    export, take, taking = resolve.export_units, aggregate.Context.take, threading.Event()
+    monkeypatch.setattr(aggregate.Context, "take", lambda ctx, key: taking.set() or take(ctx, key))
+    monkeypatch.setattr(resolve, "export_units", lambda *a: taking.wait(300) and export(*a))
     stage = threading.Thread(target=aggregate.run, args=(copies[0], config, dask_pool), daemon=True)
     stage.start()
     stage.join(timeout=600)

@@ -386,6 +386,17 @@ class CDP:
             raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
         return result["result"].get("value")
 
+    async def event(self, method: str, timeout: float = 60.0) -> dict:
+        """Wait for the next event ``method`` (answers to no call)."""
+        while True:
+            found = next((e for e in self.events if e["method"] == method), None)
+            if found is not None:
+                self.events.remove(found)
+                return found
+            msg = json.loads(await asyncio.wait_for(self.ws.read_message(), timeout))
+            if "method" in msg:
+                self.events.append(msg)
+
     async def wait_for(self, expression: str, timeout: float = 30.0):
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
@@ -432,6 +443,10 @@ def devtools_page(tmp_path: Path, scenario) -> None:
 ARTIFACTS = Path(os.environ.get("BOOTPROF_TEST_ARTIFACTS", Path(__file__).resolve().parents[1] / "runs" / "test-artifacts"))
 
 
+#: Virtual milliseconds each page's timers run for after its load, before its errors are read.
+VIRTUAL_MS = 5000
+
+
 def pages_without_errors(report_dir: Path, tmp_path: Path, shots: str) -> dict[str, list[str]]:
     """Open every HTML page of a report over the DevTools protocol: the errors each logged (exceptions, console
     errors, failed loads), by page; a full-page screenshot of each goes to ``ARTIFACTS/<shots>/<page>.png``."""
@@ -451,7 +466,12 @@ def pages_without_errors(report_dir: Path, tmp_path: Path, shots: str) -> dict[s
             cdp.events.clear()
             await cdp.call("Page.navigate", url=page.as_uri())
             await cdp.wait_for("document.readyState === 'complete'")
-            await asyncio.sleep(0.3)
+            # The page's timers run to the end of a virtual time budget (no wall-clock wait): what a view throws a
+            # second or more after load is caught too (mutation once unseen: a page that threw at 1 s passed).
+            await cdp.call("Emulation.setVirtualTimePolicy", policy="pauseIfNetworkFetchesPending",
+                           budget=VIRTUAL_MS)
+            await cdp.event("Emulation.virtualTimeBudgetExpired")
+            await cdp.call("Emulation.setVirtualTimePolicy", policy="advance")     # (real time again, for the next)
             await cdp.js("1")                   # (collects what the page logged meanwhile)
             errors = []
             for e in cdp.events:
@@ -557,7 +577,10 @@ def test_page_errors_are_caught(tmp_path):
     (pages / "bad.html").write_text("<!DOCTYPE html><html><body><script>console.error('broken view');"
                                     "throw new Error('no data');</script><script src='static/none.js'></script>"
                                     "</body></html>")
+    (pages / "late.html").write_text("<!DOCTYPE html><html><body><script>setTimeout(() => { throw new "
+                                     "Error('thrown at 3 s'); }, 3000);</script></body></html>")
     found = pages_without_errors(pages, tmp_path, "page-errors")
+    assert any("thrown at 3 s" in e for e in found["late.html"]), found["late.html"]
     assert found["ok.html"] == []
     assert any("broken view" in e for e in found["bad.html"]) and any("no data" in e for e in found["bad.html"])
     assert any("ERR_FILE_NOT_FOUND" in e or "none.js" in e for e in found["bad.html"]), found["bad.html"]

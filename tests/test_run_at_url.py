@@ -92,7 +92,7 @@ def test_a_run_kept_at_a_url_is_the_local_run_and_machines_share_it(s3_store, bu
     assert client.cat(f"{BUCKET}/nightly/run-1/report/_manifest.json") == (copy_a / "report" / "_manifest.json").read_bytes()
 
 
-def test_a_fetch_takes_only_whole_outputs(s3_here, tmp_path):
+def test_a_fetch_takes_only_whole_outputs(s3_here, tmp_path, monkeypatch):
     """A push cut short (files, no manifest) is no output; a stage rewritten while it is fetched is fetched again,
     whole; a stage changed only in the copy is kept and put back; one removed there goes here too."""
     from pipeline.mirror import Mirror
@@ -139,8 +139,13 @@ def test_a_fetch_takes_only_whole_outputs(s3_here, tmp_path):
     assert (reader.path / "decoded" / "t.parquet" / "part-0.parquet").read_text() == "three"
     assert json.loads((reader.path / "decoded" / "_manifest.json").read_text())["text"] == "three"
 
-    # Caught between a push's removal of the old manifest and its writing of the new one: the fetch waits for it.
+    # Caught between a push's removal of the old manifest and its writing of the new one: the fetch waits for it
+    # (here up to 120 s, looking every 0.1 s: a push that took longer than the 2 s default under load once failed).
     import threading
+
+    from pipeline import mirror
+
+    monkeypatch.setattr(mirror, "PUSH_WAIT_S", 120.0)
 
     late = Mirror(url, tmp_path / "e")
     get_late = late.fs.get

@@ -26,3 +26,23 @@ def test_same_decode_finds_the_same_tables_and_reports_what_does_not_decode(tmp_
     proc = _same_decode(str(junk))
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"DIFFERS  {junk}" in proc.stdout and "1 differ" in proc.stdout
+
+
+def test_a_decoder_change_that_alters_a_table_is_reported(tmp_path):
+    """In CI the working tree is ``HEAD``, so the check above compares a decoder with itself: here a copy of ``HEAD``
+    whose decoder writes one field wrong (the trace table's ``perf_freq`` + 1) must be reported as differing."""
+    tree = tmp_path / "tree"
+    subprocess.run(["git", "worktree", "add", "--detach", str(tree), "HEAD"], cwd=ROOT, check=True,
+                   capture_output=True)
+    try:
+        source = tree / "pipeline" / "decode" / "etl" / "__init__.py"
+        text = source.read_text()
+        assert '"perf_freq": f["perf_freq"],' in text
+        source.write_text(text.replace('"perf_freq": f["perf_freq"],', '"perf_freq": f["perf_freq"] + 1,'))
+        proc = subprocess.run([sys.executable, "scripts/same_decode.py", "--no-synth", "--partition-bytes", "65536",
+                               str(fixture_path("etl/perfview-small/gcevents.etl"))], cwd=tree, capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert "DIFFERS" in proc.stdout and "trace" in proc.stdout and "1 differ" in proc.stdout
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)

@@ -70,6 +70,10 @@ def test_z_levels_evidence_and_floors_decide_the_verdict():
     # one past change of its own and two pooled: exactly MIN_EVIDENCE, enough (the third night)
     j = judge_kind("crate_wall_ns", steady[:, -2:], base, base * np.array([3.0, 1.0, 1.0]))
     assert j.history[0] + j.pooled[0] == sig.MIN_EVIDENCE and j.verdict[0] == "regression"
+    assert sig.confidence(int(j.history[0]), float(j.pooled[0])) == "pooled"
+    assert [sig.confidence(h, 0) for h in (2, 3)] == ["prior", "history"]     # (mutation: ``>=`` as ``>``)
+    # z is the change against the others over the noise (pinned here, not only by an integration test)
+    assert j.z[0] == pytest.approx(j.e[0] / j.noise[0]) and j.e[0] == pytest.approx(math.log(3.0))
     # floors: a tiny crate that doubled by 30 ms is below the absolute floor
     small = steady / 1000 * 30
     j = judge_kind("crate_wall_ns", small, small[:, -1], small[:, -1] * np.array([2.0, 1.0, 1.0]))

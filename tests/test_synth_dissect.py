@@ -55,6 +55,7 @@ def dissected(synth_traces):  # noqa: F811
         ips, tids = Counter(), Counter()
         chunks = defaultdict(dict)
         ends = defaultdict(list)
+        timed = defaultdict(list)       # (pid, instance) -> (time, sequence, bytes): snapshots of a reused pid apart
         parts = defaultdict(list)        # (event timestamp, thread) -> [(kernel?, frames or key)]
         key_defs = defaultdict(list)     # key -> [(record timestamp, frames)]
         p = s.cfg.pointer_size
@@ -105,11 +106,12 @@ def dissected(synth_traces):  # noqa: F811
                 elif kind == "HeapSnapshot.Chunk":
                     inst, seq, n = struct.unpack_from("<III", bytes(h.payload))
                     chunks[(h.process_id, inst, )][seq] = bytes(h.payload)[12:12 + n]
+                    timed[(h.process_id, inst)].append((h.time_delta, seq, bytes(h.payload)[12:12 + n]))
                 elif kind == "HeapSnapshot.End":
                     inst, total = struct.unpack_from("<II", bytes(h.payload))
                     ends[(h.process_id, inst)].append(total)
         out[name] = dict(kinds=kinds, procs=procs, images=images, dbgids=dbgids, ips=ips, tids=tids,
-                         chunks=chunks, ends=ends, parts=parts, key_defs=key_defs)
+                         chunks=chunks, ends=ends, timed=timed, parts=parts, key_defs=key_defs)
     return out
 
 
@@ -252,14 +254,7 @@ def test_heap_snapshots(synth_trace, dissected):  # noqa: F811
     by_pid_inst = defaultdict(list)
     for (pid, inst, ts), s in snaps.items():
         by_pid_inst[(pid, inst)].append(s)
-    checked = 0
-    for key, parts in d["chunks"].items():
-        truths = by_pid_inst[key]
-        if len(truths) != 1:        # a reused PID took snapshots in two processes: compare totals below
-            continue
-        s = truths[0]
-        blob = b"".join(parts[i] for i in range(len(parts)))
-        assert d["ends"][key][-1] == len(blob) and len(d["ends"][key]) == 2
+    def per_stack(blob: bytes) -> tuple[dict, int]:
         stacks, blocks = _parse_snapshot(blob, p)
         per = defaultdict(int)
         untracked = 0
@@ -268,10 +263,30 @@ def test_heap_snapshots(synth_trace, dissected):  # noqa: F811
                 untracked += size
             else:
                 per[frames_of[tuple(stacks[ref])]] += size
-        assert untracked == s["untracked_bytes"]
-        assert dict(per) == {k: v["bytes"] for k, v in s["per_stack"].items()}
-        checked += 1
-    assert checked >= len(snaps) // 2
+        return dict(per), untracked
+
+    checked = 0
+    for key, parts in d["chunks"].items():
+        truths = sorted(by_pid_inst[key], key=lambda s: s["timestamp_raw"])
+        if len(truths) == 1:
+            blob = b"".join(parts[i] for i in range(len(parts)))
+            assert d["ends"][key][-1] == len(blob) and len(d["ends"][key]) == 2
+            blobs = [blob]
+        else:
+            # a reused PID took snapshots in two processes under one instance: each chunk belongs to the snapshot
+            # that started last before it (its chunks follow its start 4 ticks apart); once these were skipped
+            starts = [s["timestamp_raw"] for s in truths]
+            mine = defaultdict(list)
+            for t, seq, data in d["timed"][key]:
+                mine[max(i for i, st in enumerate(starts) if st <= t)].append((seq, data))
+            assert sorted(mine) == list(range(len(truths)))
+            blobs = [b"".join(data for _, data in sorted(mine[i])) for i in range(len(truths))]
+        for s, blob in zip(truths, blobs):
+            per, untracked = per_stack(blob)
+            assert untracked == s["untracked_bytes"]
+            assert per == {k: v["bytes"] for k, v in s["per_stack"].items()}
+            checked += 1
+    assert checked == len(snaps)
 
 
 def test_sample_stacks(synth_trace, dissected):  # noqa: F811

@@ -27,23 +27,37 @@ def bootprof(*args, env_extra=None, **kw):
                             stderr=subprocess.PIPE, text=True, **kw)
 
 
-def hold_lock(db, seconds: float):
-    """A real process that keeps the warehouse open for writing for ``seconds``."""
-    code = (f"import duckdb, sys, time; c = duckdb.connect({str(db)!r}); print('held', flush=True); "
-            f"time.sleep({seconds}); c.close()")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+def hold_lock(db):
+    """A real process that keeps the warehouse open for writing until its stdin is closed."""
+    code = (f"import duckdb, sys; c = duckdb.connect({str(db)!r}); print('held', flush=True); "
+            "sys.stdin.read(); c.close()")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "held"
     return proc
+
+
+def waiting(proc) -> str:
+    """Read ``proc``'s stderr up to the line that says it waits for the warehouse lock; the text read."""
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if "locked by another process; waiting" in line:
+            return "".join(seen)
+    raise AssertionError("never waited for the lock: " + "".join(seen)[-2000:])
 
 
 def test_two_ingests_at_once_both_land_and_a_long_lock_is_a_clear_error(etl_run, tmp_path):  # noqa: F811
     db = tmp_path / "wh.duckdb"
     warehouse.connect(db).close()
     runs = [shutil.copytree(etl_run, tmp_path / f"nightly-2026010{d}-010000") for d in (1, 2)]
-    holder = hold_lock(db, 2.0)
+    holder = hold_lock(db)
     procs = [bootprof("warehouse", "--db", str(db), "ingest", "--run", str(r)) for r in runs]
-    outs = [p.communicate(timeout=120) for p in procs]
+    # (the lock goes once both ingests wait for it: an event, not a time that might pass before they start)
+    early = [waiting(p) for p in procs]
+    holder.stdin.close()
     holder.wait(timeout=30)
+    outs = [p.communicate(timeout=120) for p in procs]
+    outs = [(out, e + err) for (out, err), e in zip(outs, early)]
     assert [p.returncode for p in procs] == [0, 0], outs
     con = warehouse.connect(db, read_only=True)
     assert sorted(r[0] for r in con.execute("SELECT run_id FROM runs").fetchall()) == [r.name for r in runs]
@@ -51,7 +65,7 @@ def test_two_ingests_at_once_both_land_and_a_long_lock_is_a_clear_error(etl_run,
     # a lock held past warehouse.lock_timeout_s: one line naming the file and the setting, exit 2
     config = tmp_path / "cfg.yaml"
     config.write_text(json.dumps({"warehouse": {"lock_timeout_s": 0.5}}))
-    holder = hold_lock(db, 5.0)
+    holder = hold_lock(db)
     try:
         p = bootprof("--config", str(config), "warehouse", "--db", str(db), "ingest", "--run", str(runs[0]))
         out, err = p.communicate(timeout=60)

@@ -78,6 +78,9 @@ def run(run_dir: Path, config, pool, inputs: list[sources.Input]) -> dict[str, A
     """Decode ``inputs`` into ``RUN_DIR/decoded``; returns the stage's summary counts."""
     trace, profiles = classify(inputs)
     files = ([trace] if trace else []) + profiles
+    # (each input pinned as it is opened and checked as the stage ends: a file replaced or written meanwhile would
+    # give tables mixed from two files under the hash of one of them)
+    pins = {f: sources.pin(f) for f in files}
     summary: dict[str, Any] = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as hasher:
         # The inputs' content hashes (``sources.fingerprint``) run beside the decode (hashlib releases the GIL).
@@ -101,6 +104,11 @@ def run(run_dir: Path, config, pool, inputs: list[sources.Input]) -> dict[str, A
                                  + "; no run is made of it")
             waited = time.perf_counter()
             fps = prints.result()
+            moved = sources.changed(pins)
+            if moved:
+                raise InputError(f"{moved[0]}: changed while it was decoded (its size, modification time or file "
+                                 f"id differ from when it was opened{f'; and {len(moved) - 1} more' if len(moved) > 1 else ''}); "
+                                 "nothing is kept: decode it again once it is complete")
             # (what the stage waited for the input hashes after the decode: the hash's serial part)
             summary["hash_wait_s"] = round(time.perf_counter() - waited, 3)
             out.manifest.update(summary)

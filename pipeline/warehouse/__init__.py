@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from pipeline.errors import InputError, ManifestError
+from pipeline.errors import DONE, InputError, ManifestError, is_interrupt
 from pipeline.mirror import location
 from pipeline.runs import MANIFEST, parquet_glob, read_manifest, sql_path, stage_dir
-from pipeline.warehouse import comparison
+from pipeline.warehouse import comparison, integrity
 from pipeline.warehouse.comparison import HEADLINE
 
 STAGES = ("capture", "decoded", "symbolized", "aggregated", "report")
@@ -137,20 +137,43 @@ def connect(path: Path, read_only: bool = False, lock_timeout_s: float = 300.0):
     config = ({"enable_external_access": False} if read_only
               else {"storage_compatibility_version": STORAGE_COMPATIBILITY})
     deadline = time.monotonic() + lock_timeout_s
+    waited = False
     while True:
         try:
             con = duckdb.connect(str(path), read_only=read_only, config=config)
             break
         except duckdb.IOException as exc:
             if "lock" not in str(exc).lower():
-                raise InputError(f"{path}: cannot open the warehouse: {exc}") from None
+                raise InputError(f"{path}: cannot open the warehouse: {' '.join(str(exc).split())[:300]}"
+                                 f"{integrity.damage_hint(path)}") from None
             if time.monotonic() >= deadline:
                 raise InputError(f"{path}: the warehouse is locked by another process for more than "
                                  f"{lock_timeout_s:g} s (warehouse.lock_timeout_s): {' '.join(str(exc).split())}") from None
+            if not waited:
+                waited = True
+                import logging
+
+                logging.getLogger("bootprof").warning("%s: locked by another process; waiting for it (up to %g s, "
+                                                      "warehouse.lock_timeout_s)", path, lock_timeout_s)
             time.sleep(LOCK_RETRY_S)
+        except duckdb.Error as exc:
+            raise InputError(f"{path}: cannot open the warehouse: {' '.join(str(exc).split())[:300]}"
+                             f"{integrity.damage_hint(path)}") from None
+    try:
+        _prepare(con, read_only)
+    except duckdb.Error as exc:
+        con.close()
+        if is_interrupt(exc):
+            raise
+        raise InputError(f"{path}: damaged: {' '.join(str(exc).split())[:300]}{integrity.damage_hint(path)}") from None
+    return con
+
+
+def _prepare(con, read_only: bool) -> None:
+    """Tables, views and macros in place (a read-only connection: only its settings locked)."""
     if read_only:
         con.execute("SET lock_configuration = true")
-        return con
+        return
     con.execute(RUNS_DDL)
     older = "workload" not in {r[0] for r in con.execute("DESCRIBE runs").fetchall()}
     for column in ("workload VARCHAR", "peak_commit_bytes BIGINT"):            # (warehouses of older versions)
@@ -168,7 +191,6 @@ def connect(path: Path, read_only: bool = False, lock_timeout_s: float = 300.0):
         _upgrade(con)
     if not judged:
         comparison.write_verdicts(con, [r[0] for r in con.execute("SELECT run_id FROM runs").fetchall()])
-    return con
 
 
 def _upgrade(con) -> None:
@@ -319,13 +341,14 @@ def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: s
         query_total = con.execute("SELECT sum(total_ns) FROM query_totals WHERE run_id = ? AND scope = 'build'",
                                   [run_id]).fetchone()[0]
         labels = {str(k): str(v) for k, v in (labels or {}).items()}
+        job = job or labels.get("job") or job_of(run_dir)
         con.execute("""INSERT INTO runs (run_id, job, workload, run_dir, run_time, trace_start_utc, trace_sha256, trace_files,
                                          trace_bytes, labels, stages, project_version, ingested_utc, cpu_samples,
                                          commit_bytes, query_total_ns, peak_commit_bytes)
                        VALUES (?, ?, ?, ?, coalesce(make_timestamp(?::BIGINT), ?::TIMESTAMP), make_timestamp(?::BIGINT), ?, ?, ?,
                                MAP(?::VARCHAR[], ?::VARCHAR[]),
                                ?, ?, ?::TIMESTAMP, ?, ?, ?, ?)""", [
-            run_id, job or labels.get("job") or job_of(run_dir),
+            run_id, job,
             labels.get("workload") or workload_of(con, run_id, inputs, trace_sha),
             location(run_dir), recorded, run_time.replace("T", " ").rstrip("Z"), trace_start,
             trace_sha, len(inputs), sum(i.get("size") or 0 for i in inputs),
@@ -343,7 +366,12 @@ def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: s
                 json.dumps(m, sort_keys=True, default=str)])
             for table, n in (m.get("tables") or {}).items():
                 con.execute("INSERT INTO table_rows VALUES (?, ?, ?, ?)", [run_id, stage, table, n])
-        con.execute("COMMIT")
+        from pipeline.portable import signals_held
+
+        with signals_held():    # (the run and its journal line: a Ctrl-C comes after both, or before both)
+            con.execute("COMMIT")
+            integrity.record(db, run_id, location(run_dir), job, labels)
+            DONE.append(f"run {run_id} was committed to {db}")
     except duckdb.Error as exc:
         _rollback(con)
         raise InputError(f"{db}: ingesting {run_dir} failed, nothing of it was written: "

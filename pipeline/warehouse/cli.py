@@ -1,7 +1,10 @@
-"""``bootprof warehouse ingest|query|compare``
+"""``bootprof warehouse ingest|query|verify|rebuild|prune|compare``
 
 * ``ingest --run RUN_DIR [--label k=v ...] [--job NAME]``: put a run into the warehouse (again = replace).
 * ``query "SQL"``: run SQL on the warehouse (read-only) and print the result as a table.
+* ``verify``: read every table whole (DuckDB checks each block's checksum), then check it against the journal
+  beside the file and the stage manifests of the runs' directories; exit 1 on a problem, 2 on damage.
+* ``rebuild [RUN_DIR ...] [--out FILE]``: ingest run directories (default: those its journal names) into a new file.
 * ``prune --keep N``: of each job and workload, only the newest N runs keep their detail tables; the others
   keep their summary (``runs``, ``run_metrics``, manifests), still history and baselines.
 * ``compare --run A [--baseline B] [--all] [--format text|markdown|html] [--output FILE] [--budget PCT]``: run A against
@@ -34,6 +37,13 @@ def add_arguments(p) -> None:
     q.add_argument("--limit", type=int, default=200, help="print at most this many rows (default 200)")
     pr = sub.add_parser("prune", help="keep the detail of the newest runs only (summaries stay)")
     pr.add_argument("--keep", type=int, required=True, help="runs of each job and workload that keep their detail")
+    v = sub.add_parser("verify", help="read every table; check it against its journal and the runs' manifests")
+    v.set_defaults(limit=40)
+    rb = sub.add_parser("rebuild", help="ingest run directories again into a new warehouse file")
+    rb.add_argument("runs", nargs="*", type=Path, metavar="RUN_DIR",
+                    help="run directories (default: those the warehouse's journal names that are still there)")
+    rb.add_argument("--out", type=Path, help="the new file (default: in place of the warehouse; the old file is kept "
+                    "as <warehouse>.damaged)")
     c = sub.add_parser("compare", help="what changed between a run and its baseline")
     c.add_argument("--run", required=True, help="run id or run directory")
     c.add_argument("--baseline", help="run id or directory (default: the previous run of the same job and workload)")
@@ -97,6 +107,30 @@ def main(args, config) -> int:
         done = warehouse.prune(db, args.keep, lock_timeout_s=config.warehouse.lock_timeout_s)
         print(f"pruned the detail of {done['runs_pruned']} runs ({done['rows_deleted']} rows); their summaries stay")
         return 0
+    if args.action == "verify":
+        from pipeline.warehouse import integrity
+
+        found = integrity.verify(db, lock_timeout_s=config.warehouse.lock_timeout_s)
+        print(f"{db}: read {len(found.tables)} tables whole ({sum(found.tables.values()):,} rows), {found.runs} runs; "
+              f"checked against {integrity.journal_path(db).name} and {found.checked_dirs} run directories")
+        for line in found.problems[:args.limit]:
+            print(f"  {line}")
+        if len(found.problems) > args.limit:
+            print(f"  ... and {len(found.problems) - args.limit} more")
+        print(f"{len(found.problems)} problems" if found.problems else "no problem found")
+        return 1 if found.problems else 0
+    if args.action == "rebuild":
+        from pipeline.warehouse import integrity
+
+        done = integrity.rebuild(db, args.runs or None, args.out, lock_timeout_s=config.warehouse.lock_timeout_s)
+        for line in done["failed"]:
+            print(f"not ingested: {line}", file=sys.stderr)
+        if done["missing"]:
+            print(f"{len(done['missing'])} runs of the journal have no directory here any more: "
+                  f"{', '.join(done['missing'][:5])}", file=sys.stderr)
+        print(f"rebuilt {done['db']} from {len(done['ingested'])} runs"
+              + (f"; the old file is {done['damaged']}" if done["damaged"] else ""))
+        return 1 if done["failed"] else 0
     from pipeline.runs import atomic_write_text
     from pipeline.warehouse import verdict
 

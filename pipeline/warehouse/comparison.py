@@ -84,7 +84,6 @@ def judge(con, run_id: str, base_id: str, before: list[str]) -> list[dict[str, A
         for i, key in enumerate(keys):
             noise = float(j.noise[i])
             z = float(j.z[i])
-            evidence = int(j.history[i]) + float(j.pooled[i])
             rows.append({
                 "run_id": run_id, "baseline_run_id": base_id, "kind": kind, "test": k.test, "family": k.family,
                 "role": k.role, "key": key, "baseline_value": float(base[i]), "value": float(value[i]),
@@ -93,8 +92,7 @@ def judge(con, run_id: str, base_id: str, before: list[str]) -> list[dict[str, A
                 "reference": _finite(math.expm1(j.reference[i])), "adjusted_change": _finite(math.expm1(j.e[i])),
                 "noise": _finite(noise), "z": _finite(z), "threshold": _finite(sig.threshold(noise, k.test)),
                 "history": int(j.history[i]), "pooled": float(j.pooled[i]),
-                "confidence": "history" if j.history[i] >= sig.MIN_EVIDENCE else (
-                    "pooled" if evidence >= sig.MIN_EVIDENCE else "prior"),
+                "confidence": sig.confidence(int(j.history[i]), float(j.pooled[i])),
                 "verdict": str(j.verdict[i]), "decides": False})
     _decide(rows)
     return rows

@@ -243,6 +243,12 @@ def judge_kind(kind: str, history: np.ndarray, base: np.ndarray, value: np.ndarr
     return Judged(ref, e, noise, z, own_n, pool_w, verdict)
 
 
+def confidence(history: int, pooled: float) -> str:
+    """What a metric's noise rests on: ``history`` (MIN_EVIDENCE changes of its own), ``pooled`` (enough with those
+    of similar items) or ``prior`` (too few: it can be a suspect, never confident)."""
+    return "history" if history >= MIN_EVIDENCE else "pooled" if history + pooled >= MIN_EVIDENCE else "prior"
+
+
 def threshold(noise: float, test: str) -> float:
     """The relative change (against the other items) that a metric with ``noise`` must pass to be confident."""
     return max(FLOOR_RELATIVE[test], math.expm1(min(Z_CONFIDENT * noise, 50.0))) if math.isfinite(noise) else math.inf
