@@ -39,7 +39,7 @@ $(DUCKDB1): | $(STAMP)
 	@touch $(DUCKDB1)
 
 # speedscope from npm (pinned), the consumer the report's exports are loaded into in headless Chromium
-# (tests/test_exports_in_speedscope.py). Installed once, into .venv/speedscope.
+# (tests/test_report_etl.py, tests/test_report_queries.py). Installed once, into .venv/speedscope.
 SPEEDSCOPE_VERSION := 1.25.0
 SPEEDSCOPE := $(VENV)/speedscope/.installed
 

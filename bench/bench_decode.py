@@ -27,7 +27,7 @@ between hours, and a best-of-N headline would report its luckiest run. Targets a
 the decode stage's own time with one worker (bytes in, every parquet table out: the manifest's
 ``decode_s + join_s``); the whole CLI run adds the interpreter, the imports and the dask cluster start and close (1.2-1.5 s here).
 Also reported: user and system CPU seconds of the process tree, MB per CPU-second, and a probe of the
-machine's speed before and after (``PROBE``: this VM's speed moves by 2-3x between sessions; ``PAIR_PROBE``:
+machine's speed before and after (``PROBE``: this VM's speed moves by 2-3x between hours; ``PAIR_PROBE``:
 how much one core slows the other). The ratio
 compares the per-core MB/s with dissect's MB/s on the slice: headers only (the strict ratio, judged against
 the target) and with fields (the same work, reported beside it). Targets (reported, not asserted): >= 300 MB/s
@@ -103,7 +103,7 @@ print(n, time.perf_counter() - t)
 
 
 #: How fast this machine is right now, beside the decode: the same code and trace decoded at 123-141 MB/s in
-#: session 15 and 296-350 MB/s in sessions 10-12, and dissect.etl moved by as much (2.4-3.4 against 7.9 MB/s
+#: 2026-11-25 (`a38bbe7`) and 296-350 MB/s in 2026-11-23 (`dece141` to `d150856`), and dissect.etl moved by as much (2.4-3.4 against 7.9 MB/s
 #: reading headers). Three probes, each the median of three in a fresh process: the interpreter (5 M turns of
 #: a plain Python loop: dissect.etl and the Python around the kernels), memory (16 M random reads from
 #: 512 MiB), and the host (a first write of 1 GiB of fresh memory: this VM's host backs guest memory lazily,
@@ -128,7 +128,7 @@ print(statistics.median(loops), statistics.median(reads), statistics.median(touc
 
 
 #: The same loop in two processes at once, one per core of this 2-core VM: how much one core slows the other
-#: (session 19: 10 M turns 1.0 s alone, 1.17 and 1.57 s side by side). Two workers, or one worker beside the client's
+#: (2026-11-26 (`3cbe0de`): 10 M turns 1.0 s alone, 1.17 and 1.57 s side by side). Two workers, or one worker beside the client's
 #: sha256, run in that state.
 PAIR_PROBE = """
 import time
@@ -318,7 +318,7 @@ def instructions(trace: Path) -> dict:
     counted by callgrind: the same count for the same code and input on any x86-64 machine and in any phase of
     this VM (two runs of the 32 MB slice: 6,189.4 and 6,189.7 M; the marginal count of two benches 24.2 and
     24.6 M per MB: threads interleave, hash seeds and file names differ), where seconds moved by 2-3x between
-    sessions. The marginal count of the MBs between two slices (``INSTRUCTION_SLICES``) leaves out the
+    hours. The marginal count of the MBs between two slices (``INSTRUCTION_SLICES``) leaves out the
     process start, the imports and the fixed steps. Divided into a rate it says what a core must retire for
     that rate: 300 MB/s needs ``300 * M`` instructions a second; times the in-process stage rate of this
     bench, what this VM's core retired while it ran.

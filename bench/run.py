@@ -20,7 +20,6 @@ prints a combined table. ``python bench/run.py [name ...]`` runs only the named 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time

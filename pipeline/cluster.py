@@ -166,7 +166,7 @@ def wait_for(futures: Iterable[Any], stop: threading.Event | None = None, step: 
 
 def runs_inline(cfg: ClusterConfig, size: int | None) -> bool:
     """Whether inputs of ``size`` bytes run in this process (``cluster.inline_below``, mode 'local' only)."""
-    from pipeline.config import parse_size
+    from pipeline.units import parse_size
 
     return cfg.mode == "local" and size is not None and size < parse_size(cfg.inline_below)
 

@@ -15,6 +15,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from pipeline.errors import ConfigError
+from pipeline.units import parse_size  # noqa: F401  (the config's sizes; re-exported)
 from pipeline.runs import canonical_hash
 
 
@@ -240,6 +241,17 @@ class Job(Section):
                              "(s3://, gs://, abfs://, ...)")
         return value
 
+    @field_validator("stages")
+    @classmethod
+    def _stages(cls, value: list[str]) -> list[str]:
+        from pipeline import stages
+
+        unknown = [s for s in value if s not in stages.names() or s == "capture"]
+        if unknown:
+            raise ValueError(f"no stage {unknown[0]!r} (a job's stages: "
+                             f"{', '.join(s for s in stages.names() if s != 'capture')})")
+        return value
+
     def run_dir(self, name: str):
         """Run ``name`` of this job: a path below ``runs_dir``, or a ``mirror.RunURL`` below its URL."""
         from pipeline import sources
@@ -252,7 +264,7 @@ class Job(Section):
                       max_length=100)
     config: Path | None = Field(None, description="Config file; a relative path is relative to the working directory "
                                 "(the project root, for the jobs in jobs/); `--config` overrides it.")
-    stages: list[Literal["synth", "decode", "symbolize", "aggregate", "report", "warehouse", "compare"]] = Field(
+    stages: list[str] = Field(
         description="Stages in order. 'synth' makes the demo trace when no TRACE is given; 'compare' (after "
         "'warehouse') compares the run with its baseline and fails the job on a regression past the budget."
     )
@@ -370,19 +382,3 @@ def load_job(path: Path | str) -> Job:
     path = Path(path)
     data, node = _load_yaml(path)
     return _validate(Job, path, data, node)
-
-
-def parse_size(text: str) -> int:
-    """'1GB' -> 1_000_000_000, '64MiB' -> 67_108_864, '1000' -> 1000."""
-    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-             "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40, "K": 10**3, "M": 10**6, "G": 10**9}
-    s = str(text).strip().upper().replace(" ", "")
-    num = s.rstrip("KMGTIB")
-    unit = s[len(num):]
-    try:
-        value = float(num)
-    except ValueError:
-        raise ConfigError(f"not a size: {text!r} (expected e.g. 20MB, 1GB, 64MiB)") from None
-    if unit not in units or value < 0:
-        raise ConfigError(f"not a size: {text!r} (expected e.g. 20MB, 1GB, 64MiB)")
-    return int(value * units[unit])

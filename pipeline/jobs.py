@@ -17,24 +17,17 @@ A stage rerun rewrites its manifest, so every stage after it is stale and runs t
 from __future__ import annotations
 
 import concurrent.futures
-import importlib
 import time
 from pathlib import Path
 from typing import Any
 
-import yaml
 
-from pipeline import __version__, sources
+from pipeline import __version__, sources, stages
 from pipeline.config import Config, Job, load_config, load_job, parse_yaml
 from pipeline.errors import BootprofError, ConfigError, ManifestError
 from pipeline.mirror import mirrored
 from pipeline.progress import Status, print_line
 from pipeline.runs import MANIFEST, canonical_hash, fresh_dir, owned, read_manifest, stage_dir
-
-#: job stage -> (its output directory in the run, the config section its output depends on)
-OUTPUTS = {"decode": ("decoded", "decode"), "symbolize": ("symbolized", "symbolize"),
-           "aggregate": ("aggregated", "aggregate"), "report": ("report", "report")}
-
 
 def apply_sets(config: Config, sets: list[str]) -> Config:
     """``--set section.key=value`` (value read as YAML: 4, true, 20MB, [a, b]) over ``config``, validated."""
@@ -100,15 +93,15 @@ def decoded_inputs(run_dir: Path) -> RunInputs:
 
 def stale_reason(run_dir: Path, stage: str, config: Config, inputs: list[Path]) -> str | None:
     """Why ``stage`` must run in ``run_dir``; None when its output is up to date."""
-    if stage == "compare":
+    row = stages.get(stage)
+    if row.always:
         return "always (its baseline may have changed)"
-    if stage == "warehouse":
-        from pipeline import warehouse
-
-        same = warehouse.holds(config.warehouse.path, run_dir, dict(config.warehouse.labels),
-                               config.warehouse.lock_timeout_s)
-        return None if same else "the warehouse does not hold this version of the run"
-    out, section = OUTPUTS[stage]
+    own = getattr(row.load(), "stale_reason", None)
+    if own is not None:         # (a stage whose output is not a directory of the run: it says itself)
+        return own(run_dir, config)
+    out, section = row.output, row.section
+    if out is None:
+        return "it writes no output to check"
     if not (stage_dir(run_dir, out) / MANIFEST).exists():
         return "no output yet"
     try:
@@ -117,7 +110,8 @@ def stale_reason(run_dir: Path, stage: str, config: Config, inputs: list[Path]) 
         return str(exc).split(": ", 1)[-1]
     if manifest.get("project_version") != __version__:
         return f"made by bootprof {manifest.get('project_version')}"
-    if canonical_hash((manifest.get("config") or {}).get(section)) != canonical_hash(config.resolved()[section]):
+    if section is not None and canonical_hash((manifest.get("config") or {}).get(section)) != \
+            canonical_hash(config.resolved()[section]):
         return f"the {section} settings changed"
     if stage == "decode" and not isinstance(inputs, RunInputs):
         from pipeline.decode import classify
@@ -136,17 +130,17 @@ def run_stages(job: Job, config: Config, inputs: list[sources.Input], run_dir: P
     run_dir = Path(run_dir).absolute()      # (the tasks may run in workers of another working directory)
     from pipeline.cluster import connect
 
-    stages = [s for s in job.stages if s != "synth"]
-    modules = {stage: importlib.import_module(f"pipeline.{stage}") for stage in stages}
+    todo_stages = [s for s in job.stages if s != "synth"]
+    modules = {stage: stages.get(stage).load() for stage in todo_stages}
     summaries: dict[str, Any] = {}
     # (no cluster starts for a job whose stages are all up to date)
-    first = next((s for s in stages if force or stale_reason(run_dir, s, config, inputs) is not None), None)
-    for stage in stages[:stages.index(first) if first else len(stages)]:
+    first = next((s for s in todo_stages if force or stale_reason(run_dir, s, config, inputs) is not None), None)
+    for stage in todo_stages[:todo_stages.index(first) if first else len(todo_stages)]:
         print_line(f"  {stage:<10} {'skipped':>7}  (up to date)")
         summaries[stage] = None
     if first is None:
         return summaries
-    todo = stages[stages.index(first):]
+    todo = todo_stages[todo_stages.index(first):]
     with connect(config.cluster, warm_up=[m for s in todo for m in getattr(modules[s], "WARM_UP", ())],
                  size=sources.input_bytes(inputs), background=True) as pool:
         beside: concurrent.futures.Future | None = None     # (the stage that runs beside the next one)
@@ -161,7 +155,7 @@ def run_stages(job: Job, config: Config, inputs: list[sources.Input], run_dir: P
                 summaries[stage] = None
                 continue
             after = todo[k + 1] if k + 1 < len(todo) else None
-            if after is not None and getattr(modules[after], "BESIDE", None) == stage:
+            if after is not None and stages.get(after).beside == stage:
                 # (the next stage starts now, beside this one, and waits for it where it needs its output)
                 beside = _start_beside(stage, modules[stage], run_dir, config, pool, inputs)
                 continue
@@ -241,7 +235,7 @@ def _run_beside(started: tuple[str, Any], running: concurrent.futures.Future, st
 
 def _synth_demo(config: Config, run_dir: Path) -> list[Path]:
     """The demo trace, and the self-profiles of its rustc processes when ``synth.self_profiles``."""
-    synth = importlib.import_module("pipeline.synth")
+    synth = stages.get("synth").load()
     trace = run_dir / "input" / "demo.etl"
     t0 = time.perf_counter()
     with Status("synth", 0) as status:

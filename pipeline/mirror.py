@@ -312,7 +312,7 @@ def mirrored(run: Path | str, runs) -> Iterator[Path]:
             print(f"bootprof: {put_error}", file=sys.stderr)
         raise
     _put_back(mirror)
-    from pipeline.config import parse_size
+    from pipeline.units import parse_size
 
     removed, freed = prune(runs.mirror_dir, parse_size(runs.mirror_max_bytes), keep=mirror.path)
     if removed:

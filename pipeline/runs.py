@@ -253,17 +253,18 @@ def owned(run_dir: Path, command: str, timeout_s: float = 300.0) -> Iterator[Non
         lock.release()
 
 
-#: What a run directory holds: the stages' outputs, what capture records, the lock (hidden leftovers aside).
-RUN_ENTRIES = {"capture", "decoded", "symbolized", "aggregated", "report", "compare", "input", "selfprofile",
-               "symbols", LOCK, OWNER}
+#: What a run directory holds besides the stages' outputs (``stages.outputs()``): what capture records, the lock.
+RUN_ENTRIES = {"input", "selfprofile", "symbols", LOCK, OWNER}
 
 
 def not_a_run(run_dir: Path) -> list[str]:
     """The entries of ``run_dir`` that no run directory holds (none: it is a run directory, or empty). A command
     once wrote ``/decoded`` when given ``--run /``."""
+    from pipeline import stages
+
+    known = RUN_ENTRIES | set(stages.outputs())
     try:
-        return sorted(e.name for e in Path(run_dir).iterdir() if e.name not in RUN_ENTRIES
-                      and not e.name.startswith("."))
+        return sorted(e.name for e in Path(run_dir).iterdir() if e.name not in known and not e.name.startswith("."))
     except OSError:
         return []
 

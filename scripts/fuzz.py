@@ -22,7 +22,7 @@ is reproducible from its seed.
 
 A failure on a synthesized trace is reproduced with no inputs, ``--seed S --mutations 1``.
 
-Session 16 fuzzed with these traces and mutations (about 19,700 decodes, 2,300 whole pipelines, 4,700 damaged
+2026-11-25 (`bd0fdf5`) fuzzed with these traces and mutations (about 19,700 decodes, 2,300 whole pipelines, 4,700 damaged
 self-profiles): a heap-snapshot block size near 2^64, a VirtualAlloc size of 2^63 + 2^19, an image size of
 2^64 - 1 and a process first seen 69 years before the trace failed the decode or the aggregate (fixed; tests
 ``test_heap_snapshots_with_impossible_blocks_are_markers``, ``test_regions_that_do_not_fit_in_the_address_space_are_errors``,

@@ -309,7 +309,6 @@ def test_the_content_hash_is_the_sha256_of_the_pieces_sha256s(tmp_path):
     """``sha256_tree`` against hashlib on the pieces, on one thread and on several, at piece edges; and
     against ``sha256sum`` of ``split``, as the docstring says to check it in a shell."""
     import hashlib
-    import shutil
 
     data = os.urandom(1000)
     for n in (0, 1, 99, 100, 101, 1000):

@@ -86,7 +86,6 @@ def test_decoder_modules_import_in_layers_and_stay_small():
     directly or through others (imports inside functions count: a cycle there is still a tangle to read), and no
     module is over 800 lines."""
     import ast
-    from pathlib import Path
 
     from tests.conftest import ROOT
 

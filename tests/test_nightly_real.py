@@ -15,7 +15,7 @@ import pytest
 
 from pipeline import warehouse
 from pipeline.cli import main as cli_main
-from pipeline.warehouse import verdict
+from pipeline.compare import verdict
 from tests import realbuild
 from tests.conftest import ROOT
 

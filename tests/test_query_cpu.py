@@ -127,7 +127,6 @@ def test_query_cpu_takes_its_frames_from_the_cpu_section(both, tmp_path, monkeyp
     (the stage resolves them once) and writes the tables it writes when it resolves them itself."""
     import shutil
     import threading
-    import time
 
     from pipeline import aggregate
     from pipeline.aggregate import resolve

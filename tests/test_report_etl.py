@@ -144,7 +144,6 @@ def test_exports_hold_every_sample(report_run):
 
 def test_flamegraph_renders_in_chromium(report_run, tmp_path):
     page = report_run / "report" / "flamegraph_cpu.html"
-    data = flame_data(page)
     dom = dump_dom(page.as_uri(), tmp_path / "chrome")
     svg = re.search(r'<svg id="flame"[^>]*>', dom).group(0)
     drawn = int(re.search(r'data-drawn="(\d+)"', svg).group(1))

@@ -70,10 +70,10 @@ def test_samples_per_process_and_stack(synth_trace, decoded):  # noqa: F811
     assert all(r["ip"] == int(t["stacks"][tmpl[r["stack_id"]]]["frames"][0], 16) for r in rows)
 
 
-def test_samples_per_function_and_crate(synth_trace, decoded):  # noqa: F811
+def test_samples_per_function(synth_trace, decoded):  # noqa: F811
     t = synth_trace.truth
     tmpl = _template_of(decoded, synth_trace)
-    fself, fincl, cself, cincl = Counter(), Counter(), Counter(), Counter()
+    fself, fincl = Counter(), Counter()
     for r in _table(decoded, synth_trace, "samples"):
         funcs = t["stacks"][tmpl[r["stack_id"]]]["functions"]
         fself[funcs[0]] += 1

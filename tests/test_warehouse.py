@@ -328,7 +328,7 @@ def test_compare_markdown_golden(tmp_path):
     byte. It opens with the verdict and the crate that regressed (judged against the other crates, whose +5 % that
     night was the machine's), then the queries that explain it; a crate new in the run regresses too; a function
     that doubled explains and fails nothing; noise (a function +1%) is left out; names are whole and escaped."""
-    from pipeline.warehouse import verdict
+    from pipeline.compare import verdict
 
     db = tmp_path / "wh.duckdb"
     con = warehouse.connect(db)

@@ -53,7 +53,7 @@ def verdicts(db, k: int) -> list[dict]:
 
 
 def test_noise_only_nights_flag_nothing_from_the_second_night(history):
-    from pipeline.warehouse import verdict
+    from pipeline.compare import verdict
 
     db, _ = history
     false = {}
@@ -73,7 +73,7 @@ def test_noise_only_nights_flag_nothing_from_the_second_night(history):
 
 def test_every_injected_change_is_found(history):
     db, _ = history
-    from pipeline.warehouse import verdict
+    from pipeline.compare import verdict
 
     slow = warehouse.compare(db, night(31))
     assert slow["verdict"] == "regression"

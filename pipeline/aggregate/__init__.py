@@ -48,6 +48,8 @@ class Context:
     #: section calls it (through ``resolve.has_frames``) before it reads frames.
     frames_final: FramesFinal
     offers: dict[str, Future] = field(default_factory=dict)     # (``OFFERS`` of the sections that run)
+    #: How many sections run at once (:func:`parallel_sections`): they share ``aggregate.memory_limit``.
+    at_once: int = 1
 
     def offer(self, key: str, value: Any) -> None:
         """Hand ``value`` to the sections that wait for ``key`` (once; a section that offers nothing hands them
@@ -81,17 +83,12 @@ def section_name(section: Callable) -> str:
     return section.__module__.rsplit(".", 1)[-1]
 
 
-#: The stage that a job may run beside this one (``jobs.run_stages``): ``run(after=...)`` waits for it before
-#: any frame is read. What comes from ``decoded/`` alone (the queries and processes sections, the sample and
-#: allocation units and their epochs) is done meanwhile, on the cores that symbolize leaves idle.
-BESIDE = "symbolize"
-
-
 def run(run_dir: Path, config, pool, inputs=None, after: Callable[[], Any] | None = None) -> dict[str, Any]:
     """Run every applicable section on ``RUN_DIR/decoded``; returns {section: summary}.
 
-    ``after``: the stage starts while ``symbolize`` still writes ``symbolized/``; ``after()`` returns once that
-    is final (and raises if symbolize failed). The sections call it before they read frames, and the stage
+    ``after``: the stage starts while ``symbolize`` still writes ``symbolized/`` (its row in :mod:`pipeline.stages`
+    says it may: what comes from ``decoded/`` alone is done meanwhile, on the cores symbolize leaves idle);
+    ``after()`` returns once that is final (and raises if symbolize failed). The sections call it before they read frames, and the stage
     before it ends, so that its manifest names the ``symbolized/`` it was made from."""
     run_dir = Path(run_dir)
     decoded = read_manifest(run_dir, SOURCE)
@@ -99,7 +96,7 @@ def run(run_dir: Path, config, pool, inputs=None, after: Callable[[], Any] | Non
     source = [{"stage": SOURCE, "path": str(stage_dir(run_dir, SOURCE)), "created_utc": decoded.get("created_utc")}]
     frames_final = FramesFinal(run_dir, after)
     with stage_output(run_dir, STAGE, inputs=source, config=config.resolved(), upstream=(SOURCE, "symbolized")) as out:
-        ctx = Context(run_dir, config, pool, out, decoded, frames_final=frames_final)
+        ctx = Context(run_dir, config, pool, out, decoded, frames_final=frames_final, at_once=parallel_sections())
         results = _run_sections(ctx)
         frames_final()
         summary = {section_name(s): results[s] for s in SECTIONS if results[s] is not None}

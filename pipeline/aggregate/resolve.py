@@ -62,19 +62,18 @@ def duckdb_for(ctx):
     # (named with this process: the next stage run removes it if a kill left it behind, runs.clean_leftovers)
     spill = tempfile.mkdtemp(prefix=f".aggregate-spill-{os.getpid()}-", dir=ctx.run_dir)
     con = duckdb.connect(config={"preserve_insertion_order": False, "temp_directory": spill,
-                                 "memory_limit": f"{section_memory(ctx.config.aggregate.memory_limit)}B"})
+                                 "memory_limit": f"{section_memory(ctx.config.aggregate.memory_limit, ctx.at_once)}B"})
     weakref.finalize(con, shutil.rmtree, spill, True)
     return con
 
 
-def section_memory(limit: str) -> int:
-    """One section's share of the stage's DuckDB memory: an even share among the sections that run at once, at
-    least the smallest limit the setting allows (or the whole limit, when it is smaller still)."""
-    from pipeline.aggregate import parallel_sections
+def section_memory(limit: str, at_once: int) -> int:
+    """One section's share of the stage's DuckDB memory: an even share among the ``at_once`` sections that run at
+    once, at least the smallest limit the setting allows (or the whole limit, when it is smaller still)."""
     from pipeline.config import AGGREGATE_MEMORY_MIN, parse_size
 
     total = parse_size(limit)
-    return max(total // parallel_sections(), min(total, AGGREGATE_MEMORY_MIN))
+    return max(total // max(at_once, 1), min(total, AGGREGATE_MEMORY_MIN))
 
 
 def connect(ctx, *tables: str):

@@ -25,7 +25,7 @@ STAGE = "compare"
 
 def run(run_dir: Path, config, pool, inputs=None) -> dict[str, Any]:
     from pipeline import warehouse
-    from pipeline.warehouse import verdict
+    from pipeline.compare import verdict
     from pipeline.warehouse.comparison import named
 
     run_dir = Path(run_dir)

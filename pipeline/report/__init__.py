@@ -10,29 +10,16 @@ memory or process sections means adding a module and appending it to ``SECTIONS`
 from __future__ import annotations
 
 import html
-import shutil
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from pipeline import __version__
 from pipeline.report import coverage, cpu, memory, processes, queries, query_cpu, sysconfig
-from pipeline.runs import atomic_write_text, has_table, read_manifest, read_table, stage_dir, stage_output
+from pipeline.report.base import STATIC, Context, Section, page  # noqa: F401  (re-exported)
+from pipeline.runs import atomic_write_text, read_manifest, stage_dir, stage_output
 
 STAGE = "report"
-STATIC = Path(__file__).with_name("static")
-
-
-@dataclass
-class Section:
-    """One part of index.html: an anchor id, a title, an HTML fragment and the files it wrote."""
-
-    id: str
-    title: str
-    html: str
-    files: list[str] = field(default_factory=list)
-    summary: dict[str, Any] = field(default_factory=dict)
 
 
 SECTIONS: list[Callable[["Context"], Section | None]] = [coverage.section, sysconfig.section, queries.section,
@@ -42,26 +29,6 @@ SECTIONS: list[Callable[["Context"], Section | None]] = [coverage.section, sysco
 #: after another); each process reads its own inputs. The others (small, or users of the dask pool, which
 #: belongs to this process) run here meanwhile.
 IN_PROCESS = (cpu.section, query_cpu.section, memory.section)
-
-
-@dataclass
-class Context:
-    run_dir: Path
-    config: Any
-    pool: Any
-    out: Any          # StageOutput of report/
-
-    def has(self, stage: str, table: str) -> bool:
-        return has_table(self.run_dir, stage, table)
-
-    def read(self, stage: str, table: str, columns: list[str] | None = None, dictionary: tuple[str, ...] = ()):
-        return read_table(self.run_dir, stage, table, columns, dictionary)
-
-    def copy_static(self, name: str) -> str:
-        """Copy ``static/<name>`` into the report; returns its relative path."""
-        (self.out.path / "static").mkdir(exist_ok=True)
-        shutil.copyfile(STATIC / name, self.out.path / "static" / name)
-        return f"static/{name}"
 
 
 def run_sections(ctx: Context) -> list[Section | None]:
@@ -83,18 +50,6 @@ def run_sections(ctx: Context) -> list[Section | None]:
         futures = {fn: procs.submit(fn, lone) for fn in apart}
         here = {fn: fn(ctx) for fn in SECTIONS if fn not in futures}
         return [futures[fn].result() if fn in futures else here[fn] for fn in SECTIONS]
-
-
-def page(title: str, body: str, head: str = "") -> str:
-    """A complete HTML page with the report's stylesheet."""
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<link rel="stylesheet" href="static/report.css">{head}</head>
-<body>
-{body}
-</body></html>
-"""
 
 
 def render_index(title: str, run_dir: Path, sections: list[Section]) -> str:

@@ -30,7 +30,7 @@ POOR_RESOLUTION = 0.5
 def section(ctx):
     if not has_table(ctx.run_dir, "decoded", "trace"):
         return None
-    from pipeline.report import Section
+    from pipeline.report.base import Section
 
     decoded = read_manifest(ctx.run_dir, "decoded")
     rows = decoded.get("tables", {})

@@ -19,7 +19,7 @@ TABLES = ["cpu_by_process", "cpu_by_crate", "cpu_by_module", "cpu_by_function", 
 def section(ctx):
     if not ctx.has(AGG, "cpu_folded"):
         return None
-    from pipeline.report import Section
+    from pipeline.report.base import Section
 
     top_n = ctx.config.report.top_n
     folded = [(r["stack"], r["samples"]) for r in ctx.read(AGG, "cpu_folded", ["stack", "samples"]).to_pylist()]

@@ -25,7 +25,7 @@ def section(ctx):
     has_heap = ctx.has(AGG, "heap_snapshots_summary")
     if not (has_commit or has_heap):
         return None
-    from pipeline.report import Section
+    from pipeline.report.base import Section
 
     top_n = ctx.config.report.top_n
     w = Writer(ctx)
@@ -163,7 +163,7 @@ HEAP_PAGE_FUNCTIONS = 300
 
 def _heap_page(ctx) -> str:
     """heap_snapshots.html: pick a snapshot (functions by inclusive busy bytes), or two to compare (growth)."""
-    from pipeline.report import page
+    from pipeline.report.base import page
     from pipeline.report.safe import inline_json
 
     w = Writer(ctx)

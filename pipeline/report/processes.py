@@ -184,7 +184,7 @@ def chrome_trace(rows: list[dict], threads: list[dict], cpu: list[dict]) -> dict
 def section(ctx):
     if not ctx.has(AGG, "process_tree"):
         return None
-    from pipeline.report import Section, page
+    from pipeline.report.base import Section, page
 
     rows = ctx.read(AGG, "process_tree").to_pylist()
     w = Writer(ctx)

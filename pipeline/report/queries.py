@@ -310,7 +310,7 @@ def invocation_hits(kind, string_id, value):
 
 
 def profile_queries_page(ctx, files: dict[int, dict], traces: list[dict]) -> str:
-    from pipeline.report import page
+    from pipeline.report.base import page
 
     info = {t["file_id"]: t for t in traces}
     rows = []
@@ -345,7 +345,7 @@ it, <em>zoom</em> to show only its subtree.</p></header>
 def section(ctx):
     if not ctx.has(AGG_STAGE, "query_summary"):
         return None
-    from pipeline.report import Section
+    from pipeline.report.base import Section
 
     top_n = ctx.config.report.top_n
     rows = ctx.read(AGG_STAGE, "query_summary").to_pylist()
@@ -374,7 +374,7 @@ def section(ctx):
     full = [f"<h2>whole build</h2>{html_table(build, cols, 'summary')}"]
     for crate, crows in sorted(crates.items()):
         full.append(f"<h2>crate {html.escape(crate)}</h2>{html_table(crows, summary_columns(crows), 'summary')}")
-    from pipeline.report import page
+    from pipeline.report.base import page
 
     write("query_summary.html", page("query summary", "<main>" + "".join(full) + "</main>"))
 

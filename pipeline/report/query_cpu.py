@@ -23,7 +23,7 @@ SHOWN = {"outside": "(outside queries)", "unprofiled": "(thread not in the self-
 def section(ctx):
     if not ctx.has(AGG, "cpu_by_query"):
         return None
-    from pipeline.report import Section
+    from pipeline.report.base import Section
 
     top_n = ctx.config.report.top_n
     rows = ctx.read(AGG, "cpu_by_query").to_pylist()

@@ -10,7 +10,7 @@ from pipeline.runs import has_table, read_table
 def section(ctx):
     if not has_table(ctx.run_dir, "decoded", "trace"):
         return None
-    from pipeline.report import Section
+    from pipeline.report.base import Section
 
     trace = read_table(ctx.run_dir, "decoded", "trace").to_pylist()[0]
     cfg = (read_table(ctx.run_dir, "decoded", "sysconfig").to_pylist()[:1]

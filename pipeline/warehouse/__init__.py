@@ -19,14 +19,16 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from pipeline import stages
 from pipeline.errors import DONE, InputError, ManifestError, is_interrupt
 from pipeline.mirror import location
 from pipeline.runs import MANIFEST, parquet_glob, read_manifest, sql_path, stage_dir
-from pipeline.warehouse import comparison, integrity
+from pipeline.warehouse import comparison, journal
 from pipeline.warehouse.comparison import HEADLINE
 
-STAGES = ("capture", "decoded", "symbolized", "aggregated", "report")
-AGGREGATED = "aggregated"
+#: The stage outputs a run's manifests are read from (the comparison's own is no part of the run it judges).
+STAGES = tuple(o for o in stages.outputs() if o != stages.COMPARED)
+AGGREGATED = stages.AGGREGATED
 #: Aggregated tables that only the report draws from, kept out of the warehouse: the splits by time bin are up to
 #: 500 (200) times the rows of the whole-build tables (``cpu_folded``, ``cpu_by_function``, ...), which it has.
 NOT_INGESTED = {"cpu_folded_over_time", "commit_folded_over_time", "cpu_functions_over_time",
@@ -145,7 +147,7 @@ def connect(path: Path, read_only: bool = False, lock_timeout_s: float = 300.0):
         except duckdb.IOException as exc:
             if "lock" not in str(exc).lower():
                 raise InputError(f"{path}: cannot open the warehouse: {' '.join(str(exc).split())[:300]}"
-                                 f"{integrity.damage_hint(path)}") from None
+                                 f"{journal.damage_hint(path)}") from None
             if time.monotonic() >= deadline:
                 raise InputError(f"{path}: the warehouse is locked by another process for more than "
                                  f"{lock_timeout_s:g} s (warehouse.lock_timeout_s): {' '.join(str(exc).split())}") from None
@@ -158,14 +160,14 @@ def connect(path: Path, read_only: bool = False, lock_timeout_s: float = 300.0):
             time.sleep(LOCK_RETRY_S)
         except duckdb.Error as exc:
             raise InputError(f"{path}: cannot open the warehouse: {' '.join(str(exc).split())[:300]}"
-                             f"{integrity.damage_hint(path)}") from None
+                             f"{journal.damage_hint(path)}") from None
     try:
         _prepare(con, read_only)
     except duckdb.Error as exc:
         con.close()
         if is_interrupt(exc):
             raise
-        raise InputError(f"{path}: damaged: {' '.join(str(exc).split())[:300]}{integrity.damage_hint(path)}") from None
+        raise InputError(f"{path}: damaged: {' '.join(str(exc).split())[:300]}{journal.damage_hint(path)}") from None
     return con
 
 
@@ -286,13 +288,14 @@ def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: s
            lock_timeout_s: float = 300.0, after: Callable[[], Any] | None = None) -> dict[str, Any]:
     """Put one run into the warehouse (replacing an earlier ingestion of the same run_id).
 
-    ``after``: the report stage still runs (a job started this beside it, ``BESIDE``); the aggregated tables go
+    ``after``: the report stage still runs (a job started this beside it, ``stages``); the aggregated tables go
     in meanwhile, and ``after()`` returns once it has ended (or raises its error: nothing is then written), before
     the stages' manifests are read for the ``runs`` and ``stage_manifests`` rows."""
     run_dir = Path(run_dir).resolve()
     # (the report's manifest, when the report still runs, is read once it has ended: the one there now may be an
     # earlier run's, made from other upstream outputs)
-    manifests = _manifests(run_dir, STAGES if after is None else tuple(s for s in STAGES if s != BESIDE))
+    beside = stages.get(stages.get("warehouse").beside).output
+    manifests = _manifests(run_dir, STAGES if after is None else tuple(s for s in STAGES if s != beside))
     if AGGREGATED not in manifests:
         raise ManifestError(f"{run_dir}: no finished '{AGGREGATED}' output (run the aggregate stage first)")
     run_id = run_dir.name
@@ -370,7 +373,7 @@ def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: s
 
         with signals_held():    # (the run and its journal line: a Ctrl-C comes after both, or before both)
             con.execute("COMMIT")
-            integrity.record(db, run_id, location(run_dir), job, labels)
+            journal.record(db, run_id, location(run_dir), job, labels)
             DONE.append(f"run {run_id} was committed to {db}")
     except duckdb.Error as exc:
         _rollback(con)
@@ -516,8 +519,10 @@ def _run_id(con, ref: str) -> str:
     return name
 
 
-#: The stage that a job may run beside this one (``jobs.run_stages``): the report, whose manifest alone this reads.
-BESIDE = "report"
+def stale_reason(run_dir: Path, config) -> str | None:
+    """Why the job must ingest ``run_dir`` again (None: the warehouse holds this version of the run)."""
+    same = holds(config.warehouse.path, run_dir, dict(config.warehouse.labels), config.warehouse.lock_timeout_s)
+    return None if same else "the warehouse does not hold this version of the run"
 
 
 def run(run_dir: Path, config, pool, inputs=None, after: Callable[[], Any] | None = None) -> dict[str, Any]:

@@ -108,11 +108,11 @@ def main(args, config) -> int:
         print(f"pruned the detail of {done['runs_pruned']} runs ({done['rows_deleted']} rows); their summaries stay")
         return 0
     if args.action == "verify":
-        from pipeline.warehouse import integrity
+        from pipeline.warehouse import integrity, journal
 
         found = integrity.verify(db, lock_timeout_s=config.warehouse.lock_timeout_s)
         print(f"{db}: read {len(found.tables)} tables whole ({sum(found.tables.values()):,} rows), {found.runs} runs; "
-              f"checked against {integrity.journal_path(db).name} and {found.checked_dirs} run directories")
+              f"checked against {journal.journal_path(db).name} and {found.checked_dirs} run directories")
         for line in found.problems[:args.limit]:
             print(f"  {line}")
         if len(found.problems) > args.limit:
@@ -132,7 +132,7 @@ def main(args, config) -> int:
               + (f"; the old file is {done['damaged']}" if done["damaged"] else ""))
         return 1 if done["failed"] else 0
     from pipeline.runs import atomic_write_text
-    from pipeline.warehouse import verdict
+    from pipeline.compare import verdict
 
     c = warehouse.compare(db, args.run, args.baseline, lock_timeout_s=config.warehouse.lock_timeout_s)
     if args.format == "html":

@@ -1,8 +1,5 @@
-"""What survives damage to the warehouse file, and how to tell and mend it.
+"""How to tell and mend damage to the warehouse file, with its journal (:mod:`.journal`).
 
-* The **journal** (``<warehouse>.journal.jsonl``, beside the file): one JSON line per ingest that committed, with
-  the run, its run directory, job and labels. It is a separate, append-only text file, so a damaged warehouse still
-  says which runs it held and where they are.
 * :func:`verify` reads every row of every table (DuckDB checks each block's checksum as it reads it) and checks the
   warehouse against the journal and against the stage manifests of the run directories still on disk.
 * :func:`rebuild` ingests run directories (by default every run the journal names whose directory is still there)
@@ -13,43 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.errors import InputError
 from pipeline.runs import MANIFEST, stage_dir
-
-
-def journal_path(db: Path) -> Path:
-    db = Path(db).expanduser()
-    return db.with_name(db.name + ".journal.jsonl")
-
-
-def record(db: Path, run_id: str, run_dir: str, job: str, labels: dict[str, str]) -> None:
-    """Append the line of an ingest that committed (flushed to disk before the command goes on)."""
-    line = json.dumps({"run_id": run_id, "run_dir": run_dir, "job": job, "labels": labels,
-                       "ingested_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, sort_keys=True)
-    with open(journal_path(db), "a", encoding="utf-8") as f:
-        f.write(line + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def journal(db: Path) -> dict[str, dict]:
-    """run_id -> the newest journal line of it (lines that are not JSON, a line cut by a crash, are left out)."""
-    path = journal_path(db)
-    out: dict[str, dict] = {}
-    if not path.exists():
-        return out
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(entry, dict) and isinstance(entry.get("run_id"), str):
-            out[entry["run_id"]] = entry
-    return out
+from pipeline.warehouse.journal import one_line, damage_hint, journal, journal_path
 
 
 @dataclass
@@ -77,7 +43,7 @@ def verify(db: Path, lock_timeout_s: float = 300.0) -> Verified:
         try:
             return con.execute(sql, list(params)).fetchall()
         except duckdb.Error as exc:
-            line = f"table {sql.split(' FROM ')[-1].split()[0].strip(chr(34))}: damaged: {_one_line(exc)}"
+            line = f"table {sql.split(' FROM ')[-1].split()[0].strip(chr(34))}: damaged: {one_line(exc)}"
             if line not in out.problems:
                 out.problems.append(line)
             return None
@@ -92,7 +58,7 @@ def verify(db: Path, lock_timeout_s: float = 300.0) -> Verified:
                 reader = con.sql(f'SELECT * FROM "{table}"').to_arrow_reader(1 << 16)
                 out.tables[table] = sum(batch.num_rows for batch in reader)
             except (duckdb.Error, OSError) as exc:       # (Arrow's reader says DuckDB's error as an OSError)
-                out.problems.append(f"table {table}: damaged: {_one_line(exc)}")
+                out.problems.append(f"table {table}: damaged: {one_line(exc)}")
         runs = read("SELECT run_id, run_dir FROM runs") or []
         stored: dict[str, dict] = {}
         for run_id, stage, manifest in read("SELECT run_id, stage, manifest FROM stage_manifests") or []:
@@ -140,20 +106,6 @@ def verify(db: Path, lock_timeout_s: float = 300.0) -> Verified:
                 out.problems.append(f"run {run_id}: {stage} in {local} was made again after it was ingested "
                                     "(ingest it again)")
     return out
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:300]
-
-
-def damage_hint(db: Path) -> str:
-    """What to do about a warehouse file DuckDB cannot read: what its journal still knows."""
-    known = journal(db)
-    if not known:
-        return ""
-    there = sum(1 for e in known.values() if Path(str(e.get("run_dir"))).is_dir())
-    return (f"; its journal names {len(known)} runs, {there} of whose directories are here: "
-            f"`bootprof warehouse rebuild` ingests them into a new file")
 
 
 def rebuild(db: Path, run_dirs: list[Path] | None = None, out: Path | None = None,

@@ -1,0 +1,128 @@
+"""The package's shape: no import cycle anywhere in ``pipeline/`` (imports inside functions count), layers you can
+see (a runtime that imports no stage and no command line; stages; the job runner and the command line on top), the
+registry as the one place a stage is known (a toy stage is one module and one row), and a small lint rule set."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+
+from tests.conftest import ROOT, fixture_path
+
+PACKAGE = ROOT / "pipeline"
+#: What every stage stands on: configuration, run directories, the cluster, inputs and stores, progress, errors, the
+#: platform, and the stage registry (which names stages, and imports none).
+RUNTIME = {"pipeline", "pipeline.config", "pipeline.runs", "pipeline.sources", "pipeline.mirror", "pipeline.cluster",
+           "pipeline.progress", "pipeline.errors", "pipeline.portable", "pipeline.warmup", "pipeline.prefork",
+           "pipeline.units", "pipeline.stages"}
+#: A stage's module may import another stage's only along the registry's ``upstream`` or here, each with its reason.
+ACROSS = {
+    ("pipeline.capture", "pipeline.decode"): "a capture decodes the trace it recorded, so `bootprof run` finds it done",
+    ("pipeline.capture.bundle", "pipeline.symbolize.pdbpublics"): "packing a run reads the PDB ids of its images",
+    ("pipeline.compare.verdict", "pipeline.report.flame"): "the comparison page draws a differential flame graph",
+}
+
+
+def modules() -> dict[str, set[tuple[str, int]]]:
+    """module -> the package's modules it imports (with the line), at module level or inside functions."""
+    names = {p: ".".join(("pipeline",) + p.relative_to(PACKAGE).with_suffix("").parts).removesuffix(".__init__")
+             for p in PACKAGE.rglob("*.py")}
+    known = set(names.values())
+    graph: dict[str, set[tuple[str, int]]] = {}
+    for path, name in names.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("pipeline"):
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    deps.add((full if full in known else node.module, node.lineno))
+            elif isinstance(node, ast.Import):
+                deps |= {(a.name, node.lineno) for a in node.names if a.name in known}
+        graph[name] = {(d, line) for d, line in deps if d in known and d != name}
+    return graph
+
+
+def layer(module: str) -> int:
+    if module in RUNTIME:
+        return 0
+    if module in ("pipeline.cli", "pipeline.jobs", "pipeline.__main__") or module.endswith(("_cli", ".cli")):
+        return 2
+    return 1
+
+
+def test_no_import_cycle_in_the_package():
+    graph = {m: {d for d, _ in deps} for m, deps in modules().items()}
+
+    def reachable(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph[todo.pop()] - seen:
+                seen.add(nxt)
+                todo.append(nxt)
+        return seen
+
+    assert len(graph) > 100
+    cycles = sorted(f"{a} -> {b}" for a in graph for b in graph[a] if a in reachable(b))
+    assert not cycles, cycles
+
+
+def test_layers_import_downwards_and_stages_along_the_registry():
+    from pipeline import stages
+
+    def stage_of(module: str) -> str:
+        return module.split(".")[1]
+
+    def upstream(name: str) -> set[str]:
+        try:
+            row = stages.get(name)
+        except KeyError:
+            return set()
+        out = set(row.upstream)
+        for s in row.upstream:
+            out |= upstream(s)
+        return out
+
+    wrong = []
+    for module, deps in modules().items():
+        for dep, line in deps:
+            if layer(dep) > layer(module):
+                wrong.append(f"{module}:{line} imports {dep}, a layer above it")
+            elif layer(module) == layer(dep) == 1 and stage_of(dep) != stage_of(module) \
+                    and stage_of(dep) not in upstream(stage_of(module)) and (module, dep) not in ACROSS:
+                wrong.append(f"{module}:{line} imports {dep}, another stage's")
+    assert not wrong, wrong
+
+
+def test_a_new_stage_is_one_module_and_one_registry_row(tmp_path, capsys):
+    """tests/toy_stage.py (counts the decoded self-profile events into ``toyed/``) and one ``register`` call: a job
+    runs it after the decode, a rerun finds it up to date, and a new decode makes it stale."""
+    from pipeline import stages
+    from pipeline.cli import main
+    from pipeline.runs import read_manifest
+
+    stages.register(stages.Stage("toy", "tests.toy_stage", "toyed", upstream=("decode",), cluster="none"))
+    try:
+        job = tmp_path / "toy.yaml"
+        job.write_text(f"name: toy\nstages: [decode, toy]\nruns_dir: {tmp_path / 'runs'}\n")
+        config = tmp_path / "c.yaml"
+        config.write_text("cluster: {mode: synchronous}\n")
+        args = ["--config", str(config), "run", str(job), "--trace", str(fixture_path("selfprofile/hello-default")),
+                "--run", str(tmp_path / "run")]
+        assert main(args) == 0
+        made = read_manifest(tmp_path / "run", "toyed")
+        assert made["events"] == read_manifest(tmp_path / "run", "decoded")["self_profile"]["events"] > 0
+        assert "toy" in capsys.readouterr().out
+        assert main(args) == 0
+        assert " ".join(capsys.readouterr().out.split()).endswith("toy skipped (up to date)")
+        assert main([*args, "--force"]) == 0
+        assert read_manifest(tmp_path / "run", "toyed")["upstream"] != made["upstream"]
+    finally:
+        stages._REGISTRY.pop("toy", None)
+
+
+def test_lint():
+    """ruff's pyflakes rules (unused imports and variables, undefined names) and syntax errors, on everything."""
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--output-format", "concise", "pipeline", "scripts",
+                           "bench", "tests"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
