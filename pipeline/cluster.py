@@ -8,6 +8,7 @@ statistics, never bulk bytes. ``map_tasks`` is the one place that fans work out,
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -298,11 +299,24 @@ def processes(n: int):
     (:func:`_fork_server`, started now when no cluster of this process started it), which has numpy, pyarrow
     and distributed loaded, so a process starts in milliseconds; not from this process, which may hold
     DuckDB's and dask's threads. Spawned where the platform has no fork server."""
-    import concurrent.futures
     import multiprocessing
 
     method = "forkserver" if _fork_server([]) else "spawn"
-    return concurrent.futures.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context(method))
+    return _Processes(n, mp_context=multiprocessing.get_context(method))
+
+
+class _Processes(concurrent.futures.ProcessPoolExecutor):
+    """A process pool that ends its processes when its ``with`` is left by an error or an interrupt. (A worker
+    forked from the fork server holds the write end of its own call queue, so it never sees its parent go: one left
+    waiting after a Ctrl-C kept the fork server, and the pipes of the command's caller, open for good.)"""
+
+    def __exit__(self, kind, exc, tb):
+        if kind is None:
+            return super().__exit__(kind, exc, tb)
+        for proc in list((self._processes or {}).values()):
+            proc.kill()
+        self.shutdown(wait=False, cancel_futures=True)
+        return False
 
 
 class _Starting:

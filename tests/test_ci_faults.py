@@ -479,3 +479,21 @@ def test_sigterm_ends_the_command_with_its_workers(tmp_path, stage):
 
     clean_leftovers(run)
     assert not list(run.glob(".*.tmp-*"))
+
+
+def test_a_ctrl_c_during_the_reports_processes_leaves_none_behind():
+    """``make fuzz`` found it: a Ctrl-C while the report's sections ran in their process pool left a worker forked
+    from the fork server waiting for work forever (it holds its own queue's write end), and so the fork server and
+    the caller's pipes. The pool now ends its processes when its ``with`` is left by an interrupt: the command's
+    output pipes close when it exits (``communicate`` returns)."""
+    code = ("import time\n"
+            "from pipeline import cluster\n"
+            "try:\n"
+            "    with cluster.processes(2) as pool:\n"
+            "        futures = [pool.submit(time.sleep, 60) for _ in range(2)]\n"
+            "        time.sleep(1)\n"
+            "        raise KeyboardInterrupt\n"
+            "except KeyboardInterrupt:\n"
+            "    print('interrupted', flush=True)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "interrupted", proc.stderr[-2000:]
