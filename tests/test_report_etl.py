@@ -186,7 +186,7 @@ def test_index_has_the_etl_sections(report_run):
     for section in ("cpu", "memory", "processes"):
         assert f'<section id="{section}"' in index
     tree = read_table(report_run, "aggregated", "process_tree").to_pylist()
-    assert index.count('<g class="proc"') == sum(1 for r in tree if r["first_seen_ns"] is not None)
+    assert len(re.findall(r'<g class="proc[ "]', index)) == sum(1 for r in tree if r["first_seen_ns"] is not None)
     assert 'src="flamegraph_cpu.html"' in index
     assert (report_run / "report" / "flamegraph_commit.html").exists()
     assert (report_run / "report" / "flamegraph_heap.html").exists() and "flamegraph_heap.html" in index
@@ -902,3 +902,159 @@ def test_sections_in_process_run_apart_and_keep_their_order(tmp_path, monkeypatc
     with stage_output(tmp_path, "decoded", inputs=[{"path": "small.etl", "size": 1000, "sha256_tree": "0"}]):
         pass
     assert {s.html for s in report.run_sections(ctx)} == {str(os.getpid())}
+
+
+SUMMARY = """<script>
+(function () {
+  const out = document.body.dataset, s = document.getElementById("summary");
+  const card = (k) => s.querySelector(`.card[data-key="${k}"] .v`).textContent;
+  out.wall = card("wall time"); out.cpu = card("CPU time"); out.procs = card("rustc processes");
+  out.crates = [...s.querySelectorAll("table.crates-wall tbody tr")].map((r) => [...r.cells].map((c) => c.textContent).join("~")).join("|");
+  out.cardsTop = Math.round(s.querySelector(".cards").getBoundingClientRect().top);
+  out.chartBottom = Math.round(s.querySelector("svg.concurrency").getBoundingClientRect().bottom);
+  out.sysconfigTop = Math.round(document.getElementById("sysconfig").getBoundingClientRect().top);
+  const svg = s.querySelector("svg.concurrency"), r = svg.getBoundingClientRect();
+  const at = (f) => ({clientX: r.left + (+svg.dataset.left + f * +svg.dataset.plot) * r.width / +svg.getAttribute("width"),
+                      clientY: r.top + r.height / 2, bubbles: true});
+  svg.dispatchEvent(new MouseEvent("mousedown", at(0.2)));
+  window.dispatchEvent(new MouseEvent("mousemove", at(0.5)));
+  window.dispatchEvent(new MouseEvent("mouseup", at(0.5)));
+  out.picked = svg.dataset.pick; out.range = document.body.dataset.range;
+  out.view = document.querySelector("svg.timeline").dataset.view;
+})();
+</script></body>"""
+
+
+def test_the_summary_opens_the_report_with_the_answers(report_run, tmp_path):
+    """The first screen (1400 x 900) shows the summary, not the configuration tables: wall time, CPU time and rustc
+    processes equal those computed here from the aggregated tables, and so do the crates that took the longest
+    (with their stage); dragging across the concurrency chart picks the range the process timeline then shows. A
+    screenshot of the first screen is kept (``ARTIFACTS/report-summary``)."""
+    import subprocess
+    from collections import defaultdict
+
+    from pipeline.report.processes import STAGE
+    from pipeline.report.queries import fmt_duration
+    from tests.test_report_queries import CHROME_FLAGS, chromium
+
+    tree = read_table(report_run, "aggregated", "process_tree").to_pylist()
+    rustc = [r for r in tree if r["crate"] and r["start_ns"] is not None and r["end_ns"] is not None]
+    wall = max(r["end_ns"] for r in rustc) - min(r["start_ns"] for r in rustc)
+    samples = sum(r["samples"] for r in read_table(report_run, "aggregated", "cpu_by_process").to_pylist()
+                  if r["pid"] != 0)
+    by_crate = defaultdict(int)
+    for r in rustc:
+        m = STAGE.search(r["command_line"] or "")
+        by_crate[(r["crate"], m.group(1) if m else "")] += r["end_ns"] - r["start_ns"]
+    top = sorted(by_crate.items(), key=lambda kv: -kv[1])[:5]
+
+    page = report_run / "report" / "index.html"
+    driven = page.with_name("driven-summary.html")
+    driven.write_text(page.read_text().replace("</body>", SUMMARY))
+    flags = [f for f in CHROME_FLAGS if not f.startswith("--window-size")] + ["--window-size=1400,900"]
+    try:
+        dom = subprocess.run([chromium(), *flags, f"--user-data-dir={tmp_path / 'chrome'}", "--virtual-time-budget=10000",
+                              "--dump-dom", driven.as_uri()], capture_output=True, text=True, timeout=180).stdout
+        shot = ARTIFACTS / "report-summary" / "first-screen.png"
+        shot.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([chromium(), *flags, f"--user-data-dir={tmp_path / 'chrome2'}", f"--screenshot={shot}",
+                        page.as_uri()], capture_output=True, timeout=180)
+    finally:
+        driven.unlink()
+    body = dict(re.findall(r'data-([a-z-]+)="([^"]*)"', re.search(r"<body[^>]*>", dom).group(0)))
+    assert body["wall"] == fmt_duration(wall) and body["cpu"] == fmt_duration(samples * 1_000_000)
+    assert body["procs"] == f"{len(rustc):,}"
+    assert body["crates"].split("|") == [f"{c}~{s}~{fmt_duration(v)}" for (c, s), v in top]
+    assert {s for (_, s), _ in top} <= {"stage0", "stage1"}
+    assert int(body["cards-top"]) < 300 and int(body["chart-bottom"]) <= 900 < int(body["sysconfig-top"])
+    assert body["picked"] and body["range"] == body["picked"] == body["view"], body
+    assert shot.stat().st_size > 10_000
+
+
+def test_the_concurrency_chart_counts_every_process_and_sample_once(report_run):
+    """Per time bin, running rustc processes (a process alive half a bin counts a half) and busy CPUs (samples at
+    1 kHz, the Idle process left out): over all bins they add up to the rustc processes' wall time and to the
+    samples."""
+    from pipeline.config import Config
+    from pipeline.report.base import Context
+    from pipeline.report.summary import SAMPLE_NS, concurrency
+
+    c = concurrency(Context(report_run, Config(), None, None))
+    width = (c["t1"] - c["t0"]) / len(c["running"])
+    tree = read_table(report_run, "aggregated", "process_tree").to_pylist()
+    alive = sum(r["end_ns"] - r["start_ns"] for r in tree if r["crate"] and r["end_ns"] is not None)
+    assert sum(c["running"]) * width == pytest.approx(alive, rel=1e-9)
+    cpu = read_table(report_run, "aggregated", "cpu_over_time").to_pylist()
+    inside = sum(r["samples"] for r in cpu if r["pid"] != 0 and c["t0"] <= r["t_ns"] and r["t_ns"] + r["bin_ns"] <= c["t1"])
+    assert inside > 0 and sum(c["busy"]) * width / SAMPLE_NS >= inside * (1 - 1e-9)
+
+
+def test_the_critical_path_equals_the_synthesizers_truth(report_run):
+    """The synthesized build has a dependency graph (each rustc's ``--extern`` names crates of its phase that ended
+    before it): the chain from the rustc that ended last back through the dependency each waited for is the
+    truth's, in the summary's table and marked on the process timeline."""
+    from pipeline.config import Config
+    from pipeline.report.base import Context
+    from pipeline.report.summary import facts
+
+    truth = json.loads((report_run.parent / "input" / "trace.truth.json").read_text())["critical_path"]
+    got = facts(Context(report_run, Config(), None, None))["critical"]
+    assert len(truth) >= 3
+    assert [(c["crate"], c["stage"], c["pid"]) for c in got] == [(c["crate"], c["stage"], c["pid"]) for c in truth]
+    assert [c["wall_ns"] for c in got] == [c["end_ns"] - c["start_ns"] for c in truth]
+    assert [c["wait_ns"] for c in got[1:]] == [b["start_ns"] - a["end_ns"] for a, b in zip(truth, truth[1:])]
+    index = (report_run / "report" / "index.html").read_text()
+    table = index[index.index('class="top critical"'):]
+    assert re.findall(r'<tr><td class="txt">([^<]*)</td>', table[:table.index("</table>")]) == [c["crate"] for c in truth]
+    marked = re.findall(r'<g class="proc critical" data-key="[^"]*" data-parent="[^"]*" data-start="[^"]*" '
+                        r'data-end="[^"]*" data-row="[^"]*" data-pid="(\d+)"', index)
+    assert sorted(map(int, marked)) == sorted(c["pid"] for c in truth)
+
+
+TABLE_VIEWS = """<script>
+(function () {
+  const out = document.body.dataset;
+  const t = document.querySelector("table.build-processes");
+  const sel = t.parentNode.querySelector("select.group-by");
+  sel.value = [...sel.options].find((o) => o.textContent === "group by stage").value;
+  sel.dispatchEvent(new Event("change"));
+  out.groups = [...t.querySelectorAll("tr.group-row")].map((r) => r.textContent).join("|");
+  out.grouped = [...t.tBodies[0].rows].map((r) => r.classList.contains("group-row") ? "#" : r.cells[2].textContent).join(",");
+  const crates = document.querySelector("table.cpu-crates");
+  out.crates = [...crates.tBodies[0].rows].map((r) => [...r.cells].slice(0, 2).map((c) => c.textContent).join("~")).join("|");
+  const cmd = [...document.querySelectorAll("table.build-processes td.cmd")].find((c) => c.textContent.length > 200);
+  const before = cmd.getBoundingClientRect().height;
+  cmd.click();
+  out.opened = String(cmd.getBoundingClientRect().height > 2 * before);
+  const long = [...document.querySelectorAll("main table")].find((x) => x.dataset.short === "1");
+  out.short = long.dataset.shown + "/" + long.tBodies[0].rows.length;
+  long.nextElementSibling.click();
+  out.all = long.dataset.shown;
+})();
+</script></body>"""
+
+
+def test_stages_apart_command_lines_on_one_line_and_long_tables_short(report_run, tmp_path):
+    """The build processes group by stage (a header row per stage, with its count); the CPU crates are apart by
+    stage (a crate built by stage0 and by stage1 is two rows); a command line is one line until clicked; a table of
+    more than 20 rows shows 15 until "show all"."""
+    from collections import Counter
+
+    from pipeline.report.processes import STAGE
+
+    body = drive(report_run / "report" / "index.html", TABLE_VIEWS, tmp_path)
+    tree = read_table(report_run, "aggregated", "process_tree").to_pylist()
+    stages = Counter(STAGE.search(r["command_line"]).group(1) for r in tree if r["crate"])
+    assert sorted(body["groups"].split("|")) == sorted(f"{s} \u00b7 {n} rows" for s, n in stages.items())
+    runs = []
+    for cell in body["grouped"].split(","):
+        if cell == "#":
+            runs.append([])
+        else:
+            runs[-1].append(cell)
+    assert [len(set(r)) for r in runs] == [1] * len(stages)           # (each group holds rows of its stage only)
+    crates = [tuple(x.split("~")) for x in body["crates"].split("|")]
+    assert len(crates) == len(set(crates)) and Counter(c for c, _ in crates).most_common(1)[0][1] == 2
+    assert body["opened"] == "true"
+    shown, rows = map(int, body["short"].split("/"))
+    assert shown == 15 and rows > 20 and int(body["all"]) == rows

@@ -583,3 +583,63 @@ def test_page_errors_are_caught(tmp_path):
     assert found["ok.html"] == []
     assert any("broken view" in e for e in found["bad.html"]) and any("no data" in e for e in found["bad.html"])
     assert any("ERR_FILE_NOT_FOUND" in e or "none.js" in e for e in found["bad.html"]), found["bad.html"]
+
+
+def test_the_summary_of_a_self_profile_run(report_run):
+    """A run of self-profiles alone (a real cargo build's): its summary gives the wall time (first rustc start to last
+    end), the CPU time summed over threads, and the queries with the most self time, equal to those computed here
+    from the aggregated tables; its concurrency chart draws the running rustc processes and no busy CPUs."""
+    from collections import defaultdict
+
+    from pipeline.report.queries import fmt_duration
+    from pipeline.runs import read_table
+
+    index = (report_run / "report" / "index.html").read_text()
+    summary = index[index.index('<section id="summary"'):index.index("</section>", index.index('<section id="summary"'))]
+    procs = read_table(report_run, "aggregated", "self_profile_processes").to_pylist()
+    wall = max(p["wall_end_ns"] for p in procs) - min(p["wall_start_ns"] for p in procs)
+    cards = dict(re.findall(r'data-key="([^"]+)"><div class="k">[^<]*</div><div class="v">([^<]*)</div>', summary))
+    assert cards["wall time"] == fmt_duration(wall) and cards["CPU time"] == fmt_duration(sum(p["total_ns"] for p in procs))
+    queries = defaultdict(int)
+    for r in read_table(report_run, "aggregated", "query_summary").to_pylist():
+        if r["scope"] == "build":
+            queries[r["label"]] += r["self_ns"]
+    top = [k for k, _ in sorted(queries.items(), key=lambda kv: -kv[1])[:5]]
+    table = summary[summary.index('class="top queries"'):]
+    assert re.findall(r'<tr><td class="txt">([^<]*)</td>', table)[:5] == top
+    assert '<polyline class="running"' in summary and 'class="busy"' not in summary
+
+
+def test_the_critical_path_of_a_real_cargo_build():
+    """The real cargo build of the fixtures (``workspace-clean``: util, mathx that reads util, app that reads both):
+    its self-profiles' command lines give the chain util -> app (app waited for util, which ended after mathx), with
+    app's wait its start less util's end."""
+    from pipeline.report import critical
+
+    procs = read_table_of("selfprofile/workspace-clean")
+    chain = critical.chain(procs)
+    assert [c["crate"] for c in chain] == ["util", "app"]
+    by = {p["crate"]: p for p in procs}
+    assert chain[1]["wait_ns"] == by["app"]["start_ns"] - by["util"]["end_ns"] > 0
+    assert by["mathx"]["end_ns"] < by["util"]["end_ns"]
+
+
+def read_table_of(fixture: str) -> list[dict]:
+    """The rustc processes of a fixture's self-profiles (decoded and aggregated here): crate, command line, wall
+    start and end."""
+    import tempfile
+
+    from pipeline import aggregate, decode
+    from pipeline.cluster import connect
+    from pipeline.config import Config
+    from pipeline.runs import read_table
+
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Config()
+        config.cluster.mode = "synchronous"
+        with connect(config.cluster) as pool:
+            decode.run(Path(tmp) / "run", config, pool, inputs=[fixture_path(fixture)])
+            aggregate.run(Path(tmp) / "run", config, pool)
+        rows = read_table(Path(tmp) / "run", "aggregated", "self_profile_processes").to_pylist()
+    return [{"crate": r["crate"], "command_line": r["cmd"], "start_ns": r["wall_start_ns"], "end_ns": r["wall_end_ns"]}
+            for r in rows]

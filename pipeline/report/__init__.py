@@ -15,15 +15,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pipeline import __version__
-from pipeline.report import coverage, cpu, memory, processes, queries, query_cpu, sysconfig
+from pipeline.report import coverage, cpu, memory, processes, queries, query_cpu, summary, sysconfig
 from pipeline.report.base import STATIC, Context, Section, page  # noqa: F401  (re-exported)
 from pipeline.runs import atomic_write_text, read_manifest, stage_dir, stage_output
 
 STAGE = "report"
 
 
-SECTIONS: list[Callable[["Context"], Section | None]] = [coverage.section, sysconfig.section, queries.section,
-                                                        cpu.section, query_cpu.section, memory.section, processes.section]
+SECTIONS: list[Callable[["Context"], Section | None]] = [summary.section, coverage.section, queries.section,
+                                                        cpu.section, query_cpu.section, memory.section, processes.section,
+                                                        sysconfig.section]
 #: Sections that run in processes of their own, beside the rest. They build their tables, trees and pages in
 #: Python, so on threads they would only take turns on the GIL (1 GB synth: 4.7 s on threads against 4.1 s one
 #: after another); each process reads its own inputs. The others (small, or users of the dask pool, which
@@ -54,8 +55,9 @@ def run_sections(ctx: Context) -> list[Section | None]:
 
 def render_index(title: str, run_dir: Path, sections: list[Section]) -> str:
     nav = "".join(f'<li><a href="#{s.id}">{html.escape(s.title)}</a></li>' for s in sections)
-    parts = [f'<section id="{s.id}" class="report-section"><h2>{html.escape(s.title)}</h2>\n{s.html}\n</section>'
-             for s in sections]
+    # (each section folds: its title is the summary of a details element, open)
+    parts = [f'<section id="{s.id}" class="report-section"><details open><summary><h2>{html.escape(s.title)}</h2>'
+             f'</summary>\n{s.html}\n</details></section>' for s in sections]
     if not sections:
         parts = ['<p class="empty">This run has no aggregated data the report knows how to show.</p>']
     body = f"""<header><h1>{html.escape(title)}</h1>

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+from pipeline.report.processes import STAGE, TARGET
 from pipeline.report.flame import Writer, binned_tree, count, flame_page, pct, speedscope, table
 from pipeline.report.timerange import Follow, Pool, binned, cpu_bins, total as total_of
 
@@ -36,7 +37,7 @@ def section(ctx):
         w.csv(AGG, t)
 
     procs = ctx.read(AGG, "cpu_by_process").to_pylist()
-    crates = ctx.read(AGG, "cpu_by_crate").to_pylist()
+    crates = crates_by_stage(procs, total)
     functions = ctx.read(AGG, "cpu_by_function").to_pylist()
     modules = ctx.read(AGG, "cpu_by_module").to_pylist()
     for r in functions:
@@ -57,8 +58,9 @@ for the whole build.</p>
 <h3>Top {min(top_n, len(functions))} functions by inclusive samples</h3>
 {table(by_inclusive, fn_cols, 'cpu-inclusive', follow.get('inclusive'), top_n)}
 <h3>Crates being compiled (rustc <code>--crate-name</code>)</h3>
-{table(crates, [("crate", "crate", None), ("processes", "rustc processes", count),
-                        ("samples", "samples", count), ("pct", "%", pct)], 'cpu-crates', follow.get('crates'), top_n)}
+{table(crates, [("crate", "crate", None), ("stage", "stage", None), ("target", "target", None),
+                ("processes", "rustc processes", count), ("samples", "samples", count), ("pct", "%", pct)],
+       'cpu-crates', follow.get('crates'), top_n)}
 <h3>Top {min(top_n, len(procs))} processes</h3>
 {table(procs, [("pid", "pid", None), ("image_name", "image", None), ("crate", "crate", None),
                        ("samples", "samples", count), ("pct", "%", pct), ("command_line", "command line", None)],
@@ -71,6 +73,36 @@ for the whole build.</p>
     w.close()
     return Section("cpu", "CPU samples (ETL)", body, w.files,
                    {"samples": total, "processes": len(procs), "functions": len(functions)})
+
+
+def _crate_key(r: dict) -> tuple:
+    return (r["crate"], r.get("stage") or _stage_of(r.get("command_line")), r.get("target") or _target_of(r.get("command_line")))
+
+
+def _stage_of(command_line: str | None) -> str:
+    m = STAGE.search(command_line or "")
+    return m.group(1) if m else ""
+
+
+def _target_of(command_line: str | None) -> str:
+    m = TARGET.search(command_line or "")
+    return m.group(1) if m else ""
+
+
+def crates_by_stage(procs: list[dict], total: int) -> list[dict]:
+    """The crates being compiled, apart by the stage of the compiler and the target (a crate built by stage0 and by
+    stage1 is two rows): rustc processes and samples, most samples first."""
+    rows: dict[tuple, dict] = {}
+    for r in procs:
+        if r["crate"] is None:
+            continue
+        key = _crate_key(r)
+        row = rows.setdefault(key, {"crate": key[0], "stage": key[1], "target": key[2], "processes": 0, "samples": 0})
+        row["processes"] += 1
+        row["samples"] += r["samples"] or 0
+    for row in rows.values():
+        row["pct"] = 100.0 * row["samples"] / max(total, 1)
+    return sorted(rows.values(), key=lambda r: (-r["samples"], r["crate"], r["stage"], r["target"]))
 
 
 def _follows(ctx, procs, crates, functions, by_inclusive, modules) -> dict[str, Follow]:
@@ -88,10 +120,10 @@ def _follows(ctx, procs, crates, functions, by_inclusive, modules) -> dict[str, 
     fn_self, fn_incl = binned(fn, key, "self_samples"), binned(fn, key, "inclusive_samples")
     mod = ctx.read(AGG, "cpu_modules_over_time").to_pylist()
     mod_self, mod_incl = binned(mod, lambda r: r["module"], "self_samples"), binned(mod, lambda r: r["module"], "inclusive_samples")
-    by_crate: dict[str, list] = {}
+    by_crate: dict[tuple, list] = {}
     for r in procs:
         if r["crate"] is not None:
-            by_crate.setdefault(r["crate"], []).append(per_process.get(r["process_key"], {}))
+            by_crate.setdefault(_crate_key(r), []).append(per_process.get(r["process_key"], {}))
     empty: dict[int, int] = {}
     pool = Pool("cpu", bins)
 
@@ -102,8 +134,8 @@ def _follows(ctx, procs, crates, functions, by_inclusive, modules) -> dict[str, 
     return {
         "functions": functions_follow(functions, "self_samples"),
         "inclusive": functions_follow(by_inclusive, "inclusive_samples"),
-        "crates": Follow(pool, "samples", series={"samples": [total_of(by_crate.get(r["crate"], [])) for r in crates]},
-                         members={"processes": [by_crate.get(r["crate"], []) for r in crates]},
+        "crates": Follow(pool, "samples", series={"samples": [total_of(by_crate.get(_crate_key(r), [])) for r in crates]},
+                         members={"processes": [by_crate.get(_crate_key(r), []) for r in crates]},
                          pct={"pct": ("samples", everything)}),
         "processes": Follow(pool, "samples", series={"samples": [per_process.get(r["process_key"], empty) for r in procs]},
                             pct={"pct": ("samples", everything)}),

@@ -442,6 +442,10 @@ def fmt_ms(ns: int | None) -> str:
     return "" if ns is None else f"{ns / 1e6:,.1f} ms"
 
 
+#: Columns whose values a table's rows can be grouped by (a crate's stage and target, a rustc's crate type).
+GROUPABLE = ("stage", "target", "crate_type")
+
+
 def table(rows: list[dict], cols: list[tuple[str, str, Any]], cls: str = "", follow=None, limit: int | None = None) -> str:
     """An HTML table of the first ``limit`` of ``rows`` (all without one); ``cols`` = (key, title, format function or
     None for text). With ``follow`` (a :class:`~pipeline.report.timerange.Follow`), the table follows the picked time
@@ -449,7 +453,8 @@ def table(rows: list[dict], cols: list[tuple[str, str, Any]], cls: str = "", fol
     the table."""
     from pipeline.report import timerange
 
-    head = "".join(f"<th>{html.escape(t)}</th>" for _, t, _ in cols)
+    # (a table's rows can be grouped by these columns: static/tables.js)
+    head = "".join(f"<th{' data-group=1' if k in GROUPABLE else ''}>{html.escape(t)}</th>" for k, t, _ in cols)
     shown = len(rows) if limit is None else limit
     rows = rows[:max(timerange.CANDIDATES, shown)] if follow is not None else rows[:shown]
     body = []
@@ -460,7 +465,8 @@ def table(rows: list[dict], cols: list[tuple[str, str, Any]], cls: str = "", fol
             text = fmt(value) if fmt else ("" if value is None else str(value))
             # (a number's own value beside its formatted text, so that static/tables.js sorts by it)
             raw = f' data-v="{value}"' if fmt and isinstance(value, (int, float)) else ""
-            cells.append(f'<td class="{"num" if fmt else "txt"}"{raw}>{html.escape(text)}</td>')
+            kind = "num" if fmt else "txt cmd" if key in ("command_line", "cmd") else "txt"
+            cells.append(f'<td class="{kind}"{raw}>{html.escape(text)}</td>')
         off = ' data-off="1" style="display:none"' if i >= shown else ""
         body.append(f"<tr{off}>" + "".join(cells) + "</tr>")
     out = f'<table class="{cls}"{" data-follow=1" if follow is not None else ""}><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'

@@ -49,9 +49,10 @@ def tree_order(rows: list[dict]) -> list[tuple[dict, int]]:
     return out
 
 
-def timeline_svg(rows: list[dict]) -> str:
+def timeline_svg(rows: list[dict], critical: frozenset = frozenset()) -> str:
     """The build's processes on one time axis, as a tree (``static/timeline.js``: click a parent's name to fold its
-    children, drag across the bars to zoom there and to draw the CPU flame graph of that time)."""
+    children, drag across the bars to zoom there and to draw the CPU flame graph of that time); those whose
+    ``process_key`` is in ``critical`` (the build's critical path) are marked."""
     shown = [(r, d) for r, d in tree_order(rows) if r["first_seen_ns"] is not None]
     if not shown:
         return '<p class="empty">no process lifetimes</p>'
@@ -74,7 +75,8 @@ def timeline_svg(rows: list[dict]) -> str:
                f"{r['command_line'] or ''}")
         color = COLORS.get((r["image_name"] or "").lower(), "#9aa5b1")
         fold = "\u25be " if r["process_key"] in parents else ""
-        out.append(f'<g class="proc" data-key="{r["process_key"]}" data-parent="{r["parent_key"] if r["parent_key"] is not None else ""}" '
+        mark = ' critical' if r["process_key"] in critical else ''
+        out.append(f'<g class="proc{mark}" data-key="{r["process_key"]}" data-parent="{r["parent_key"] if r["parent_key"] is not None else ""}" '
                    f'data-start="{start}" data-end="{end}" data-row="{i}" data-pid="{r["pid"]}"><title>{html.escape(tip)}</title>'
                    f'<text x="{4 + 8 * min(depth, 12)}" y="{y + ROW - 2}"{" class=fold" if fold else ""}>'
                    f'{html.escape(fold + name[:30 - min(depth, 12)])}</text>'
@@ -184,6 +186,7 @@ def chrome_trace(rows: list[dict], threads: list[dict], cpu: list[dict]) -> dict
 def section(ctx):
     if not ctx.has(AGG, "process_tree"):
         return None
+    from pipeline.report import critical
     from pipeline.report.base import Section, page
 
     rows = ctx.read(AGG, "process_tree").to_pylist()
@@ -211,7 +214,8 @@ def section(ctx):
                 ("peak_commit_bytes", "peak commit", fmt_bytes), ("pid", "pid", None),
                 ("command_line", "command line", None)], 'build-processes', follow.get("builds"))}
 <h3 id="processes-timeline">Timeline</h3>
-<div style="overflow-x:auto">{timeline_svg(rows)}</div>
+<div style="overflow-x:auto">{timeline_svg(rows, frozenset(p["process_key"] for p in critical.chain(
+    [r for r in rows if r["crate"]])))}</div>
 <script src="{ctx.copy_static("timeline.js")}"></script>
 <h3>Processes with the most CPU samples</h3>
 {table(top, [("pid", "pid", None), ("image_name", "image", None), ("crate", "crate", None),

@@ -408,9 +408,15 @@ def section(ctx):
     if joined:
         jrows = [{"crate": f["crate"], "pid": f["pid"], "etl_image": f["etl_image"] or "",
                   "etl_pid": f["etl_pid"], "etl_match": f["etl_match"]} for f in joined]
-        join_html = ("<h3>Matched ETL processes</h3>" + html_table(jrows, [
+        # (on a page of its own: one row per rustc process was the longest table of index.html)
+        from pipeline.report.base import page
+
+        write("self_profiles.html", page("self-profiles and their ETL processes", "<main><h2>Self-profiles matched to "
+                                         "ETL processes</h2>" + html_table(jrows, [
             ("crate", "crate", False), ("pid", "pid", False), ("etl_image", "ETL image", False),
-            ("etl_pid", "ETL pid", False), ("etl_match", "matched by", False)], "join"))
+            ("etl_pid", "ETL pid", False), ("etl_match", "matched by", False)], "join") + "</main>"))
+        join_html = (f"<p class='note'>{len(joined)} of {len(files)} self-profiles matched to their ETL processes "
+                     f"(<a href='self_profiles.html'>which</a>).</p>")
     links = " &middot; ".join(f'<a href="{n}">{n}</a>' for n in
                               ["profile_queries.html", "query_summary.html", "query_summary.txt",
                                "profile_queries.counts.txt", "chrome_trace.json", "query_stacks.folded"])

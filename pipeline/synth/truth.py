@@ -23,7 +23,7 @@ from pipeline.synth.workload import Workload
 
 TRUTH_FORMAT = 1
 #: bumped whenever the same seed and config would give different bytes (benchmarks reuse traces by it)
-GENERATOR_VERSION = 8
+GENERATOR_VERSION = 9
 
 
 def ns(w: Workload, raw: int) -> int:
@@ -110,6 +110,7 @@ def build_truth(w: Workload, counter: SampleCounter, heaps: list[HeapBlocks], vi
                   "cpus": w.cpus, "perf_freq": L.PERF_FREQ, "start_raw": w.t0, "end_raw": w.t_end + 3000},
         "event_counts": written["kinds"],
         "processes": procs,
+        "critical_path": critical_path(w),
         "images": [{"name": im.name, "path": im.path, "base": hex(im.base), "size": im.size,
                     "timedatestamp": im.timedatestamp, "checksum": im.checksum, "pdb_name": im.pdb_name,
                     "pdb_guid": str(im.pdb_guid), "pdb_age": im.pdb_age, "debug_id": im.debug_id,
@@ -137,6 +138,21 @@ def build_truth(w: Workload, counter: SampleCounter, heaps: list[HeapBlocks], vi
                             "images": [f.image[int(x)] for x in w.stacks.funcs[t]]}
                    for t in sorted(stacks_used)},
     }
+
+
+def critical_path(w: Workload) -> list[dict]:
+    """What bounded the build's wall time, by construction of its dependency graph (``workload._link_phase``): from
+    the rustc process that ended last, back through the crate each one read that ended last before it, first to
+    last."""
+    rustcs = [q for q in w.procs if q.kind == "rustc" and not q.rundown]
+    if not rustcs:
+        return []
+    by = {(q.stage, q.crate): q for q in rustcs}
+    chain = [max(rustcs, key=lambda q: q.end)]
+    while chain[-1].externs:
+        chain.append(by[(chain[-1].stage, chain[-1].externs[0])])
+    return [{"crate": q.crate, "pid": q.pid, "stage": q.stage, "start_ns": ns(w, q.start), "end_ns": ns(w, q.end)}
+            for q in reversed(chain)]
 
 
 def snapshot_truth(w: Workload, h: HeapBlocks, inst: int, ts: int, untracked_sizes: np.ndarray) -> dict:

@@ -497,6 +497,9 @@ class Proc:
     stage: str = "stage0"
     rundown: bool = False           # running before the trace started (DCStart) / after it stopped (DCEnd)
     crate: str | None = None
+    #: The crates of the same phase whose libraries this rustc reads (``--extern``): each ended before it started;
+    #: the first is the one that ended last (what it waited for).
+    externs: list[str] = field(default_factory=list)
     index: int = 0                  # position in Workload.procs
     work: float = 1.0               # its work relative to the original build (a re-run's noise, an injected change)
 
@@ -732,6 +735,7 @@ def _build(seed: int, cpus: int, p: int, target_bytes: int, stack_caching: bool,
             exited.append((pr.pid, pr.end))
             exits(pr)
             lane_free[c] = s + dur
+        _link_phase(seed, k, phase, [q for q in procs if q.kind == "rustc" and q.ppid == cargo.pid])
         cargo.end = int(lane_free.max()) + 4 * 500
         exited.append((cargo.pid, cargo.end))
         exits(cargo)
@@ -749,6 +753,23 @@ def _build(seed: int, cpus: int, p: int, target_bytes: int, stack_caching: bool,
     w = Workload(cpus=cpus, pointer_size=p, t0=t0, t_end=t_end, catalog=cat, ids=ids, stacks=st,
                  pools=pools, procs=procs, segments=segments, duration_s=duration_s)
     return w, per_cpu_second, 1000 * idle_sample
+
+
+def _link_phase(seed: int, k: int, phase: str, rustcs: list[Proc]) -> None:
+    """A dependency graph the phase's schedule keeps: each rustc reads (``--extern``) the library of the crate of its
+    phase that ended last before it started, and now and then one more that ended before it; its command line names
+    them by the files they wrote (``--out-dir``, ``lib<crate><extra-filename>.rlib``). Its own generator: the
+    schedule's random numbers stay as they were."""
+    rng = np.random.default_rng([seed, 43, k])
+    out = f"C:\\src\\rust\\build\\{HOST}\\{phase}\\release\\deps"
+    for pr in sorted(rustcs, key=lambda q: q.start):
+        done = sorted((q for q in rustcs if q.end <= pr.start and q.crate != pr.crate), key=lambda q: -q.end)
+        if not done:
+            continue
+        pr.externs = [done[0].crate]
+        if len(done) > 1 and rng.random() < 0.5:
+            pr.externs.append(done[1 + int(rng.integers(0, len(done) - 1))].crate)
+        pr.cmdline += "".join(f" --extern {c}={out}\\lib{c}-{_seeded_hash(phase, c):016x}.rlib" for c in pr.externs)
 
 
 HEAP_RATE = 300          # heap operations per second of rustc CPU time
