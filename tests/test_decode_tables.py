@@ -83,36 +83,15 @@ def test_forms_come_from_one_declaration():
 
 def test_decoder_modules_import_in_layers_and_stay_small():
     """The decoder's layers (issue 31): no module of ``pipeline/decode/etl`` imports another that imports it back,
-    directly or through others (imports inside functions count: a cycle there is still a tangle to read), and no
-    module is over 800 lines."""
-    import ast
-
+    directly or through others (imports inside functions count: a cycle there is still a tangle to read; the whole
+    package's graph, ``tests/test_layers.py``), and no module is over 800 lines."""
     from tests.conftest import ROOT
+    from tests.test_layers import cycles, modules
 
     root = ROOT / "pipeline" / "decode" / "etl"
-    names = {p: "pipeline.decode.etl" + "".join(f".{part}" for part in p.relative_to(root).with_suffix("").parts
-                                                 if part != "__init__") for p in root.rglob("*.py")}
-    modules = set(names.values())
-    graph: dict[str, set[str]] = {}
-    for path, name in names.items():
-        text = path.read_text()
-        assert len(text.splitlines()) <= 800, f"{path.relative_to(ROOT)} is over 800 lines"
-        deps = set()
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("pipeline.decode.etl"):
-                deps |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module for a in node.names}
-            elif isinstance(node, ast.Import):
-                deps |= {a.name for a in node.names if a.name in modules}
-        graph[name] = deps & modules - {name}
-
-    def reachable(start: str) -> set[str]:
-        seen, todo = set(), [start]
-        while todo:
-            for nxt in graph[todo.pop()] - seen:
-                seen.add(nxt)
-                todo.append(nxt)
-        return seen
-
+    for path in root.rglob("*.py"):
+        assert len(path.read_text().splitlines()) <= 800, f"{path.relative_to(ROOT)} is over 800 lines"
+    prefix = "pipeline.decode.etl"
+    graph = {m: {d for d, _ in deps if d.startswith(prefix)} for m, deps in modules().items() if m.startswith(prefix)}
     assert len(graph) > 15
-    cycles = sorted(f"{a} -> {b}" for a in graph for b in graph[a] if a in reachable(b))
-    assert not cycles, cycles
+    assert not cycles(graph), cycles(graph)

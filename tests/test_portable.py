@@ -48,17 +48,24 @@ def platform_errors(system: str, *more: Path) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("system", SYSTEMS)
-def test_no_platform_api_is_used_where_the_system_lacks_it(system, tmp_path):
-    """No error in ``pipeline/``. The check can fail: a module beside it that forks, as the command server did,
-    and names SIGHUP is an error for Windows (the probe is checked with the package, in one run of pyright)."""
+def test_no_platform_api_is_used_where_the_system_lacks_it(tmp_path):
+    """No error in ``pipeline/``, for each system (pyright runs for the three at once). The check can fail: a module
+    beside it that forks, as the command server did, and names SIGHUP is an error for Windows (the probe is checked
+    with the package, in one run of pyright)."""
+    import concurrent.futures
+
     probe = tmp_path / "portable_probe.py"
     probe.write_text("import os\nimport signal\n\n\ndef start():\n    os.fork()\n    return signal.SIGHUP\n")
-    found = platform_errors(system, *([probe] if system == "Windows" else []))
-    in_probe = [f for f in found if f.startswith(probe.name)]
-    assert [f for f in found if f not in in_probe] == []
-    if system == "Windows":
-        assert len(in_probe) == 2 and '"fork"' in in_probe[0] and '"SIGHUP"' in in_probe[1], found
+    with concurrent.futures.ThreadPoolExecutor(len(SYSTEMS)) as pool:
+        found = dict(zip(SYSTEMS, pool.map(lambda s: platform_errors(s, *([probe] if s == "Windows" else [])),
+                                           SYSTEMS)))
+    for system, errors in found.items():
+        in_probe = [f for f in errors if f.startswith(probe.name)]
+        assert [f for f in errors if f not in in_probe] == [], system
+        if system == "Windows":
+            assert len(in_probe) == 2 and '"fork"' in in_probe[0] and '"SIGHUP"' in in_probe[1], errors
+        else:
+            assert in_probe == []
 
 
 def runtime_requirements() -> list[str]:
@@ -69,22 +76,30 @@ def runtime_requirements() -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("platform", ["win_amd64", "macosx_14_0_arm64"])
-@pytest.mark.parametrize("python", ["311", "312", "313"])
-def test_runtime_dependencies_resolve_to_wheels(platform, python, tmp_path):
-    """Every runtime dependency but symbolic, and what they need, installs from a wheel there: pip resolves them
-    for that system and interpreter from PyPI's metadata alone (no source build, nothing downloaded whole)."""
-    report = tmp_path / "report.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed", "--report", str(report),
-         "--only-binary=:all:", "--platform", platform, "--python-version", python, "--implementation", "cp",
-         "--target", str(tmp_path / "target"), *runtime_requirements()],
-        capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    installs = json.loads(report.read_text())["install"]
-    names = {i["metadata"]["name"].lower() for i in installs}
-    assert {"numpy", "numba", "pyarrow", "duckdb", "distributed", "pydantic"} <= names
-    assert all(i["download_info"]["url"].endswith(".whl") for i in installs)
+def test_runtime_dependencies_resolve_to_wheels(tmp_path):
+    """Every runtime dependency but symbolic, and what they need, installs from a wheel on Windows and macOS for
+    CPython 3.11-3.13: pip resolves them for that system and interpreter from PyPI's metadata alone (no source
+    build, nothing downloaded whole); the six resolutions run at once."""
+    import concurrent.futures
+
+    def resolve(case: tuple[str, str]) -> tuple[subprocess.CompletedProcess, Path]:
+        platform, python = case
+        report = tmp_path / f"report-{platform}-{python}.json"
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed", "--report",
+             str(report), "--only-binary=:all:", "--platform", platform, "--python-version", python,
+             "--implementation", "cp", "--target", str(tmp_path / f"target-{platform}-{python}"),
+             *runtime_requirements()], capture_output=True, text=True, timeout=900)
+        return proc, report
+
+    cases = [(platform, python) for platform in ("win_amd64", "macosx_14_0_arm64") for python in ("311", "312", "313")]
+    with concurrent.futures.ThreadPoolExecutor(len(cases)) as pool:
+        for case, (proc, report) in zip(cases, pool.map(resolve, cases)):
+            assert proc.returncode == 0, (case, proc.stderr[-3000:])
+            installs = json.loads(report.read_text())["install"]
+            names = {i["metadata"]["name"].lower() for i in installs}
+            assert {"numpy", "numba", "pyarrow", "duckdb", "distributed", "pydantic"} <= names, case
+            assert all(i["download_info"]["url"].endswith(".whl") for i in installs), case
 
 
 def test_symbolic_is_the_one_dependency_without_a_windows_wheel():

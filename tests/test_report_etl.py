@@ -825,14 +825,25 @@ def test_index_tables_follow_a_time_range(report_run, tmp_path):
         assert [(c[1], c[2], c[4]) for c in shown(cls)] == [(r["function"], f"{fn_self[k(r)]:,}", f"{fn_incl[k(r)]:,}") for r in want], cls
     assert sum(fn_self.values()) == everything
 
+    # (a crate's rows apart by the stage of the compiler and the target, from the command line)
+    from pipeline.report.cpu import crates_by_stage
+    from pipeline.report.processes import STAGE, TARGET
+
+    def apart(r):
+        cmd = r["command_line"] or ""
+        return (r["crate"], STAGE.search(cmd).group(1), TARGET.search(cmd).group(1))
+
     crates = defaultdict(lambda: [0, 0])
     for r in procs:
         if r["crate"] is not None and per_proc[r["process_key"]]:
-            crates[r["crate"]][0] += 1
-            crates[r["crate"]][1] += per_proc[r["process_key"]]
-    want = ranked(read_table(report_run, "aggregated", "cpu_by_crate").to_pylist(), lambda r: crates[r["crate"]][1],
-                  lambda r: crates[r["crate"]][1] > 0)
-    assert [c[:3] for c in shown("cpu-crates")] == [[r["crate"], str(crates[r["crate"]][0]), f"{crates[r['crate']][1]:,}"] for r in want]
+            crates[apart(r)][0] += 1
+            crates[apart(r)][1] += per_proc[r["process_key"]]
+    key = lambda r: (r["crate"], r["stage"], r["target"])  # noqa: E731
+    written = crates_by_stage(procs, everything)
+    assert len({r["crate"] for r in written}) < len(written)          # (crates built by stage0 and by stage1)
+    want = ranked(written, lambda r: crates[key(r)][1], lambda r: crates[key(r)][1] > 0)
+    assert [c[:5] for c in shown("cpu-crates")] == [[*key(r), str(crates[key(r)][0]), f"{crates[key(r)][1]:,}"]
+                                                    for r in want]
 
     tree = read_table(report_run, "aggregated", "process_tree").to_pylist()
     kids = defaultdict(list)

@@ -134,7 +134,8 @@ def heap_and_virtual(w: Workload, seed: int, rerun: int = 0, noise: float = 0.0,
     for q in w.procs:
         if q.kind != "rustc":
             continue
-        who = _seeded_hash(q.stage, q.crate, q.cmdline) & 0xFFFF_FFFF     # (the same process in every re-run)
+        # (the same process in every re-run: its command line without the --extern list, which follows the schedule)
+        who = _seeded_hash(q.stage, q.crate, q.cmdline.split(" --extern ")[0]) & 0xFFFF_FFFF
         rng = np.random.default_rng([seed, 7, who])
         segs = [s for s in w.segments if s.proc == q.index]
         lo, hi = min(s.start for s in segs) + MARGIN, max(s.end for s in segs) - MARGIN
