@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from typing import Any, Callable, Iterable, Iterator
 
 from pipeline import ENV_DEFAULTS, warmup
@@ -302,7 +303,22 @@ def processes(n: int):
     import multiprocessing
 
     method = "forkserver" if _fork_server([]) else "spawn"
-    return _Processes(n, mp_context=multiprocessing.get_context(method))
+    return _Processes(n, mp_context=multiprocessing.get_context(method), initializer=_die_with,
+                      initargs=(os.getpid(),))
+
+
+def _die_with(pid: int) -> None:
+    """In a pool's process: end when the command that made the pool is gone, however it went (killed, or
+    interrupted in a moment its ``with`` could not act on): the process is the fork server's child, so nothing
+    else would end it."""
+    from pipeline.portable import pid_alive
+
+    def watch() -> None:
+        while pid_alive(pid):
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="die-with-the-command", daemon=True).start()
 
 
 class _Processes(concurrent.futures.ProcessPoolExecutor):

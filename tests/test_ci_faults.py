@@ -506,3 +506,19 @@ def test_a_ctrl_c_during_the_reports_processes_leaves_none_behind():
             "    print('interrupted', flush=True)\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "interrupted", proc.stderr[-2000:]
+
+
+def test_a_pools_processes_end_when_the_command_is_killed_outright():
+    """However the command goes (here ``os._exit`` with a task running: no ``with`` acts), its pool's processes see
+    it and end, and so does the fork server: the caller's pipes close. ``make fuzz`` found a SIGINT during the
+    pool's shutdown leaving one for good."""
+    code = ("import os, time\n"
+            "from pipeline import cluster\n"
+            "pool = cluster.processes(2)\n"
+            "futures = [pool.submit(time.sleep, 120) for _ in range(2)]\n"
+            "time.sleep(2)\n"
+            "print('going', flush=True)\n"
+            "os._exit(0)\n")
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == "going" and time.monotonic() - t0 < 30, proc.stderr[-2000:]
