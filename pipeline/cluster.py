@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from typing import Any, Callable, Iterable, Iterator
 
 from pipeline import ENV_DEFAULTS, warmup
@@ -303,8 +304,15 @@ def processes(n: int):
     import multiprocessing
 
     method = "forkserver" if _fork_server([]) else "spawn"
-    return _Processes(n, mp_context=multiprocessing.get_context(method), initializer=_die_with,
+    pool = _Processes(n, mp_context=multiprocessing.get_context(method), initializer=_die_with,
                       initargs=(os.getpid(),))
+    _POOLS.add(pool)
+    return pool
+
+
+#: The process pools of this process, ended before the fork server is waited for at exit (their processes are its
+#: children: it would wait for them, and they for this process).
+_POOLS: "weakref.WeakSet[_Processes]" = weakref.WeakSet()
 
 
 def _die_with(pid: int) -> None:
@@ -328,11 +336,18 @@ class _Processes(concurrent.futures.ProcessPoolExecutor):
 
     def __exit__(self, kind, exc, tb):
         if kind is None:
-            return super().__exit__(kind, exc, tb)
+            try:
+                return super().__exit__(kind, exc, tb)
+            except BaseException:       # (interrupted while it waited for its processes: end them, as below)
+                self._end()
+                raise
+        self._end()
+        return False
+
+    def _end(self) -> None:
         for proc in list((self._processes or {}).values()):
             proc.kill()
         self.shutdown(wait=False, cancel_futures=True)
-        return False
 
 
 class _Starting:
@@ -437,6 +452,8 @@ def _stop_fork_server() -> None:
     """At exit: end the fork server and wait for it (multiprocessing's own stop, which its tests use)."""
     from multiprocessing import forkserver
 
+    for pool in list(_POOLS):
+        pool._end()
     stop = getattr(getattr(forkserver, "_forkserver", None), "_stop", None)
     if stop is not None:
         try:
