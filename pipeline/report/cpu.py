@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from pipeline.report.processes import STAGE, TARGET
+from pipeline.report.processes import STAGE, TARGET, said
 from pipeline.report.flame import Writer, binned_tree, count, flame_page, pct, speedscope, table
 from pipeline.report.timerange import Follow, Pool, binned, cpu_bins, total as total_of
 
@@ -76,17 +76,8 @@ for the whole build.</p>
 
 
 def _crate_key(r: dict) -> tuple:
-    return (r["crate"], r.get("stage") or _stage_of(r.get("command_line")), r.get("target") or _target_of(r.get("command_line")))
-
-
-def _stage_of(command_line: str | None) -> str:
-    m = STAGE.search(command_line or "")
-    return m.group(1) if m else ""
-
-
-def _target_of(command_line: str | None) -> str:
-    m = TARGET.search(command_line or "")
-    return m.group(1) if m else ""
+    cmd = r.get("command_line")
+    return (r["crate"], r.get("stage") or said(STAGE, cmd) or "", r.get("target") or said(TARGET, cmd) or "")
 
 
 def crates_by_stage(procs: list[dict], total: int) -> list[dict]:

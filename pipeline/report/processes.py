@@ -103,6 +103,12 @@ TARGET = re.compile(r'--target[ =]"?([\w.-]+)')
 STAGE = re.compile(r'[\\/](stage\d+)(?:-[\w-]+)?[\\/]')
 
 
+def said(rx: re.Pattern, command_line: str | None) -> str | None:
+    """What a command line says for one of ``CRATE_TYPE``, ``TARGET``, ``STAGE`` (None: nothing)."""
+    m = rx.search(command_line or "")
+    return m.group(1) if m else None
+
+
 def build_processes(rows: list[dict], peaks: dict[int, int]) -> list[dict]:
     """One row per rustc process (a process with a ``--crate-name``): crate, crate type, stage, target, wall time,
     CPU samples, peak commit and command line, as WPA's "rustc Build Processes" table shows them."""
@@ -110,9 +116,8 @@ def build_processes(rows: list[dict], peaks: dict[int, int]) -> list[dict]:
     for r in rows:
         if not r.get("crate"):
             continue
-        cmd = r.get("command_line") or ""
-        first = lambda rx: (m.group(1) if (m := rx.search(cmd)) else None)  # noqa: E731
-        out.append({**r, "crate_type": first(CRATE_TYPE), "target": first(TARGET), "stage": first(STAGE),
+        cmd = r.get("command_line")
+        out.append({**r, "crate_type": said(CRATE_TYPE, cmd), "target": said(TARGET, cmd), "stage": said(STAGE, cmd),
                     "peak_commit_bytes": peaks.get(r["process_key"])})
     return sorted(out, key=lambda r: -(r["duration_ns"] or 0))
 

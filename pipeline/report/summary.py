@@ -18,7 +18,7 @@ from typing import Any
 
 from pipeline.report import critical
 from pipeline.report.flame import count, fmt_bytes
-from pipeline.report.processes import STAGE
+from pipeline.report.processes import STAGE, said
 from pipeline.report.queries import fmt_duration
 from pipeline.runs import has_table, read_manifest, stage_dir
 
@@ -33,8 +33,7 @@ BINS, WIDTH, HEIGHT, LEFT, BOTTOM = 200, 1100, 180, 48, 22
 def stage_of(command_line: str | None) -> str | None:
     """The stage of the compiler a process ran (``.../stage1/bin/rustc``: ``stage1``), as the build processes' table
     says it (:data:`pipeline.report.processes.STAGE`); None when the command line does not say."""
-    m = STAGE.search(command_line or "")
-    return m.group(1) if m else None
+    return said(STAGE, command_line)
 
 
 def _rows(ctx, table: str, columns: list[str] | None = None) -> list[dict]:
