@@ -265,10 +265,12 @@ def speedscope_titles(files: list[Path], tmp_path: Path) -> dict[str, str | None
             await cdp.call("Page.navigate", url="about:blank")     # (a new document for each file, not a hash change)
             await cdp.wait_for("location.href === 'about:blank'")
             await cdp.call("Page.navigate", url=f"{base}/speedscope/index.html#profileURL={base}/{f.name}")
+            # speedscope imports on the page's main thread: 33 MB of trace events hold it 10 s here and over 60 s
+            # on a slow CI runner, and an evaluation is answered only after that, so each may wait out the deadline
             loop = asyncio.get_running_loop()
-            end, title = loop.time() + 120, None
+            end, title = loop.time() + 300, None
             while loop.time() < end and not cdp.dialogs:
-                title = await cdp.js("document.title")
+                title = await cdp.js("document.title", timeout=max(1.0, end - loop.time()))
                 if title and title.endswith(" - speedscope"):
                     break
                 await asyncio.sleep(0.1)
@@ -362,11 +364,13 @@ class CDP:
         self.events: list[dict] = []        # the events that came while waiting for answers
         self.dialogs: list[str] = []        # the messages of alerts the page raised (each dismissed at once)
 
-    async def call(self, method: str, **params):
+    async def call(self, method: str, timeout: float = 60.0, **params):
+        """Send ``method`` and wait up to ``timeout`` s for its answer (a page whose main thread is busy answers
+        an evaluation only when it is done)."""
         self.next_id += 1
         await self.ws.write_message(json.dumps({"id": self.next_id, "method": method, "params": params}))
         while True:
-            msg = json.loads(await asyncio.wait_for(self.ws.read_message(), 60))
+            msg = json.loads(await asyncio.wait_for(self.ws.read_message(), timeout))
             if "method" in msg:
                 self.events.append(msg)
                 if msg["method"] == "Page.javascriptDialogOpening":       # (an open alert would hold the page)
@@ -379,8 +383,9 @@ class CDP:
                     raise RuntimeError(f"{method}: {msg['error']}")
                 return msg.get("result", {})
 
-    async def js(self, expression: str):
-        result = await self.call("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
+    async def js(self, expression: str, timeout: float = 60.0):
+        result = await self.call("Runtime.evaluate", timeout=timeout, expression=expression, returnByValue=True,
+                                 awaitPromise=True)
         if "exceptionDetails" in result:
             raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
         return result["result"].get("value")
