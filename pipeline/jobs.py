@@ -19,7 +19,7 @@ from __future__ import annotations
 import concurrent.futures
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 
 from pipeline import __version__, sources, stages
@@ -28,6 +28,10 @@ from pipeline.errors import BootprofError, ConfigError, ManifestError
 from pipeline.mirror import mirrored
 from pipeline.progress import Status, print_line
 from pipeline.runs import MANIFEST, canonical_hash, fresh_dir, owned, read_manifest, stage_dir
+from pipeline.stages import CAPTURED, DECODED, REPORTED
+
+if TYPE_CHECKING:
+    from pipeline.contracts import Summary
 
 def apply_sets(config: Config, sets: list[str]) -> Config:
     """``--set section.key=value`` (value read as YAML: 4, true, 20MB, [a, b]) over ``config``, validated."""
@@ -61,7 +65,7 @@ def apply_sets(config: Config, sets: list[str]) -> Config:
 def captured_inputs(run_dir: Path) -> list[Path]:
     """What ``bootprof capture`` left in ``run_dir``: its trace and its self-profile directory."""
     try:
-        manifest = read_manifest(run_dir, "capture")
+        manifest = read_manifest(run_dir, CAPTURED)
     except ManifestError:
         return []
     from pipeline.capture import PROFILE_DIR, TRACE
@@ -85,7 +89,7 @@ class RunInputs(list):
 def decoded_inputs(run_dir: Path) -> RunInputs:
     """The inputs of the run's decode, as its manifest names them (none without a decode)."""
     try:
-        manifest = read_manifest(run_dir, "decoded")
+        manifest = read_manifest(run_dir, DECODED)
     except ManifestError:
         return RunInputs()
     return RunInputs(sources.parse(i["path"]) for i in manifest.get("inputs") or [] if i.get("path"))
@@ -125,14 +129,15 @@ def stale_reason(run_dir: Path, stage: str, config: Config, inputs: list[Path]) 
     return None
 
 
-def run_stages(job: Job, config: Config, inputs: list[sources.Input], run_dir: Path, force: bool = False) -> dict[str, Any]:
+def run_stages(job: Job, config: Config, inputs: list[sources.Input], run_dir: Path, force: bool = False
+               ) -> dict[str, Summary | None]:
     """Every stage of ``job`` (but synth) on ``inputs`` in ``run_dir``; their summaries, by stage."""
     run_dir = Path(run_dir).absolute()      # (the tasks may run in workers of another working directory)
     from pipeline.cluster import connect
 
     todo_stages = [s for s in job.stages if s != "synth"]
     modules = {stage: stages.get(stage).load() for stage in todo_stages}
-    summaries: dict[str, Any] = {}
+    summaries: dict[str, Summary | None] = {}
     # (no cluster starts for a job whose stages are all up to date)
     first = next((s for s in todo_stages if force or stale_reason(run_dir, s, config, inputs) is not None), None)
     for stage in todo_stages[:todo_stages.index(first) if first else len(todo_stages)]:
@@ -167,7 +172,7 @@ def run_stages(job: Job, config: Config, inputs: list[sources.Input], run_dir: P
     return summaries
 
 
-def headline(module, summary: dict[str, Any] | None) -> str:
+def headline(module, summary: Summary | None) -> str:
     """A stage's summary as its line in the job's output: its module's ``headline`` (the manifest holds the whole
     summary), else the summary itself."""
     if summary is None:
@@ -287,7 +292,7 @@ def _run_in(job: Job, job_path: Path, config: Config, traces: list[sources.Input
                                 "so --trace is required")
         inputs = _synth_demo(config, run_dir)
     summaries = run_stages(job, config, inputs, run_dir, force)
-    index = run_dir / "report" / "index.html"
+    index = run_dir / REPORTED / "index.html"
     if "report" in job.stages and index.exists():
         print(f"report: {index}")
     if "compare" in job.stages:

@@ -30,10 +30,14 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from pipeline import __version__, portable
 from pipeline.errors import ManifestError
+from pipeline.stages import DECODED
+
+if TYPE_CHECKING:
+    from pipeline.contracts import InputRecord, Manifest
 
 #: Version of the on-disk layout of stage outputs (tables, columns, manifest fields). Readers refuse
 #: outputs with a higher number; bump it whenever a column changes meaning or disappears.
@@ -287,7 +291,7 @@ def stage_output(
     run_dir: Path,
     stage: str,
     *,
-    inputs: list[dict[str, Any]] | None = None,
+    inputs: list[InputRecord] | None = None,
     config: dict[str, Any] | None = None,
     upstream: tuple[str, ...] = (),
 ) -> Iterator[StageOutput]:
@@ -357,8 +361,9 @@ def swap_into_place(tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def read_manifest(run_dir: Path, stage: str) -> dict[str, Any]:
-    """The manifest of a finished stage; refuses missing, unreadable or newer-schema outputs."""
+def read_manifest(run_dir: Path, stage: str) -> Manifest:
+    """The manifest of a finished stage; refuses missing, unreadable, malformed (:data:`pipeline.contracts.MANIFEST`)
+    or newer-schema outputs, and outputs made from upstream outputs that were written again since."""
     path = stage_dir(run_dir, stage) / MANIFEST
     if not path.exists():
         raise ManifestError(f"{path}: no finished '{stage}' output in run {run_dir} (run that stage first)")
@@ -366,12 +371,24 @@ def read_manifest(run_dir: Path, stage: str) -> dict[str, Any]:
         manifest = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ManifestError(f"{path}: unreadable manifest: {exc}") from exc
+    if not isinstance(manifest, dict):
+        raise ManifestError(f"{path}: not a bootprof manifest: a JSON {type(manifest).__name__}, not an object")
     version = manifest.get("schema_version")
     if not isinstance(version, int) or version > SCHEMA_VERSION:
         raise ManifestError(
             f"{path}: schema_version {version!r} is newer than this bootprof understands "
             f"({SCHEMA_VERSION}); upgrade bootprof (installed {__version__})"
         )
+    from pydantic import ValidationError
+
+    from pipeline.contracts import MANIFEST as COMMON_PART
+
+    try:
+        COMMON_PART.validate_python(manifest, strict=True)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ManifestError(f"{path}: not a bootprof manifest: {'.'.join(map(str, first['loc'])) or 'the whole'}: "
+                            f"{first['msg']}") from None
     made_from = manifest.get("upstream") or {}
     changed = [s for s, h in sorted(made_from.items()) if manifest_hash(run_dir, s) != h]
     if changed:
@@ -404,7 +421,7 @@ def sql_path(path) -> str:
 def decoded_input_bytes(run_dir: Path) -> int | None:
     """Bytes of the inputs the run's ``decoded/`` was made from (None when it has no finished decode)."""
     try:
-        return sum(int(i.get("size") or 0) for i in read_manifest(run_dir, "decoded").get("inputs", []))
+        return sum(int(i.get("size") or 0) for i in read_manifest(run_dir, DECODED).get("inputs", []))
     except ManifestError:
         return None
 
@@ -417,10 +434,10 @@ def self_profile_bytes(run_dir: Path) -> int | None:
     import pyarrow.parquet as pq
 
     try:
-        read_manifest(run_dir, "decoded")
+        read_manifest(run_dir, DECODED)
     except ManifestError:
         return None
-    path = table_path(run_dir, "decoded", "self_profiles")
+    path = table_path(run_dir, DECODED, "self_profiles")
     if not path.exists():
         return 0
     return int(pc.sum(pq.read_table(path, columns=["size"]).column("size")).as_py() or 0)

@@ -21,11 +21,14 @@ import os
 import re
 import time
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterable, Union
+from typing import TYPE_CHECKING, Iterable, Union
 from urllib.parse import urlparse
 
 from pipeline import portable
 from pipeline.errors import InputError
+
+if TYPE_CHECKING:
+    from pipeline.contracts import InputRecord
 
 Input = Union[Path, str]
 
@@ -214,7 +217,7 @@ def input_bytes(inputs: Iterable[Input]) -> int:
     return total
 
 
-def fingerprint(x: Input) -> dict[str, Any]:
+def fingerprint(x: Input) -> InputRecord:
     """Path, size and content hash (:func:`pipeline.runs.sha256_tree`) of a local input; URL, size and the store's
     version (:func:`version`) of a URL."""
     if not is_url(x):

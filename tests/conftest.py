@@ -103,3 +103,34 @@ def assert_same_tables(a_dir: Path, b_dir: Path, ignore: tuple[str, ...] = ()) -
         assert a.sort_by(key).equals(b.sort_by(key)), name
         compared += 1
     return compared
+
+
+def contract_breaches(run_dir: Path) -> list[str]:
+    """Where the manifests of ``run_dir``'s stage outputs differ from their types (:mod:`pipeline.contracts`): a
+    value of another type, a key the type requires and the manifest lacks, or a key the manifest has and its type
+    does not declare (pydantic drops those as it validates: what it returns lacks them)."""
+    import json
+
+    from pydantic import TypeAdapter, ValidationError
+
+    from pipeline.contracts import MANIFESTS
+
+    def undeclared(a, b, where: str) -> list[str]:
+        if isinstance(a, dict) and isinstance(b, dict):
+            return [x for k, v in a.items()
+                    for x in ([f"{where}.{k}: not in the contract"] if k not in b else undeclared(v, b[k], f"{where}.{k}"))]
+        if isinstance(a, list) and isinstance(b, list):
+            return [x for i, (u, v) in enumerate(zip(a, b)) for x in undeclared(u, v, f"{where}[{i}]")]
+        return []
+
+    found = []
+    for output, contract in MANIFESTS.items():
+        path = Path(run_dir) / output / "_manifest.json"
+        if not path.exists():
+            continue
+        manifest = json.loads(path.read_text())
+        try:
+            found += undeclared(manifest, TypeAdapter(contract).validate_python(manifest, strict=True), output)
+        except ValidationError as exc:
+            found += [f"{output}.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+    return found

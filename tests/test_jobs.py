@@ -8,7 +8,7 @@ import json
 
 from pipeline.cli import main as cli_main
 from pipeline.runs import read_manifest
-from tests.conftest import ROOT, S3_BUCKET, assert_same_tables, fixture_path
+from tests.conftest import ROOT, S3_BUCKET, assert_same_tables, contract_breaches, fixture_path
 from tests.rangeserver import serving
 
 STAGES = ["decoded", "symbolized", "aggregated", "report"]
@@ -50,6 +50,7 @@ def test_demo_job_without_trace_runs_every_stage(tmp_path, capsys):
     assert f"{manifests['aggregated']['sections']['cpu']['samples']:,} CPU samples" in shown["aggregate"]
     assert "run demo-run: 28 tables" in shown["warehouse"]
     assert not [line for line in shown.values() if "{" in line or len(line) > 200], shown
+    assert contract_breaches(run) == []
 
 
 def test_demo_job_on_a_self_profile_directory(tmp_path, capsys):
@@ -60,6 +61,7 @@ def test_demo_job_on_a_self_profile_directory(tmp_path, capsys):
     assert read_manifest(run, "symbolized")["skipped"].startswith("no ETL stacks")
     assert set(read_manifest(run, "aggregated")["sections"]) == {"queries"}
     assert (run / "report" / "profile_queries.counts.txt").exists()
+    assert contract_breaches(run) == []
 
 
 def test_run_takes_a_symbol_path(tmp_path, capsys):

@@ -17,7 +17,7 @@ from pipeline import warehouse
 from pipeline.cli import main as cli_main
 from pipeline.compare import verdict
 from tests import realbuild
-from tests.conftest import ROOT
+from tests.conftest import ROOT, contract_breaches
 
 NOISE_NIGHTS = 8
 CHANGED = "mid"
@@ -39,6 +39,13 @@ def history(tmp_path_factory):
         realbuild.night(tmp / "ws", run, (f"hot:{CHANGED}",) if k == NOISE_NIGHTS + 1 else ())
         exits[k] = cli_main(["--config", str(config), "run", str(ROOT / "jobs" / "nightly.yaml"), "--run", str(run)])
     return tmp, db, exits
+
+
+def test_every_nights_manifests_keep_their_contracts(history):
+    """Capture, decode, aggregate, report and compare of real builds write what :mod:`pipeline.contracts` says."""
+    tmp = history[0]
+    assert {night_name(k): contract_breaches(tmp / night_name(k)) for k in range(1, NOISE_NIGHTS + 2)} == \
+        {night_name(k): [] for k in range(1, NOISE_NIGHTS + 2)}
 
 
 @pytest.mark.slow

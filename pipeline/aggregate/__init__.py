@@ -11,19 +11,24 @@ at once, on threads (but those in ``ON_CALLER``).
 from __future__ import annotations
 
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from pipeline.aggregate import cpu, memory, processes, queries, query_cpu, resolve
+from pipeline.aggregate.context import SOURCE, Context, FramesFinal
 from pipeline.errors import is_interrupt, out_of_memory
-from pipeline.runs import has_table, read_manifest, stage_dir, stage_output, table_path, upstream_hashes
+from pipeline.runs import read_manifest, stage_dir, stage_output, upstream_hashes
+from pipeline.stages import AGGREGATED, SYMBOLIZED
 
-STAGE = "aggregated"
-SOURCE = "decoded"
+if TYPE_CHECKING:
+    from pipeline.cluster import Pool
+    from pipeline.config import Config
+    from pipeline.contracts import AggregateSummary
 
-SECTIONS: list[Callable[["Context"], dict[str, Any] | None]] = [queries.aggregate, cpu.aggregate, memory.aggregate, processes.aggregate,
-                                                                query_cpu.aggregate]
+STAGE = AGGREGATED
+
+SECTIONS: list[Callable[[Context], Mapping[str, object] | None]] = [
+    queries.aggregate, cpu.aggregate, memory.aggregate, processes.aggregate, query_cpu.aggregate]
 #: Sections that run one after the other on the calling thread, in this order: those that use the dask pool (a
 #: lazy pool starts its cluster in the thread that first uses it, and must close it there) and those that read
 #: what one of them wrote. The others run beside them, each on a thread of its own with its own DuckDB
@@ -35,55 +40,11 @@ ON_CALLER = (queries.aggregate, query_cpu.aggregate)
 OFFERS = {resolve.SAMPLE_UNITS: cpu.aggregate}
 
 
-@dataclass
-class Context:
-    """What a section gets: where to read, where to write, the config and the dask pool."""
-
-    run_dir: Path
-    config: Any
-    pool: Any
-    out: Any                      # StageOutput of aggregated/
-    decoded: dict[str, Any]       # manifest of decoded/
-    #: Waits until ``symbolized/`` is final (``run(after=...)``: the stage started while symbolize ran); a
-    #: section calls it (through ``resolve.has_frames``) before it reads frames.
-    frames_final: FramesFinal
-    offers: dict[str, Future] = field(default_factory=dict)     # (``OFFERS`` of the sections that run)
-    #: How many sections run at once (:func:`parallel_sections`): they share ``aggregate.memory_limit``.
-    at_once: int = 1
-
-    def offer(self, key: str, value: Any) -> None:
-        """Hand ``value`` to the sections that wait for ``key`` (once; a section that offers nothing hands them
-        None as it ends)."""
-        future = self.offers.get(key)
-        if future is not None and not future.done():
-            future.set_result(value)
-
-    def wants(self, key: str) -> bool:
-        return key in self.offers
-
-    def take(self, key: str) -> Any:
-        """What the section that offers ``key`` handed over, once it has (None when it does not run or offers
-        nothing); for one taker: the offer is dropped, and its memory goes when the taker is done with it."""
-        future = self.offers.get(key)
-        if future is None:
-            return None
-        try:
-            return future.result()
-        finally:
-            self.offers.pop(key, None)
-
-    def has(self, table: str) -> bool:
-        return has_table(self.run_dir, SOURCE, table)
-
-    def source(self, table: str) -> Path:
-        return table_path(self.run_dir, SOURCE, table)
-
-
 def section_name(section: Callable) -> str:
     return section.__module__.rsplit(".", 1)[-1]
 
 
-def run(run_dir: Path, config, pool, inputs=None, after: Callable[[], Any] | None = None) -> dict[str, Any]:
+def run(run_dir: Path, config: Config, pool: Pool, inputs=None, after: Callable[[], Any] | None = None) -> AggregateSummary:
     """Run every applicable section on ``RUN_DIR/decoded``; returns {section: summary}.
 
     ``after``: the stage starts while ``symbolize`` still writes ``symbolized/`` (its row in :mod:`pipeline.stages`
@@ -92,61 +53,20 @@ def run(run_dir: Path, config, pool, inputs=None, after: Callable[[], Any] | Non
     before it ends, so that its manifest names the ``symbolized/`` it was made from."""
     run_dir = Path(run_dir)
     decoded = read_manifest(run_dir, SOURCE)
-    summary: dict[str, Any] = {}
+    summary: AggregateSummary = {}
     source = [{"stage": SOURCE, "path": str(stage_dir(run_dir, SOURCE)), "created_utc": decoded.get("created_utc")}]
     frames_final = FramesFinal(run_dir, after)
-    with stage_output(run_dir, STAGE, inputs=source, config=config.resolved(), upstream=(SOURCE, "symbolized")) as out:
+    with stage_output(run_dir, STAGE, inputs=source, config=config.resolved(), upstream=(SOURCE, SYMBOLIZED)) as out:
         ctx = Context(run_dir, config, pool, out, decoded, frames_final=frames_final, at_once=parallel_sections())
         results = _run_sections(ctx)
         frames_final()
         summary = {section_name(s): results[s] for s in SECTIONS if results[s] is not None}
         out.manifest["sections"] = summary
-        out.manifest["upstream"] = upstream_hashes(run_dir, (SOURCE, "symbolized"))
+        out.manifest["upstream"] = upstream_hashes(run_dir, (SOURCE, SYMBOLIZED))
     return summary
 
 
-class FramesFinal:
-    """``Context.frames_final``: returns once ``symbolized/`` is final (at once without ``after``), and raises what
-    symbolize raised, or a ``symbolized/`` made from another decode. With ``after``, a daemon thread waits for it,
-    so that the sections that wait can be let go (``cancel``) when the stage is interrupted."""
-
-    class Cancelled(Exception):
-        pass
-
-    def __init__(self, run_dir: Path, after: Callable[[], Any] | None):
-        import threading
-
-        self.final: Future = Future()
-        self.cancelled = threading.Event()
-
-        def wait() -> None:
-            try:
-                if after is not None:
-                    after()
-                if has_table(run_dir, "symbolized", "frames"):
-                    read_manifest(run_dir, "symbolized")        # (refuses frames made from another decode)
-                self.final.set_result(None)
-            except BaseException as exc:  # noqa: BLE001 - handed to the sections that wait
-                self.final.set_exception(exc)
-
-        if after is None:
-            wait()
-            self.final.result()
-        else:
-            threading.Thread(target=wait, name="aggregate-frames", daemon=True).start()
-
-    def __call__(self) -> None:
-        from pipeline.cluster import wait_for
-
-        if not wait_for([self.final], stop=self.cancelled, step=0.1):
-            raise FramesFinal.Cancelled("the aggregate stage was interrupted")
-        self.final.result()
-
-    def cancel(self) -> None:
-        self.cancelled.set()
-
-
-def _run_sections(ctx: Context) -> dict[Callable, dict[str, Any] | None]:
+def _run_sections(ctx: Context) -> dict[Callable, Mapping[str, object] | None]:
     """Every section: ``ON_CALLER`` in order on this thread, the others at once beside them; a section that fails
     fails the stage (the first in ``SECTIONS`` order), once every section has ended."""
     import concurrent.futures
@@ -192,7 +112,7 @@ def parallel_sections() -> int:
     return len(SECTIONS) - len(ON_CALLER) + 1
 
 
-def _run_section(section: Callable[[Context], dict[str, Any] | None], ctx: Context) -> dict[str, Any] | None:
+def _run_section(section: Callable[[Context], Mapping[str, object] | None], ctx: Context) -> Mapping[str, object] | None:
     """One section; DuckDB running out of memory (``aggregate.memory_limit``, even with spilling) ends the
     stage with the setting to change, not a traceback, and nothing of the stage is written."""
     import duckdb
@@ -210,7 +130,7 @@ def _run_section(section: Callable[[Context], dict[str, Any] | None], ctx: Conte
     raise error
 
 
-def headline(summary: dict[str, Any]) -> str:
+def headline(summary: AggregateSummary) -> str:
     """The stage's line in a job's output: the headline numbers of each section that ran."""
     parts = []
     if cpu := summary.get("cpu"):

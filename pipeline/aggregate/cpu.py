@@ -14,10 +14,14 @@ Chrome trace export and the time bins a report view can be filtered by.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pipeline.aggregate import queries, resolve
 from pipeline.runs import sql_path
+
+if TYPE_CHECKING:
+    from pipeline.aggregate.context import Context
+    from pipeline.contracts import CpuCounts
 
 SAMPLES = "samples"
 UNITS = "cs"   # name of the resolved sample units in the connection
@@ -41,7 +45,7 @@ PROCESS_FRAME_SQL = ("coalesce(nullif(p.image_name, ''), 'pid ' || p.pid, '[unkn
                      "|| coalesce(' ' || p.crate, '')")
 
 
-def aggregate(ctx) -> dict[str, Any] | None:
+def aggregate(ctx: Context) -> CpuCounts | None:
     if not ctx.has(SAMPLES):
         return None
     con = resolve.connect(ctx, "samples", "stacks", "processes", "images")

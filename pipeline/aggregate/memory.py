@@ -18,11 +18,15 @@ blocks per (snapshot, stack), blocks without a stack kept as ``stack_id`` NULL. 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pipeline.aggregate import resolve
 from pipeline.aggregate.cpu import PROCESS_FRAME_SQL
 from pipeline.runs import sql_path
+
+if TYPE_CHECKING:
+    from pipeline.aggregate.context import Context
+    from pipeline.contracts import MemoryCounts
 
 VIRTUAL = "virtual_allocs"
 SNAPSHOT_BLOCKS = "heap_snapshot_blocks"
@@ -55,8 +59,8 @@ SNAPSHOT_KEY = ("pid", "process_key", "instance", "timestamp_ns")
 MEASURES = ["allocs", "commit_bytes", "outstanding_bytes"]
 
 
-def aggregate(ctx) -> dict[str, Any] | None:
-    summary: dict[str, Any] = {}
+def aggregate(ctx: Context) -> MemoryCounts | None:
+    summary: MemoryCounts = {}
     if _rows(ctx, VIRTUAL):
         summary.update(_commit(ctx))
     if ctx.has(SNAPSHOT_BLOCKS) and (_rows(ctx, SNAPSHOTS) or _rows(ctx, SNAPSHOT_BLOCKS)):
@@ -74,7 +78,7 @@ def _copy(ctx, con, table: str, sql: str, order: str) -> None:
                 f"(FORMAT parquet, COMPRESSION zstd)")
 
 
-def _commit(ctx) -> dict[str, Any]:
+def _commit(ctx: Context) -> MemoryCounts:
     con = resolve.connect(ctx, VIRTUAL, "stacks", "processes", "images")
     con.execute(f"""
         CREATE TABLE va AS
@@ -203,7 +207,7 @@ def _unresolved(con, name: str) -> int:
     return int(con.execute(f"SELECT count(*) FROM {name}_funcs WHERE raw_name IS NULL").fetchone()[0])
 
 
-def _snapshots(ctx) -> dict[str, Any]:
+def _snapshots(ctx: Context) -> MemoryCounts:
     con = resolve.connect(ctx, SNAPSHOT_BLOCKS, "stacks", "processes", "images", *([SNAPSHOTS] if ctx.has(SNAPSHOTS) else []))
     resolve.assign_units(con, ctx, f"(SELECT *, NULL::UBIGINT AS ip FROM {SNAPSHOT_BLOCKS})", "hb")
     _copy(ctx, con, HEAP_BY_STACK, """

@@ -9,10 +9,14 @@ started (latest start at or before it, not ended before it); a parent outside th
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pipeline.aggregate import resolve
 from pipeline.runs import sql_path
+
+if TYPE_CHECKING:
+    from pipeline.aggregate.context import Context
+    from pipeline.contracts import ProcessCounts
 
 TREE = "process_tree"
 
@@ -24,7 +28,7 @@ TREE = "process_tree"
 RANGE_JOIN_MAX_INSTANCES = 16
 
 
-def aggregate(ctx) -> dict[str, Any] | None:
+def aggregate(ctx: Context) -> ProcessCounts | None:
     if not ctx.has("processes"):
         return None
     tables = ["processes"] + [t for t in ("samples", "threads") if ctx.has(t)]

@@ -23,10 +23,14 @@ summed per crate and for the whole build:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pipeline.aggregate.resolve import CMD_CRATE_SQL, duckdb_for
 from pipeline.runs import parquet_glob, sql_path
+
+if TYPE_CHECKING:
+    from pipeline.aggregate.context import Context
+    from pipeline.contracts import QueryCounts
 
 EVENTS = "query_events"
 FILES = "self_profiles"
@@ -118,7 +122,7 @@ def _scoped(sql_file_level: str, keys: list[str], measures: list[str]) -> str:
     """
 
 
-def aggregate(ctx) -> dict[str, Any] | None:
+def aggregate(ctx: Context) -> QueryCounts | None:
     """Write query_summary, query_totals, artifact_sizes, query_stacks, self_profile_processes."""
     if not ctx.has(EVENTS):
         return None

@@ -28,12 +28,16 @@ as root frame (``label;module!function;...``), for a flame graph of the queries'
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pipeline.aggregate import cpu, queries, resolve
 from pipeline.runs import parquet_glob, sql_path
+
+if TYPE_CHECKING:
+    from pipeline.aggregate.context import Context
+    from pipeline.contracts import QueryCpuCounts
 
 BY_QUERY = "cpu_by_query"
 BY_QUERY_FUNCTION = "cpu_by_query_function"
@@ -44,7 +48,7 @@ OUTSIDE = {"outside": "(outside queries)", "unprofiled": "(thread not in the sel
 UNITS = "qs"
 
 
-def aggregate(ctx) -> dict[str, Any] | None:
+def aggregate(ctx: Context) -> QueryCpuCounts | None:
     import pyarrow as pa
 
     matches = ctx.out.table_path(queries.PROCESSES)

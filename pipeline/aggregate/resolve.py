@@ -27,11 +27,14 @@ so the *leaf function* of a unit is (pos 0, largest inline_depth).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from pipeline.runs import parquet_glob, sql_path
+from pipeline.stages import SYMBOLIZED
 
-SYMBOLIZED = "symbolized"
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 FRAMES = "frames"
 
 #: Smallest/largest BIGINT: open lifetime ends (NULL start = before the trace, NULL end = after it).
@@ -173,7 +176,7 @@ SAMPLE_UNITS = "resolved sample units"
 
 
 def assign_units(con, ctx, source: str, name: str, per_row: bool = True, bin_sql: str | None = None,
-                 resolved: Callable[[], dict[str, Any] | None] | None = None) -> None:
+                 resolved: Callable[[], dict[str, pa.Table] | None] | None = None) -> None:
     """``{name}``: rows of ``source`` (pid, stack_id, ip, timestamp_ns, ...) plus process_key and unit_id;
     ``{name}_units``: one row per unit (unit_id, pid, stack_id, ip, epoch, t); their frames resolved
     (:func:`resolve_units`), or taken from ``resolved()`` where that holds every unit (:func:`adopt_units`).
@@ -223,14 +226,14 @@ def assign_units(con, ctx, source: str, name: str, per_row: bool = True, bin_sql
         resolve_units(con, ctx, name)
 
 
-def export_units(con, name: str) -> dict[str, Any]:
+def export_units(con, name: str) -> dict[str, pa.Table]:
     """The resolved units ``name`` of this connection as Arrow tables, for :func:`adopt_units` in another."""
     return {"units": con.sql(f"SELECT unit_id, pid, stack_id, ip, epoch FROM {name}_units").to_arrow_table(),
             "funcs": con.sql(f"SELECT * FROM {name}_funcs").to_arrow_table(),
             "stacks": con.sql(f"SELECT * FROM {name}_stacks").to_arrow_table()}
 
 
-def adopt_units(con, name: str, resolved: dict[str, Any] | None) -> bool:
+def adopt_units(con, name: str, resolved: dict[str, pa.Table] | None) -> bool:
     """``{name}_funcs`` and ``{name}_stacks`` of the units in ``{name}_units`` from another section's resolved
     units (:func:`export_units`) of the same events, without resolving them again: a unit is (pid, stack, ip,
     epoch), and within an epoch any time of a unit resolves to the same frames, so a unit of some of the events

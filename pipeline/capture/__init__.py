@@ -31,8 +31,9 @@ from pipeline import portable
 from pipeline.errors import BootprofError, InputError
 from pipeline.runs import stage_output
 from pipeline.sources import fingerprint
+from pipeline.stages import CAPTURED
 
-STAGE = "capture"
+STAGE = CAPTURED
 PROFILE_DIR = "selfprofile"
 #: Where the merged ETL trace goes, and where the ETW tool writes it until it is complete.
 TRACE = Path("input") / "trace.etl"

@@ -22,6 +22,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from pipeline.errors import InputError
+from pipeline.stages import CAPTURED, DECODED
 
 SYMBOLS = "symbols"
 #: The member that makes a zip a bootprof pack.
@@ -60,9 +61,9 @@ def collect_symbols(run_dir: Path, checkout: Path) -> list[dict[str, Any]]:
     (name, debug id, size, where it came from). Needs the run's decoded ``image_ids``."""
     from pipeline.runs import has_table, read_table
 
-    if not has_table(run_dir, "decoded", "image_ids"):
+    if not has_table(run_dir, DECODED, "image_ids"):
         return []
-    ids = read_table(run_dir, "decoded", "image_ids").select(["pdb_guid", "pdb_age", "pdb_name"]).to_pylist()
+    ids = read_table(run_dir, DECODED, "image_ids").select(["pdb_guid", "pdb_age", "pdb_name"]).to_pylist()
     wanted: dict[str, list[tuple[str, int]]] = {}
     for r in ids:
         if r["pdb_guid"] and r["pdb_name"] and r["pdb_age"] is not None:
@@ -98,7 +99,7 @@ def pack(run_dir: Path, out: Path) -> dict[str, Any]:
     """``bootprof pack``: the capture of ``run_dir`` (trace, self-profiles, symbols, capture manifest) into one zip,
     written aside and renamed into place."""
     run_dir = Path(run_dir)
-    if not (run_dir / "capture" / "_manifest.json").exists():
+    if not (run_dir / CAPTURED / "_manifest.json").exists():
         raise InputError(f"{run_dir}: no capture here (bootprof capture ... --run {run_dir} makes one)")
     files = []
     for rel in PACKED:

@@ -16,14 +16,18 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pipeline.runs import atomic_write_text, stage_output
+from pipeline.stages import AGGREGATED, COMPARED
 
-STAGE = "compare"
+if TYPE_CHECKING:
+    from pipeline.contracts import CompareSummary
+
+STAGE = COMPARED
 
 
-def run(run_dir: Path, config, pool, inputs=None) -> dict[str, Any]:
+def run(run_dir: Path, config, pool, inputs=None) -> CompareSummary:
     from pipeline import warehouse
     from pipeline.compare import verdict
     from pipeline.warehouse.comparison import named
@@ -34,13 +38,13 @@ def run(run_dir: Path, config, pool, inputs=None) -> dict[str, Any]:
     base = c["baseline_run_id"]
     failing = verdict.exceeds_budget(c, config.warehouse.budget_pct) if base else []
     markdown = verdict.markdown(c)
-    with stage_output(run_dir, STAGE, config=config.resolved(), upstream=("aggregated",)) as out:
+    with stage_output(run_dir, STAGE, config=config.resolved(), upstream=(AGGREGATED,)) as out:
         atomic_write_text(out.path / "summary.md", markdown)
         folded = (warehouse.folded(db, base, timeout), warehouse.folded(db, c["run_id"], timeout)) if base else ([], [])
         atomic_write_text(out.path / "compare.html", verdict.html_page(c, *folded))
         atomic_write_text(out.path / "comparison.json", json.dumps(c, indent=1, sort_keys=True, default=str) + "\n")
         fams = c["families"]
-        summary = {"baseline_run_id": base, "reason": c["reason"], "verdict": c["verdict"],
+        summary: CompareSummary = {"baseline_run_id": base, "reason": c["reason"], "verdict": c["verdict"],
                    "regressions": sum(f["verdict"] == "regression" for f in fams),
                    "suspects": sum(f["verdict"] == "suspect" for f in fams),
                    "improvements": sum(f["verdict"] == "improvement" for f in fams),
@@ -55,7 +59,7 @@ def run(run_dir: Path, config, pool, inputs=None) -> dict[str, Any]:
     return summary
 
 
-def headline(summary: dict[str, Any]) -> str:
+def headline(summary: CompareSummary) -> str:
     """The stage's line in a job's output."""
     if not summary.get("baseline_run_id"):
         return f"no baseline: {summary.get('reason')}"

@@ -6,7 +6,10 @@ Values are written in their unit (``12.34 s``, ``1.2 GiB``, ``1,234 samples``, `
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pipeline.contracts import Comparison, ComparisonRow, Family
 
 #: What each kind is called in a report.
 TITLES = {
@@ -38,12 +41,12 @@ def fmt_value(test: str, v: float | None) -> str:
     return f"{v:,.0f}" + (" samples" if test == "count" else "")
 
 
-def fmt_change(r: dict[str, Any], key: str = "relative_change") -> str:
+def fmt_change(r: ComparisonRow, key: str = "relative_change") -> str:
     rel = r[key]
     return "new" if rel is None and r["value"] else ("gone" if rel is None else f"{100 * rel:+.1f}%")
 
 
-def fmt_noise(r: dict[str, Any]) -> str:
+def fmt_noise(r: ComparisonRow) -> str:
     """The noise a change is judged against, and what it was learned from."""
     if r["noise"] == 0:                                # (a count that never moved: any change is real)
         return f"none ({r['confidence']})"
@@ -58,18 +61,18 @@ FAMILY_TITLES = {"build time": "build time", "build memory": "build memory", "cr
                  "crate memory": "crate memory"}
 
 
-def family_name(f: dict[str, Any]) -> str:
+def family_name(f: Family) -> str:
     return FAMILY_TITLES[f["family"]] if f["key"] == "build" else f"{FAMILY_TITLES[f['family']]} `{f['key']}`"
 
 
-def exceeds_budget(c: dict[str, Any], budget_pct: float) -> list[dict[str, Any]]:
+def exceeds_budget(c: Comparison, budget_pct: float) -> list[Family]:
     """The families whose confident regression fails a nightly job: at least ``budget_pct`` percent against the
     other items (a new one always). Suspects, improvements and the metrics that explain never do."""
     return [f for f in c.get("families", []) if f["verdict"] == "regression"
             and (f["adjusted_change"] is None or 100 * f["adjusted_change"] >= budget_pct)]
 
 
-def _counts(c: dict[str, Any]) -> str:
+def _counts(c: Comparison) -> str:
     fams = c.get("families", [])
     n = {v: sum(f["verdict"] == v for f in fams) for v in ("regression", "suspect", "improvement")}
     return (f"{n['regression']} regressions, {n['suspect']} suspects and {n['improvement']} improvements among "
@@ -81,7 +84,7 @@ LEADS = {"regression": "Regression", "improvement": "Improvement",
          "suspect": "Suspect (not past the noise with confidence: the next runs will tell)"}
 
 
-def headline_sentence(c: dict[str, Any]) -> str:
+def headline_sentence(c: Comparison) -> str:
     """The comparison's verdict in one sentence: what regressed (or may have), else that nothing did."""
     from pipeline.warehouse.comparison import named
 
@@ -92,7 +95,7 @@ def headline_sentence(c: dict[str, Any]) -> str:
     return f"{LEADS[verdict]}: " + "; ".join(f"{family_name(f)} {fmt_change(f, 'adjusted_change')}" for f in shown) + "."
 
 
-def _family_line(f: dict[str, Any], plain: bool = False) -> tuple[str, ...]:
+def _family_line(f: Family, plain: bool = False) -> tuple[str, ...]:
     z = "-" if f["z"] is None else f"{f['z']:.1f}"
     return (f["verdict"], family_name(f).replace("`", "") if plain else family_name(f), fmt_value(f["test"], f["baseline_value"]), fmt_value(f["test"], f["value"]),
             fmt_change(f), fmt_change(f, "adjusted_change"), fmt_noise(f), z, TITLES[f["kind"]])
@@ -102,7 +105,7 @@ FAMILY_HEAD = ("verdict", "family", "baseline", "this run", "change", "against t
                "judged by")
 
 
-def text(c: dict[str, Any], limit: int = 40, everything: bool = False) -> str:
+def text(c: Comparison, limit: int = 40, everything: bool = False) -> str:
     """The comparison for a terminal."""
     head = f"run {c['run_id']} (job {c['job']}, workload {c['workload']})"
     if c["baseline_run_id"] is None:
@@ -144,7 +147,7 @@ def _md_table(head: tuple[str, ...] | list[str], rows: list[tuple[str, ...]]) ->
                                                                        for r in rows]
 
 
-def markdown(c: dict[str, Any], limit: int = 100) -> str:
+def markdown(c: Comparison, limit: int = 100) -> str:
     """The comparison as markdown for a CI job summary: the verdict first, then the families that changed and
     what explains them, then the build's numbers and the other metrics that moved."""
     title = f"### bootprof: `{_md(c['run_id'])}`"
@@ -176,7 +179,7 @@ def markdown(c: dict[str, Any], limit: int = 100) -> str:
     return "\n".join(out) + "\n"
 
 
-def html_page(c: dict[str, Any], baseline_folded: list[tuple[str, int]], run_folded: list[tuple[str, int]],
+def html_page(c: Comparison, baseline_folded: list[tuple[str, int]], run_folded: list[tuple[str, int]],
               limit: int = 100) -> str:
     """The comparison as one self-contained page: the headline and the changes as tables, above a differential
     flame graph of the two runs' CPU samples (``pipeline.report.flame.diff_tree``)."""

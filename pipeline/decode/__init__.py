@@ -13,13 +13,17 @@ import concurrent.futures
 import struct
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pipeline import sources
 from pipeline.errors import InputError
 from pipeline.runs import stage_output
+from pipeline.stages import DECODED
 
-STAGE = "decoded"
+if TYPE_CHECKING:
+    from pipeline.contracts import DecodeSummary
+
+STAGE = DECODED
 
 ETL = "etl"
 SELF_PROFILE = "mm_profdata"
@@ -74,14 +78,14 @@ def classify(inputs: list[sources.Input]) -> tuple[sources.Input | None, list[so
     return (etl[0] if etl else None), profiles
 
 
-def run(run_dir: Path, config, pool, inputs: list[sources.Input]) -> dict[str, Any]:
+def run(run_dir: Path, config, pool, inputs: list[sources.Input]) -> DecodeSummary:
     """Decode ``inputs`` into ``RUN_DIR/decoded``; returns the stage's summary counts."""
     trace, profiles = classify(inputs)
     files = ([trace] if trace else []) + profiles
     # (each input pinned as it is opened and checked as the stage ends: a file replaced or written meanwhile would
     # give tables mixed from two files under the hash of one of them)
     pins = {f: sources.pin(f) for f in files}
-    summary: dict[str, Any] = {}
+    summary: DecodeSummary = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as hasher:
         # The inputs' content hashes (``sources.fingerprint``) run beside the decode (hashlib releases the GIL).
         prints = hasher.submit(lambda: [sources.fingerprint(f) for f in files])
@@ -116,7 +120,7 @@ def run(run_dir: Path, config, pool, inputs: list[sources.Input]) -> dict[str, A
     return summary
 
 
-def headline(summary: dict[str, Any]) -> str:
+def headline(summary: DecodeSummary) -> str:
     """The stage's line in a job's output: what was decoded, and anything lost or wrong (the rest: the manifest)."""
     parts = []
     etl = summary.get("etl")

@@ -12,14 +12,18 @@ from __future__ import annotations
 import html
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from pipeline import __version__
 from pipeline.report import coverage, cpu, memory, processes, queries, query_cpu, summary, sysconfig
 from pipeline.report.base import STATIC, Context, Section, page  # noqa: F401  (re-exported)
 from pipeline.runs import atomic_write_text, read_manifest, stage_dir, stage_output
+from pipeline.stages import AGGREGATED, DECODED, REPORTED
 
-STAGE = "report"
+if TYPE_CHECKING:
+    from pipeline.contracts import ReportSummary
+
+STAGE = REPORTED
 
 
 SECTIONS: list[Callable[["Context"], Section | None]] = [summary.section, coverage.section, queries.section,
@@ -83,13 +87,13 @@ def _range_bar(sections: list[Section]) -> str:
             'tables marked "follows range".</span> <button hidden>whole build</button></div>')
 
 
-def run(run_dir: Path, config, pool, inputs=None) -> dict[str, Any]:
+def run(run_dir: Path, config, pool, inputs=None) -> ReportSummary:
     """Write ``RUN_DIR/report/``: every applicable section's files and ``index.html``."""
     run_dir = Path(run_dir)
-    aggregated = read_manifest(run_dir, "aggregated")
-    source = [{"stage": "aggregated", "path": str(stage_dir(run_dir, "aggregated")),
+    aggregated = read_manifest(run_dir, AGGREGATED)
+    source = [{"stage": AGGREGATED, "path": str(stage_dir(run_dir, AGGREGATED)),
                "created_utc": aggregated.get("created_utc")}]
-    with stage_output(run_dir, STAGE, inputs=source, config=config.resolved(), upstream=("decoded", "aggregated")) as out:
+    with stage_output(run_dir, STAGE, inputs=source, config=config.resolved(), upstream=(DECODED, AGGREGATED)) as out:
         ctx = Context(run_dir, config, pool, out)
         ctx.copy_static("report.css")
         ctx.copy_static("tables.js")
@@ -100,6 +104,6 @@ def run(run_dir: Path, config, pool, inputs=None) -> dict[str, Any]:
     return {s.id: s.summary for s in sections}
 
 
-def headline(summary: dict[str, Any]) -> str:
+def headline(summary: ReportSummary) -> str:
     """The stage's line in a job's output."""
     return f"{len(summary)} sections: {', '.join(summary)}" if summary else "no sections"

@@ -8,9 +8,13 @@ import html
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from pipeline.runs import has_table, read_table
+from pipeline.runs import StageOutput, has_table, read_table
+
+if TYPE_CHECKING:
+    from pipeline.cluster import Pool
+    from pipeline.config import Config
 
 STATIC = Path(__file__).with_name("static")
 
@@ -23,15 +27,15 @@ class Section:
     title: str
     html: str
     files: list[str] = field(default_factory=list)
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, object] = field(default_factory=dict)      # its counts, kept in the manifest
 
 
 @dataclass
 class Context:
     run_dir: Path
-    config: Any
-    pool: Any
-    out: Any          # StageOutput of report/
+    config: Config
+    pool: Pool
+    out: StageOutput      # of report/
 
     def has(self, stage: str, table: str) -> bool:
         return has_table(self.run_dir, stage, table)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 
 from pipeline.runs import has_table, read_manifest
+from pipeline.stages import DECODED, SYMBOLIZED
 
 #: What to record for each kind of data (WPR's built-in profiles; xperf's kernel flags and stack walks).
 RECORD = {
@@ -28,20 +29,20 @@ POOR_RESOLUTION = 0.5
 
 
 def section(ctx):
-    if not has_table(ctx.run_dir, "decoded", "trace"):
+    if not has_table(ctx.run_dir, DECODED, "trace"):
         return None
     from pipeline.report.base import Section
 
-    decoded = read_manifest(ctx.run_dir, "decoded")
+    decoded = read_manifest(ctx.run_dir, DECODED)
     rows = decoded.get("tables", {})
     notes = []
     for table, how in RECORD.items():
         if not rows.get(table):
             notes.append(f"<li><b>No {how.split(':')[0]}</b> in this trace: the views of them are left out. "
                          f"To record them: {how.split(':', 1)[1].strip()}.</li>")
-    symbolized = ctx.run_dir / "symbolized" / "_manifest.json"
+    symbolized = ctx.run_dir / SYMBOLIZED / "_manifest.json"
     if symbolized.exists():
-        m = read_manifest(ctx.run_dir, "symbolized")
+        m = read_manifest(ctx.run_dir, SYMBOLIZED)
         rate = m.get("resolution_rate")
         if m.get("symbolic_missing") and m.get("frames"):
             notes.append(f"<li><b>Frames are unresolved: {html.escape(m['symbolic_missing'])}</b>; then run "

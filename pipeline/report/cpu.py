@@ -12,8 +12,9 @@ import json
 from pipeline.report.processes import STAGE, TARGET, said
 from pipeline.report.flame import Writer, binned_tree, count, flame_page, pct, speedscope, table
 from pipeline.report.timerange import Follow, Pool, binned, cpu_bins, total as total_of
+from pipeline.stages import AGGREGATED
 
-AGG = "aggregated"
+AGG = AGGREGATED
 TABLES = ["cpu_by_process", "cpu_by_crate", "cpu_by_module", "cpu_by_function", "cpu_by_code_crate"]
 
 

@@ -15,6 +15,7 @@ from typing import Any, Iterable
 
 from pipeline.report.safe import csv_select, inline_json
 from pipeline.runs import atomic_write_text, sql_path
+from pipeline.stages import AGGREGATED
 
 STATIC = Path(__file__).with_name("static")
 
@@ -279,8 +280,8 @@ def binned_tree(ctx, stacks: list[tuple[str, int]], table: str, measure: str, bi
     """``build_tree(stacks)`` with each node's value per time bin (``add_bins``) from the aggregated ``table`` (bin,
     stack, ``measure``), when the aggregate stage gave the bins' placement (``bins``: count, t0_ns, span_ns)."""
     tree = build_tree(stacks)
-    if bins and ctx.has("aggregated", table):
-        add_bins(tree, ctx.read("aggregated", table, ["bin", "stack", measure], dictionary=("stack",)), bins["count"],
+    if bins and ctx.has(AGGREGATED, table):
+        add_bins(tree, ctx.read(AGGREGATED, table, ["bin", "stack", measure], dictionary=("stack",)), bins["count"],
                  bins["t0_ns"], bins["span_ns"])
     return tree
 

@@ -13,8 +13,9 @@ from pipeline.report.flame import STATIC, Writer, binned_tree, count, flame_page
 from pipeline.report.processes import process_name
 from pipeline.report.timerange import CANDIDATES, Follow, Pool
 from pipeline.runs import read_manifest
+from pipeline.stages import AGGREGATED
 
-AGG = "aggregated"
+AGG = AGGREGATED
 COMMIT_TABLES = ["commit_by_process", "commit_by_crate", "commit_by_function", "commit_by_code_crate", "commit_by_stack",
                  "commit_over_time"]
 HEAP_TABLES = ["heap_snapshots_summary", "heap_snapshot_by_stack", "heap_snapshot_by_function", "heap_snapshot_growth"]

@@ -17,8 +17,9 @@ import re
 
 from pipeline.report.flame import Writer, count, fmt_bytes, fmt_ms, table
 from pipeline.report.timerange import Follow, Pool, binned, cpu_bins, total
+from pipeline.stages import AGGREGATED, DECODED
 
-AGG = "aggregated"
+AGG = AGGREGATED
 ROW = 9
 WIDTH = 1100
 LABEL = 190
@@ -206,8 +207,8 @@ def section(ctx):
     peaks = ({r["process_key"]: r["peak_commit_bytes"] for r in ctx.read(AGG, "commit_by_process").to_pylist()}
              if ctx.has(AGG, "commit_by_process") else {})
     builds = build_processes(rows, peaks)
-    threads = (ctx.read("decoded", "threads", ["pid", "tid", "start_ns", "end_ns", "thread_name", "first_seen_ns",
-                                               "last_seen_ns"]).to_pylist() if ctx.has("decoded", "threads") else [])
+    threads = (ctx.read(DECODED, "threads", ["pid", "tid", "start_ns", "end_ns", "thread_name", "first_seen_ns",
+                                               "last_seen_ns"]).to_pylist() if ctx.has(DECODED, "threads") else [])
     cpu = ctx.read(AGG, "cpu_over_time").to_pylist() if ctx.has(AGG, "cpu_over_time") else []
     follow = _follows(ctx, rows, builds, top, cpu)
     w.text(CHROME_TRACE, json.dumps(chrome_trace(rows, threads, cpu), separators=(",", ":")))

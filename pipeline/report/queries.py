@@ -23,8 +23,9 @@ from pathlib import Path
 
 from pipeline.mirror import placed_by
 from pipeline.runs import atomic_write_text
+from pipeline.stages import AGGREGATED, DECODED
 
-EVENTS_STAGE, AGG_STAGE = "decoded", "aggregated"
+EVENTS_STAGE, AGG_STAGE = DECODED, AGGREGATED
 #: measureme string ids up to this are virtual: for queries, rustc's DepNodeIndex of the invocation.
 MAX_VIRTUAL_STRING_ID = 100_000_000
 #: rustc's own self-profiler cost: it allocates the query strings at the end of the session.

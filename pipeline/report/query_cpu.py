@@ -12,8 +12,9 @@ import json
 
 from pipeline.report.flame import Writer, count, flame_page, pct, speedscope, table
 from pipeline.report.timerange import Follow, Pool, binned, cpu_bins
+from pipeline.stages import AGGREGATED
 
-AGG = "aggregated"
+AGG = AGGREGATED
 TABLES = ["cpu_by_query", "cpu_by_query_function"]
 #: Queries whose leaf functions the page lists, and functions listed for each.
 TOP_QUERIES, TOP_FUNCTIONS = 10, 8

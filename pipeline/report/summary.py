@@ -14,13 +14,17 @@ from __future__ import annotations
 import html
 import json
 from collections import Counter, defaultdict
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from pipeline.report import critical
 from pipeline.report.flame import count, fmt_bytes
 from pipeline.report.processes import STAGE, said
 from pipeline.report.queries import fmt_duration
 from pipeline.runs import has_table, read_manifest, stage_dir
+from pipeline.stages import AGGREGATED, COMPARED, DECODED
+
+if TYPE_CHECKING:
+    from pipeline.contracts import BuildFacts
 
 #: The SampledProfile interval the CPU time is counted in: WPR's and xperf's default, 1 kHz per CPU (the trace does
 #: not say it; a recording at another rate scales the CPU times, not their shares).
@@ -37,16 +41,16 @@ def stage_of(command_line: str | None) -> str | None:
 
 
 def _rows(ctx, table: str, columns: list[str] | None = None) -> list[dict]:
-    return ctx.read("aggregated", table, columns).to_pylist() if ctx.has("aggregated", table) else []
+    return ctx.read(AGGREGATED, table, columns).to_pylist() if ctx.has(AGGREGATED, table) else []
 
 
-def facts(ctx) -> dict[str, Any]:
+def facts(ctx) -> BuildFacts:
     """The numbers of the summary (also kept in the report's manifest, and what the tests check the page by)."""
     tree = _rows(ctx, "process_tree", ["process_key", "pid", "image_name", "crate", "command_line", "start_ns",
                                        "end_ns", "duration_ns"])
     profiles = _rows(ctx, "self_profile_processes", ["crate", "cmd", "wall_start_ns", "wall_end_ns", "total_ns"])
     rustc = [r for r in tree if r["crate"]]
-    out: dict[str, Any] = {"wall_ns": None, "cpu_ns": None, "busy_cores": None, "processes": {}, "crates_wall": [],
+    out: BuildFacts = {"wall_ns": None, "cpu_ns": None, "cpu_samples": None, "busy_cores": None, "processes": {}, "crates_wall": [],
                            "crates_cpu": [], "functions": [], "queries": [], "peak": None, "critical": []}
     # (a process of the trace, or a self-profile's when the run has no trace)
     spans = [(r["crate"], stage_of(r["command_line"]), r["start_ns"], r["end_ns"], r.get("process_key"))
@@ -104,7 +108,7 @@ def facts(ctx) -> dict[str, Any]:
                       for k, v in sorted(queries.items(), key=lambda kv: -kv[1])[:TOP]]
     commits = [r for r in _rows(ctx, "commit_by_process", ["pid", "image_name", "crate", "peak_commit_bytes", "peak_ns"])
                if r["peak_commit_bytes"]]
-    memory = (read_manifest(ctx.run_dir, "aggregated").get("sections") or {}).get("memory") or {}
+    memory = (read_manifest(ctx.run_dir, AGGREGATED).get("sections") or {}).get("memory") or {}
     if commits and memory.get("peak_commit_bytes"):
         top = max(commits, key=lambda r: r["peak_commit_bytes"])
         out["peak"] = {"bytes": memory["peak_commit_bytes"], "at_ns": memory.get("peak_ns"),
@@ -113,7 +117,16 @@ def facts(ctx) -> dict[str, Any]:
     return out
 
 
-def concurrency(ctx) -> dict[str, Any] | None:
+class Concurrency(TypedDict):
+    """Busy CPUs and running rustc processes per time bin, from ``t0`` to ``t1`` (ns)."""
+
+    t0: int
+    t1: int
+    busy: list[float]
+    running: list[float]
+
+
+def concurrency(ctx) -> Concurrency | None:
     """Busy CPUs (samples per bin, at ``SAMPLE_NS``) and running rustc processes per time bin; None without a
     process timeline."""
     tree = [r for r in _rows(ctx, "process_tree", ["crate", "start_ns", "end_ns"]) if r["start_ns"] is not None]
@@ -148,7 +161,7 @@ def concurrency(ctx) -> dict[str, Any] | None:
     return {"t0": t0, "t1": t1, "busy": busy, "running": running}
 
 
-def chart_svg(c: dict[str, Any], cpus: int | None, pickable: bool) -> str:
+def chart_svg(c: Concurrency, cpus: int | None, pickable: bool) -> str:
     """The concurrency chart: busy CPUs as an area, running rustc processes as a line, one time axis; ``pickable``:
     on the trace's time axis, so that dragging across it picks the range the rest of the page shows."""
     top = max(max(c["busy"]), max(c["running"]), (cpus or 0) + 0.6, 1.0)
@@ -203,7 +216,7 @@ def _share(v) -> str:
 
 def _comparison(ctx) -> str:
     """The comparison's verdict and a link to its page, when the run has been compared."""
-    path = stage_dir(ctx.run_dir, "compare") / "comparison.json"
+    path = stage_dir(ctx.run_dir, COMPARED) / "comparison.json"
     try:
         c = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -219,18 +232,18 @@ def _comparison(ctx) -> str:
 def section(ctx):
     from pipeline.report.base import Section
 
-    if not any(ctx.has("aggregated", t) for t in ("process_tree", "self_profile_processes", "cpu_by_process")):
+    if not any(ctx.has(AGGREGATED, t) for t in ("process_tree", "self_profile_processes", "cpu_by_process")):
         return None
     f = facts(ctx)
     cpus = None
-    if has_table(ctx.run_dir, "decoded", "sysconfig"):
-        rows = ctx.read("decoded", "sysconfig", ["cpu_count"]).to_pylist()
+    if has_table(ctx.run_dir, DECODED, "sysconfig"):
+        rows = ctx.read(DECODED, "sysconfig", ["cpu_count"]).to_pylist()
         cpus = rows[0]["cpu_count"] if rows else None
     cards = []
     if f["wall_ns"] is not None:
         cards.append(("wall time", fmt_duration(f["wall_ns"]), "first rustc start to last rustc end"))
     if f["cpu_ns"] is not None:
-        cards.append(("CPU time", fmt_duration(f["cpu_ns"]), "samples at 1 kHz" if ctx.has("aggregated", "cpu_by_process")
+        cards.append(("CPU time", fmt_duration(f["cpu_ns"]), "samples at 1 kHz" if ctx.has(AGGREGATED, "cpu_by_process")
                       else "self-profiles, summed over threads"))
     if f["busy_cores"] is not None:
         cards.append(("busy cores", f"{f['busy_cores']:.1f}" + (f" of {cpus}" if cpus else ""), "on average"))
@@ -250,7 +263,7 @@ def section(ctx):
         + "</div>", _comparison(ctx)]
     chart = concurrency(ctx)
     if chart is not None:
-        pickable = ctx.has("aggregated", "process_tree")
+        pickable = ctx.has(AGGREGATED, "process_tree")
         body.append(chart_svg(chart, cpus, pickable)
                     + (f'<script src="{ctx.copy_static("concurrency.js")}"></script>' if pickable else ""))
     if len(f["critical"]) > 1:
@@ -267,7 +280,7 @@ def section(ctx):
                                                  ("wait_ns", "waited", _wait)], "critical"))
     tops = []
     if f["crates_wall"]:
-        tops.append(("Crates by wall time", "processes" if ctx.has("aggregated", "process_tree") else "queries", _top_table(
+        tops.append(("Crates by wall time", "processes" if ctx.has(AGGREGATED, "process_tree") else "queries", _top_table(
             f["crates_wall"], [("crate", "crate", None), ("stage", "stage", None), ("wall_ns", "wall", fmt_duration)],
             "crates-wall")))
     if f["crates_cpu"]:

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 from pipeline.report.flame import count, fmt_bytes, table
 from pipeline.runs import has_table, read_table
+from pipeline.stages import DECODED
 
 
 def section(ctx):
-    if not has_table(ctx.run_dir, "decoded", "trace"):
+    if not has_table(ctx.run_dir, DECODED, "trace"):
         return None
     from pipeline.report.base import Section
 
-    trace = read_table(ctx.run_dir, "decoded", "trace").to_pylist()[0]
-    cfg = (read_table(ctx.run_dir, "decoded", "sysconfig").to_pylist()[:1]
-           if has_table(ctx.run_dir, "decoded", "sysconfig") else [])
+    trace = read_table(ctx.run_dir, DECODED, "trace").to_pylist()[0]
+    cfg = (read_table(ctx.run_dir, DECODED, "sysconfig").to_pylist()[:1]
+           if has_table(ctx.run_dir, DECODED, "sysconfig") else [])
     machine = cfg[0] if cfg else {}
     start, end = trace.get("start_utc"), trace.get("end_utc")
     rows = [

@@ -17,6 +17,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from pipeline.stages import AGGREGATED
+
 #: At most this many rows of a table follow a range (the largest over the whole build).
 CANDIDATES = 400
 #: The tables' time bins: the aggregate stage's bins merged to this many (1% of the span each), which keeps a
@@ -73,7 +75,7 @@ def cpu_bins(ctx) -> dict[str, int] | None:
     """Where the aggregate stage's CPU time bins lie (``sections.cpu.time_bins``), None for a run without them."""
     from pipeline.runs import read_manifest
 
-    return read_manifest(ctx.run_dir, "aggregated")["sections"].get("cpu", {}).get("time_bins")
+    return read_manifest(ctx.run_dir, AGGREGATED)["sections"].get("cpu", {}).get("time_bins")
 
 
 def binned(rows: Iterable[dict], key, measure: str, bin_col: str = "bin") -> dict[Any, dict[int, int]]:

@@ -31,16 +31,20 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pipeline.errors import ManifestError
 from pipeline.progress import Status
 from pipeline.runs import has_table, read_manifest, read_table, stage_output
+from pipeline.stages import DECODED, SYMBOLIZED
 
-STAGE = "symbolized"
-DECODED = "decoded"
+if TYPE_CHECKING:
+    from pipeline.contracts import ImageIdentity
+    from pipeline.contracts import MissingSymbols, ModuleRate, SymbolizeSummary
+
+STAGE = SYMBOLIZED
 
 log = logging.getLogger("bootprof.symbolize")
 
@@ -287,7 +291,7 @@ def _sorted(mapped: dict, images) -> dict:
     return {k: (v[order] if isinstance(v, np.ndarray) else v) for k, v in mapped.items()}
 
 
-def image_debug_ids(images, image_ids) -> list[dict[str, Any] | None]:
+def image_debug_ids(images, image_ids) -> list[ImageIdentity | None]:
     """Symbol identity of each images row: a dict with ``key`` (what the lookup task is keyed by),
     or None when neither a DbgID record nor the binary's TimeDateStamp is known.
 
@@ -302,7 +306,7 @@ def image_debug_ids(images, image_ids) -> list[dict[str, Any] | None]:
     from pipeline.symbolize.build import debug_id_of
 
     n = images.num_rows
-    ids: list[dict[str, Any] | None] = [None] * n
+    ids: list[ImageIdentity | None] = [None] * n
     if image_ids is not None and image_ids.num_rows:
         _dbgid_identities(images, image_ids, ids, debug_id_of)
     names = images.column("file_name").to_pylist()
@@ -368,7 +372,7 @@ def module_name(file_name: str | None) -> str | None:
 # -- 3 + 4. symbols and lookups ----------------------------------------------------------------
 
 
-def run(run_dir: Path, config, pool, inputs: list[Path] | None = None) -> dict[str, Any]:
+def run(run_dir: Path, config, pool, inputs: list[Path] | None = None) -> SymbolizeSummary:
     """Symbolize ``RUN_DIR/decoded`` into ``RUN_DIR/symbolized``; returns the stage's summary."""
     from pipeline.cluster import Pool
     from pipeline.symbolize.build import resolve_debug_id
@@ -401,7 +405,7 @@ def run(run_dir: Path, config, pool, inputs: list[Path] | None = None) -> dict[s
 
     ids = image_debug_ids(images, image_ids)
     used = np.unique(mapped["image"][mapped["image"] >= 0])
-    wanted: dict[str, dict[str, Any]] = {}
+    wanted: dict[str, ImageIdentity] = {}
     for row in used.tolist():
         if ids[row] is not None:
             wanted.setdefault(ids[row]["key"], ids[row])
@@ -621,12 +625,12 @@ def _statistics(mapped, image, modules, ids, status, resolved) -> dict[str, Any]
     frame_code = image_code[np.where(image >= 0, image, len(modules))]
     frames_per = np.bincount(frame_code, minlength=len(names))
     resolved_per = np.bincount(frame_code, weights=resolved.astype(np.int64), minlength=len(names)).astype(np.int64)
-    per_module = {
+    per_module: dict[str, ModuleRate] = {
         names[i]: {"frames": int(frames_per[i]), "resolved": int(resolved_per[i]),
                    "rate": round(int(resolved_per[i]) / int(frames_per[i]), 6)}
         for i in np.flatnonzero(frames_per).tolist()
     }
-    missing: dict[tuple[str, str], dict[str, Any]] = {}
+    missing: dict[tuple[str, str], MissingSymbols] = {}
     used, counts = np.unique(image[image >= 0], return_counts=True)
     for row, count in zip(used.tolist(), counts.tolist()):
         ident = ids[row]
@@ -654,7 +658,7 @@ def _statistics(mapped, image, modules, ids, status, resolved) -> dict[str, Any]
     }
 
 
-def headline(summary: dict[str, Any]) -> str:
+def headline(summary: SymbolizeSummary) -> str:
     """The stage's line in a job's output."""
     if summary.get("skipped"):
         return f"nothing to resolve: {summary['skipped']}"

@@ -11,10 +11,13 @@ from __future__ import annotations
 import io
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.symbolize.symbolpath import Entry, Fetch, locate, store_key
 from pipeline.symbolize.table import TABLE_VERSION, AddressTable, load_cached, symbolic_version, table_dir
+
+if TYPE_CHECKING:
+    from pipeline.contracts import ImageIdentity, SymbolLookup
 
 
 #: Architectures without x86 ``__cdecl`` name decoration: a leading ``_`` is part of the name.
@@ -93,14 +96,14 @@ def build_table(symbol_file: Path, debug_id: str, cache_dir: Path) -> tuple[Addr
     return AddressTable.from_symc(symc, meta, publics), None
 
 
-def _table_result(result: dict[str, Any], table: AddressTable, directory: Path) -> dict[str, Any]:
+def _table_result(result: SymbolLookup, table: AddressTable, directory: Path) -> SymbolLookup:
     result.update(status="ok", table_dir=str(directory), image_size=table.meta.get("image_size"),
                   layout=table.meta.get("layout"), functions=len(table.names), ranges=int(len(table.starts)))
     return result
 
 
-def _resolve_pdb(ident: dict[str, Any], entries: list[Entry], cache: Path, fetch: Fetch,
-                 result: dict[str, Any]) -> dict[str, Any]:
+def _resolve_pdb(ident: ImageIdentity, entries: list[Entry], cache: Path, fetch: Fetch,
+                 result: SymbolLookup) -> SymbolLookup:
     """Cached table of ident's debug id, or find its PDB/Breakpad file and build the table."""
     debug_id = ident["debug_id"]
     table = load_cached(cache, debug_id)
@@ -141,8 +144,8 @@ def binary_check(key: str):
     return check
 
 
-def _resolve_binary(desc: dict[str, Any], entries: list[Entry], cache: Path, fetch: Fetch,
-                    result: dict[str, Any]) -> dict[str, Any]:
+def _resolve_binary(desc: ImageIdentity, entries: list[Entry], cache: Path, fetch: Fetch,
+                    result: SymbolLookup) -> SymbolLookup:
     """No DbgID in the trace: fetch the binary by its code key, read its PDB identity, then as above.
 
     Without a PDB, the binary's own export table (symbolic reads it) is the symbol source.
@@ -191,7 +194,7 @@ def _resolve_binary(desc: dict[str, Any], entries: list[Entry], cache: Path, fet
     return _table_result(result, table, table_dir(cache, key))
 
 
-def resolve_debug_id(desc: dict[str, Any], entries: list[Entry], cache_dir: str, fetch: Fetch) -> dict[str, Any]:
+def resolve_debug_id(desc: ImageIdentity, entries: list[Entry], cache_dir: str, fetch: Fetch) -> SymbolLookup:
     """Task: make sure the address table of one image identity is in ``<cache>/tables``.
 
     ``desc["key"]`` names the identity. With ``debug_id``, ``guid``, ``age`` and ``pdb_name`` it is a
@@ -201,7 +204,7 @@ def resolve_debug_id(desc: dict[str, Any], entries: list[Entry], cache_dir: str,
     """
     t0 = time.perf_counter()
     cache = Path(cache_dir).expanduser()
-    result: dict[str, Any] = {"key": desc["key"], "debug_id": desc.get("debug_id"),
+    result: SymbolLookup = {"key": desc["key"], "debug_id": desc.get("debug_id"),
                               "pdb_name": desc.get("pdb_name"), "requests": 0, "cached": False}
     try:
         if desc.get("code_file"):

@@ -17,7 +17,7 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from pipeline import stages
 from pipeline.errors import DONE, InputError, ManifestError, is_interrupt
@@ -25,6 +25,10 @@ from pipeline.mirror import location
 from pipeline.runs import MANIFEST, parquet_glob, read_manifest, sql_path, stage_dir
 from pipeline.warehouse import comparison, journal
 from pipeline.warehouse.comparison import HEADLINE
+from pipeline.stages import DECODED
+
+if TYPE_CHECKING:
+    from pipeline.contracts import Comparison, IngestSummary
 
 #: The stage outputs a run's manifests are read from (the comparison's own is no part of the run it judges).
 STAGES = tuple(o for o in stages.outputs() if o != stages.COMPARED)
@@ -252,7 +256,7 @@ def recorded_us(con, run_dir: Path, trace_start_us: int | None) -> int | None:
     job are ordered by it, so traces backfilled later still fall in place among the nights."""
     if trace_start_us is not None and trace_start_us >= PLAUSIBLE_SINCE_US:
         return int(trace_start_us)
-    profiles = stage_dir(run_dir, "decoded") / "self_profiles.parquet"
+    profiles = stage_dir(run_dir, DECODED) / "self_profiles.parquet"
     if profiles.exists():
         first = con.execute("SELECT min(start_time_ns) // 1000 FROM read_parquet($1) WHERE status = 'ok'",
                             [parquet_glob(profiles)]).fetchone()[0]
@@ -285,7 +289,7 @@ def holds(db: Path, run_dir: Path, labels: dict[str, str], lock_timeout_s: float
 
 
 def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: str | None = None,
-           lock_timeout_s: float = 300.0, after: Callable[[], Any] | None = None) -> dict[str, Any]:
+           lock_timeout_s: float = 300.0, after: Callable[[], Any] | None = None) -> IngestSummary:
     """Put one run into the warehouse (replacing an earlier ingestion of the same run_id).
 
     ``after``: the report stage still runs (a job started this beside it, ``stages``); the aggregated tables go
@@ -299,7 +303,7 @@ def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: s
     if AGGREGATED not in manifests:
         raise ManifestError(f"{run_dir}: no finished '{AGGREGATED}' output (run the aggregate stage first)")
     run_id = run_dir.name
-    decoded = manifests.get("decoded", {})
+    decoded = manifests.get(DECODED, {})
     inputs = decoded.get("inputs") or manifests[AGGREGATED].get("inputs") or []
     # (a run decoded before schema 2 has the plain sha256 of each input)
     shas = sorted(h for i in inputs if (h := i.get("sha256_tree") or i.get("sha256")))
@@ -332,8 +336,8 @@ def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: s
             con.execute(f'INSERT INTO "{name}" BY NAME SELECT ?::VARCHAR AS run_id, * FROM {src}', [run_id])
             counts[name] = con.execute(f'SELECT count(*) FROM "{name}" WHERE run_id = ?', [run_id]).fetchone()[0]
         trace_start = None
-        if (stage_dir(run_dir, "decoded") / "trace.parquet").exists():
-            trace = parquet_glob(stage_dir(run_dir, "decoded") / "trace.parquet")
+        if (stage_dir(run_dir, DECODED) / "trace.parquet").exists():
+            trace = parquet_glob(stage_dir(run_dir, DECODED) / "trace.parquet")
             # epoch microseconds: a TIMESTAMPTZ would need pytz on the way through Python
             trace_start = con.execute("SELECT epoch_us(min(start_utc)) FROM read_parquet($1)", [trace]).fetchone()[0]
         recorded = recorded_us(con, run_dir, trace_start)
@@ -419,7 +423,7 @@ def _rollback(con) -> None:
         pass
 
 
-def compare(db: Path, run: str, baseline: str | None = None, lock_timeout_s: float = 300.0) -> dict[str, Any]:
+def compare(db: Path, run: str, baseline: str | None = None, lock_timeout_s: float = 300.0) -> Comparison:
     """``run`` against ``baseline`` (default: the previous run of its job and workload), judged as
     :mod:`.significance` says. Returns ``{run_id, job, workload, baseline_run_id (None: nothing to compare with),
     reason, verdict, headline, families, changes, explanations}``: ``verdict`` the comparison's (``regression``,
@@ -432,7 +436,7 @@ def compare(db: Path, run: str, baseline: str | None = None, lock_timeout_s: flo
     try:
         run_id = _run_id(con, run)
         job, workload, before = comparison.history_of(con, run_id)
-        out: dict[str, Any] = {"run_id": run_id, "job": job, "workload": workload, "baseline_run_id": None,
+        out: Comparison = {"run_id": run_id, "job": job, "workload": workload, "baseline_run_id": None,
                                "reason": None, "verdict": "no change", "headline": [], "families": [], "changes": [],
                                "explanations": {}}
         if baseline is None:
@@ -525,12 +529,12 @@ def stale_reason(run_dir: Path, config) -> str | None:
     return None if same else "the warehouse does not hold this version of the run"
 
 
-def run(run_dir: Path, config, pool, inputs=None, after: Callable[[], Any] | None = None) -> dict[str, Any]:
+def run(run_dir: Path, config, pool, inputs=None, after: Callable[[], Any] | None = None) -> IngestSummary:
     """Job stage: ingest ``run_dir`` into ``config.warehouse.path`` with ``config.warehouse.labels``."""
     return ingest(config.warehouse.path, run_dir, labels=dict(config.warehouse.labels),
                   lock_timeout_s=config.warehouse.lock_timeout_s, after=after)
 
 
-def headline(summary: dict[str, Any]) -> str:
+def headline(summary: IngestSummary) -> str:
     """The stage's line in a job's output."""
     return f"run {summary['run_id']}: {summary['tables']} tables, {summary['rows']:,} rows in {summary['db']}"

@@ -9,11 +9,14 @@ table, which the ``comparisons`` and ``regressions`` views read.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pipeline.warehouse import significance as sig
+
+if TYPE_CHECKING:
+    from pipeline.contracts import ComparisonRow, Family
 
 #: The kinds a comparison opens with (one key, 'build'), in order.
 HEADLINE = ("build_wall_ns", "cpu_build", "peak_commit_build", "query_build_ns", "commit_build")
@@ -54,7 +57,7 @@ def _neighbours(con, run_id: str, later: bool) -> tuple[str, str, list[str]]:
     return job, workload, found if later else found[::-1]
 
 
-def judge(con, run_id: str, base_id: str, before: list[str]) -> list[dict[str, Any]]:
+def judge(con, run_id: str, base_id: str, before: list[str]) -> list[ComparisonRow]:
     """Every metric of ``run_id`` and ``base_id`` judged, with the noise learned from ``before``, the runs of the
     run's job and workload before it (:func:`history_of`; up to the baseline when the baseline is one of them)."""
     history = before[: before.index(base_id) + 1] if base_id in before else before
@@ -67,7 +70,7 @@ def judge(con, run_id: str, base_id: str, before: list[str]) -> list[dict[str, A
         if kind in sig.KINDS:
             by_kind.setdefault(kind, {}).setdefault(key, {})[column[rid]] = (value, n)
     b_col, r_col = column[base_id], column[run_id]
-    rows = []
+    rows: list[ComparisonRow] = []
     for kind, items in by_kind.items():
         keys = sorted(k for k, cols in items.items() if b_col in cols or r_col in cols)
         if not keys:
@@ -102,16 +105,16 @@ def _finite(x: float) -> float | None:
     return float(x) if x is not None and math.isfinite(x) else None
 
 
-def _voting_families(rows: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+def _voting_families(rows: list[ComparisonRow]) -> dict[tuple[str, str], list[ComparisonRow]]:
     """The rows that vote, by family and key."""
-    families: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    families: dict[tuple[str, str], list[ComparisonRow]] = {}
     for r in rows:
         if r["role"] == "vote":
             families.setdefault((r["family"], r["key"]), []).append(r)
     return families
 
 
-def _decide(rows: list[dict[str, Any]]) -> None:
+def _decide(rows: list[ComparisonRow]) -> None:
     """Mark the member that decides each voting family's verdict: the steadiest (least noise) of those with a
     change on both sides, else (a new or gone item) the first that is not noise."""
     for members in _voting_families(rows).values():
@@ -123,7 +126,7 @@ def _decide(rows: list[dict[str, Any]]) -> None:
         pick["decides"] = True
 
 
-def families(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def families(rows: list[ComparisonRow]) -> list[Family]:
     """The voting families, each with its verdict (that of the member that decides), worst first (a crate before
     the build: the crate is what a regression of both is about)."""
     out = []
@@ -135,12 +138,12 @@ def families(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                       -abs(f["adjusted_change"] or 0), f["family"], f["key"]))
 
 
-def named(fams: list[dict[str, Any]], verdict: str) -> list[dict[str, Any]]:
+def named(fams: list[Family], verdict: str) -> list[Family]:
     """The families a comparison of ``verdict`` is about: those of that verdict (suspects: those that went up)."""
     return [f for f in fams if f["verdict"] == verdict and (verdict != "suspect" or (f["adjusted_change"] or 0) > 0)]
 
 
-def overall(fams: list[dict[str, Any]]) -> str:
+def overall(fams: list[Family]) -> str:
     """The comparison's verdict: ``regression`` (a family regressed), ``suspect`` (one may have: more runs will
     tell), ``improvement``, or ``no change``."""
     return next((v for v in ("regression", "suspect", "improvement") if named(fams, v)), "no change")

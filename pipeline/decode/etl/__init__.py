@@ -13,7 +13,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -23,6 +23,9 @@ from pipeline.decode.etl import layout as L
 from pipeline.decode.etl.buffers import walk
 from pipeline.errors import out_of_memory
 from pipeline.progress import Status
+
+if TYPE_CHECKING:
+    from pipeline.contracts import ErrorRow, EtlCounts
 
 
 def plan_partitions(bufs: np.ndarray, partition_bytes: int) -> list[np.ndarray]:
@@ -59,14 +62,14 @@ def filetime_to_utc(ft: int) -> _dt.datetime | None:
     return _dt.datetime(1601, 1, 1, tzinfo=_dt.timezone.utc) + _dt.timedelta(microseconds=ft // 10)
 
 
-def decode_etl(path: sources.Input, out, cfg, pool) -> dict[str, Any]:
+def decode_etl(path: sources.Input, out, cfg, pool) -> EtlCounts:
     """Decode one ETL trace into ``out`` (a StageOutput); returns the summary stored in the manifest. On a
     terminal, a status line shows the bytes decoded, the rate and the time to go, then the joins."""
     with Status("decode", 0) as status:
         return _decode_etl(path, out, cfg, pool, status)
 
 
-def _decode_etl(path: sources.Input, out, cfg, pool, status: Status) -> dict[str, Any]:
+def _decode_etl(path: sources.Input, out, cfg, pool, status: Status) -> EtlCounts:
     import duckdb  # (imported here, so that set_aside keeps its objects out of the collector)
 
     from pipeline.decode.etl import heapsnap, joins
@@ -120,9 +123,9 @@ def _decode_etl(path: sources.Input, out, cfg, pool, status: Status) -> dict[str
     write_event_counts(out, results)
     # Heap snapshots are assembled here, on a thread, while the workers run the bucket joins; the stacks
     # table needs them, so ``finish`` waits for them before building it.
-    snap_errors: list[dict[str, Any]] = []
+    snap_errors: list[ErrorRow] = []
 
-    def snapshots_beside() -> dict[str, Any]:
+    def snapshots_beside() -> dict[str, int]:
         for thread in preloading:
             thread.join()
         return heapsnap.assemble(scratch, out, snap_errors, str(path), cfg.join_memory_limit)
@@ -130,7 +133,7 @@ def _decode_etl(path: sources.Input, out, cfg, pool, status: Status) -> dict[str
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as beside:
         snapshots = beside.submit(snapshots_beside)
 
-        def snapshots_done() -> dict[str, Any]:
+        def snapshots_done() -> dict[str, int]:
             done = snapshots.result()
             errors.extend(snap_errors)
             release_freed_memory()
@@ -212,7 +215,7 @@ ERRORS_SCHEMA = pa.schema([
 ])
 
 
-def write_errors(out, errors: list[dict[str, Any]], limit: int) -> None:
+def write_errors(out, errors: list[ErrorRow], limit: int) -> None:
     rows = sorted(errors, key=lambda e: (e["buffer_index"], e["record_offset"]))[:limit]
     out.write_table("errors", pa.Table.from_pylist(rows, schema=ERRORS_SCHEMA))
     out.manifest["errors_total"] = len(errors)

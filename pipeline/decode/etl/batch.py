@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numba as nb
 import numpy as np
@@ -10,6 +10,9 @@ import pyarrow as pa
 
 from pipeline.decode.etl import kernels as K
 from pipeline.decode.etl import layout as L
+
+if TYPE_CHECKING:
+    from pipeline.contracts import ErrorRow
 
 RECORD_COLUMNS = [
     ("rbuf", np.int32), ("roff", np.int64), ("rsize", np.int32), ("htype", np.uint8), ("ptr", np.uint8),
@@ -207,7 +210,7 @@ class Batch:
         self.kinds = kinds
         self.consumed = np.zeros(self.n, bool)
         self.out: dict[str, list[pa.Table]] = {}
-        self.errors: list[dict[str, Any]] = []
+        self.errors: list[ErrorRow] = []
 
     # --- time -------------------------------------------------------------------------------------
     def ns(self, raw: np.ndarray) -> np.ndarray:
@@ -284,7 +287,7 @@ class Batch:
         self.errors.append(record_error(self.consts["path"], buf, rel, kind, message))
 
 
-def record_error(path: str, buf, rel_offset: int, kind: str, message: str) -> dict[str, Any]:
+def record_error(path: str, buf, rel_offset: int, kind: str, message: str) -> ErrorRow:
     """An errors-table row for a problem ``rel_offset`` bytes into the event data of buffer ``buf``."""
     file_offset = int(buf["file_offset"]) + L.BUFFER_HEADER_SIZE + rel_offset if not buf["compressed"] else int(buf["file_offset"])
     where = (f"byte offset 0x{file_offset:x}" if not buf["compressed"]

@@ -22,13 +22,16 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pipeline import sources
 from pipeline.decode.etl import layout as L
 from pipeline.errors import InputError
+
+if TYPE_CHECKING:
+    from pipeline.contracts import ErrorRow
 
 #: Descriptor of one buffer, as handed to partitions.
 BUFFER_DESC = np.dtype(
@@ -61,8 +64,8 @@ class TraceHeader:
     perf_freq: int          # clock ticks per second (after ClockType)
     logger_name: str
     log_file_name: str
-    walk_errors: list[dict[str, Any]] = field(default_factory=list)     # each a buffer (or damaged range) skipped
-    field_errors: list[dict[str, Any]] = field(default_factory=list)    # header fields that cannot be what they say
+    walk_errors: list[ErrorRow] = field(default_factory=list)     # each a buffer (or damaged range) skipped
+    field_errors: list[ErrorRow] = field(default_factory=list)    # header fields that cannot be what they say
     missing_buffers: int = 0            # BuffersWritten minus the buffers found (0 when not fewer)
     resync_bytes: int = 0               # bytes passed over to find the chain again after damage
     walk_reads: str = "file"            # how the walk read the headers: "file", or from a URL "headers" or "blocks"
@@ -398,6 +401,6 @@ def _drop_duplicates(path: Path, header: TraceHeader, heads: list[bytes], descs:
     return np.delete(descs, drop) if drop else descs
 
 
-def _err(path: Path, buffer: int, offset: int, kind: str, message: str) -> dict[str, Any]:
+def _err(path: Path, buffer: int, offset: int, kind: str, message: str) -> ErrorRow:
     return {"file": str(path), "buffer_index": buffer, "file_offset": offset, "record_offset": -1,
             "kind": kind, "message": f"{path}: buffer {buffer} at byte offset 0x{offset:x}: {message}"}

@@ -14,7 +14,7 @@ and block fields, 16-byte heap header); other versions and pointer sizes are ref
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numba as nb
 import numpy as np
@@ -25,6 +25,9 @@ from pipeline.decode.etl.batch import Batch, PairSet
 from pipeline.decode.etl.layout import USER_SPACE_END
 from pipeline.decode.etl.kernels import JIT, _u16, _u32, _u64, hash_frame_lists, stack_ids
 from pipeline.runs import parquet_glob, sql_path
+
+if TYPE_CHECKING:
+    from pipeline.contracts import ErrorRow
 
 PROVIDER = "901d2afa-4ff6-46d7-8d0e-53645e1a47f5"
 EVENT_CHUNK, EVENT_END = 100, 200
@@ -174,7 +177,7 @@ def parse_blob(blob, seg_id, seg_off, seg_frames, stk_id, stk_ref, stk_off, stk_
     return PARSE_OK, p, counts
 
 
-def parse(blob: np.ndarray) -> tuple[int, int, dict[str, Any]]:
+def parse(blob: np.ndarray) -> tuple[int, int, dict[str, np.ndarray]]:
     """Run :func:`parse_blob` with arrays sized from the blob; returns (status, position, parts)."""
     n = len(blob)
     cap_rec, cap_words = n // (ENTRY_FIXED + 4) + 1, n // 4 + 1     # smallest records: W = 4
@@ -198,7 +201,7 @@ def parse(blob: np.ndarray) -> tuple[int, int, dict[str, Any]]:
     }
 
 
-def stack_frames(parts: dict[str, Any]) -> pa.ListArray | None:
+def stack_frames(parts: dict[str, np.ndarray]) -> pa.ListArray | None:
     """Frames of every stack (its segments' frames, concatenated), or None when a stack names a segment
     the blob does not define. A segment id defined twice means its last definition."""
     seg_id, off, frames = parts["seg_id"], parts["seg_off"], parts["seg_frames"]
@@ -235,7 +238,7 @@ SNAPSHOT_SCHEMA = pa.schema([
 ])
 
 
-def assemble(scratch: Path, out, errors: list[dict[str, Any]], path: str, memory_limit: str = "256MB") -> dict[str, int]:
+def assemble(scratch: Path, out, errors: list[ErrorRow], path: str, memory_limit: str = "256MB") -> dict[str, int]:
     """Write ``heap_snapshots``, ``heap_snapshot_blocks`` and the scratch table ``_heapsnap_stacks`` (frames
     with their stack ids, for the ``stacks`` table: each distinct stack once, from the first snapshot
     that has it).
@@ -463,6 +466,6 @@ def _snapshot(snapshot_id, pid, instance, chunks, ends, errors, path, stack_rows
     return row
 
 
-def _error(path: str, pid: int, instance: int, status: str) -> dict[str, Any]:
+def _error(path: str, pid: int, instance: int, status: str) -> ErrorRow:
     return {"file": path, "buffer_index": -1, "file_offset": -1, "record_offset": -1, "kind": "heap_snapshot",
             "message": f"{path}: heap snapshot of pid {pid}, instance {instance}: {status}; kept as a marker"}

@@ -27,7 +27,7 @@ import concurrent.futures
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -35,6 +35,9 @@ import pyarrow.parquet as pq
 from pipeline.decode.etl.tables import OUTPUT, SCRATCH
 from pipeline.decode.etl.tasks import BucketResult, BucketTask, KeyedSamplesTask, PartitionResult
 from pipeline.runs import parquet_glob, sql_path
+
+if TYPE_CHECKING:
+    from pipeline.contracts import ErrorRow
 
 SCRATCH_TABLES = ("_process_events", "_thread_events", "_image_events", "_image_id_info", "_image_id_dbg",
                   "_stack_defs", "_stack_frames", "_heapsnap_stacks")
@@ -89,7 +92,7 @@ def connect(scratch: Path, cfg):
 
 
 def finish(con, out, scratch: Path, header, cfg, pool, results: list[PartitionResult],
-           errors: list[dict[str, Any]], before_stacks=dict) -> dict[str, Any]:
+           errors: list[ErrorRow], before_stacks=dict) -> dict[str, int | float | dict[str, float]]:
     """Build the joined tables from the partitions' scratch files with ``con`` (``connect``; closed here);
     returns counts for the manifest. ``before_stacks()`` runs once the bucket joins are done, before the
     stacks table (the heap-snapshot assembly, which runs beside the buckets); its counts join the returned
@@ -181,7 +184,7 @@ def _other_lifetimes(cur, out) -> None:
 
 
 def _check_rows(sources: dict[str, list[tuple[str, int, int]]], rows: dict[str, int], done: list[BucketResult],
-                errors: list[dict[str, Any]], where: str) -> int:
+                errors: list[ErrorRow], where: str) -> int:
     """Every scratch row must have been read by exactly one bucket (the buckets cover every time once);
     a difference would be a bug of the decoder, reported as such instead of passing silently. ``rows``:
     the rows of each file as its writer counted them (else read from the file's footer)."""
@@ -305,7 +308,7 @@ def _bucket_stack_lists(con, scratch: Path) -> None:
         GROUP BY p.stack_id, p.id_check""")
 
 
-def _stacks(con, errors: list[dict[str, Any]], where: str, path: Path) -> dict[str, Any]:
+def _stacks(con, errors: list[ErrorRow], where: str, path: Path) -> dict[str, int]:
     """Write ``stacks`` to ``path``: one row per distinct stack id of the buckets (``bucket_stacks``) and of
     the heap snapshots (``heapsnap`` gives them ids by the same hash), sorted by id. Two different frame
     lists with one id (a 62-bit collision, or a hostile file) keep the list of the lower id check and are

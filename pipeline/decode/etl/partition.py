@@ -12,7 +12,7 @@ import mmap
 import os
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -32,6 +32,9 @@ from pipeline.decode.etl.stacks import Stacks
 from pipeline.decode.etl.tables import THREAD_STACKED
 from pipeline.decode.etl.tasks import PartitionResult, PartitionTask, WrittenParts
 from pipeline.decode.etl.xpress import decompress_buffers
+
+if TYPE_CHECKING:
+    from pipeline.contracts import ErrorRow
 
 _GROUP_GUIDS = L.group_guid_table()
 #: Provider text of codes 0-255 (kernel groups) and 256 (MESSAGE records without a GUID).
@@ -120,7 +123,7 @@ def read_buffers(path: str, bufs: np.ndarray):
     """Layer 1 for one partition: one read covering its buffers (contiguous in the file), XPRESS buffers
     inflated in numba. Returns (blob, start and length of each buffer's event data in it, errors,
     number of buffers skipped)."""
-    errors: list[dict[str, Any]] = []
+    errors: list[ErrorRow] = []
     lo = int(bufs["file_offset"][0])
     hi = int(bufs["file_offset"][-1]) + int(bufs["buffer_size"][-1])
     raw = map_range(path, lo, hi)

@@ -10,10 +10,13 @@ of each result as it arrives (``partition.InlineScratch``), then hands every res
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    from pipeline.contracts import ErrorRow
 
 
 @dataclass
@@ -63,7 +66,7 @@ class PartitionResult(WrittenParts):
     #: (provider, opcode, event id, version, header type, count) of each kind of event seen.
     event_counts: list[tuple] = field(default_factory=list)
     #: Rows of the ``errors`` table: damage found, with the file and place.
-    errors: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[ErrorRow] = field(default_factory=list)
     #: Buffers skipped whole (a size that cannot be, data that does not inflate) or from a bad record on.
     buffers_skipped: int = 0
 

@@ -12,9 +12,12 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from pipeline import sources
+
+if TYPE_CHECKING:
+    from pipeline.contracts import SelfProfileCounts
 
 EVENTS_TABLE = "query_events"
 FILES_TABLE = "self_profiles"
@@ -126,7 +129,15 @@ def events_table(file_id: int, prof, crate: str):
     return pa.Table.from_arrays([cols[f.name] for f in schema], schema=schema)
 
 
-def decode_group(group: dict[str, Any]) -> list[dict[str, Any]]:
+class ProfileGroup(TypedDict):
+    """One task of the self-profile decode: its files (file id, path), in input order, and its part file."""
+
+    files: list[tuple[int, str]]
+    part: str           # the part file's name in ``query_events/``
+    out: str            # its path
+
+
+def decode_group(group: ProfileGroup) -> list[dict[str, Any]]:
     """Dask task: decode ``group['files']`` (list of (file_id, path)) into one part file.
 
     Returns one ``self_profiles`` row per file; bulk data stays on disk.
@@ -177,7 +188,7 @@ def decode_group(group: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def plan_groups(files: list[tuple[int, sources.Input]], n_workers: int, parts_dir: Path) -> list[dict[str, Any]]:
+def plan_groups(files: list[tuple[int, sources.Input]], n_workers: int, parts_dir: Path) -> list[ProfileGroup]:
     """Bins of files in input order, each up to GROUP_BYTES, and at least 2 per worker if possible."""
     sizes = {file_id: sources.size(p) for file_id, p in files}
     total = sum(sizes.values())
@@ -194,7 +205,7 @@ def plan_groups(files: list[tuple[int, sources.Input]], n_workers: int, parts_di
             for i, g in enumerate(groups) if g]
 
 
-def decode_profiles(paths: list[sources.Input], out, cfg, pool) -> dict[str, Any]:
+def decode_profiles(paths: list[sources.Input], out, cfg, pool) -> SelfProfileCounts:
     """Decode self-profiles into ``out``'s ``query_events`` (dataset dir) and ``self_profiles`` tables."""
     import pyarrow as pa
     import pyarrow.parquet as pq
