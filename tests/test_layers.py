@@ -18,7 +18,7 @@ RUNTIME = {"pipeline", "pipeline.config", "pipeline.runs", "pipeline.sources", "
            "pipeline.units", "pipeline.stages", "pipeline.contracts"}
 #: A stage's module may import another stage's only along the registry's ``upstream`` or here, each with its reason.
 ACROSS = {
-    ("pipeline.capture", "pipeline.decode"): "a capture decodes the trace it recorded, so `bootprof run` finds it done",
+    ("pipeline.capture.record", "pipeline.decode"): "a capture decodes the trace it recorded, so `bootprof run` finds it done",
     ("pipeline.capture.bundle", "pipeline.symbolize.pdbpublics"): "packing a run reads the PDB ids of its images",
     ("pipeline.compare.verdict", "pipeline.report.flame"): "the comparison page draws a differential flame graph",
 }

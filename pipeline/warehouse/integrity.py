@@ -33,7 +33,8 @@ def verify(db: Path, lock_timeout_s: float = 300.0) -> Verified:
     cannot open or read is an InputError naming it and the first damage, with what the journal still knows."""
     import duckdb
 
-    from pipeline.warehouse import AGGREGATED, NOT_INGESTED, connect
+    from pipeline.stages import AGGREGATED
+    from pipeline.warehouse.store import NOT_INGESTED, connect
 
     db = Path(db).expanduser()
     out = Verified()

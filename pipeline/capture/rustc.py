@@ -1,0 +1,98 @@
+"""What a capture asks of the toolchain and the checkout: the rustc a build runs, whether it takes ``-Z
+self-profile``, the environment that turns the profiler on, and what the checkout says (debuginfo, commit)."""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+import tomllib
+from pathlib import Path
+
+from pipeline.errors import BootprofError, InputError
+
+
+DEFAULT_EVENTS = "default"
+
+
+def rustc_command(env: dict[str, str], build: list[str] | None = None) -> list[str]:
+    """The rustc the build will run: ``$RUSTC``, else ``rustc`` with the build's ``+toolchain``."""
+    if env.get("RUSTC"):
+        return [env["RUSTC"]]
+    if build and len(build) > 1 and Path(build[0]).name in ("cargo", "rustc") and build[1].startswith("+"):
+        return ["rustc", build[1]]
+    return ["rustc"]
+
+
+def toolchain(rustc: list[str], env: dict[str, str]) -> dict[str, str]:
+    """``rustc -vV`` as a dict (release, commit-hash, host, LLVM version, ...) plus the raw text."""
+    try:
+        proc = subprocess.run([*rustc, "-vV"], env=env, capture_output=True, text=True, timeout=60)
+    except OSError as exc:
+        raise InputError(f"cannot run {' '.join(rustc)} -vV: {exc.strerror or exc} (is a Rust toolchain on PATH?)") from exc
+    if proc.returncode != 0:
+        raise InputError(f"{' '.join(rustc)} -vV failed ({proc.returncode}): {proc.stderr.strip()}")
+    info = {"text": proc.stdout.strip()}
+    for line in proc.stdout.splitlines()[1:]:
+        key, _, value = line.partition(":")
+        info[key.strip()] = value.strip()
+    info["version"] = proc.stdout.splitlines()[0] if proc.stdout else ""
+    return info
+
+
+def check_self_profile(rustc: list[str], env: dict[str, str], events: str) -> list[str]:
+    """Run rustc once with the -Z flags; BootprofError if it refuses them, else its warnings."""
+    with tempfile.TemporaryDirectory(prefix="bootprof-probe-") as tmp:
+        cmd = [*rustc, f"-Zself-profile={tmp}", f"-Zself-profile-events={events}", "--print", "sysroot"]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=tmp)
+    if proc.returncode != 0:
+        if "only accepted on the nightly compiler" in proc.stderr:
+            raise BootprofError(
+                "rustc refuses -Z self-profile: this is a stable or beta toolchain. Use a nightly toolchain "
+                "(e.g. `cargo +nightly ...`) or set RUSTC_BOOTSTRAP=1 to allow -Z options on stable.")
+        raise BootprofError(f"rustc refuses the self-profile options ({' '.join(cmd[-5:-3])}): "
+                            f"{proc.stderr.strip().splitlines()[0] if proc.stderr.strip() else proc.returncode}")
+    return [line for line in proc.stderr.splitlines() if "WARN" in line or "warning" in line]
+
+
+def profile_env(env: dict[str, str], profile_dir: Path, events: str) -> dict[str, str]:
+    """The build's environment with the self-profile flags added to the rustc flags cargo passes on."""
+    flags = [f"-Zself-profile={profile_dir}", f"-Zself-profile-events={events}"]
+    env = dict(env)
+    if "CARGO_ENCODED_RUSTFLAGS" in env:
+        encoded = env["CARGO_ENCODED_RUSTFLAGS"]
+        env["CARGO_ENCODED_RUSTFLAGS"] = "\x1f".join(([encoded] if encoded else []) + flags)
+    else:
+        env["RUSTFLAGS"] = " ".join(([env["RUSTFLAGS"]] if env.get("RUSTFLAGS") else []) + flags)
+    return env
+
+
+def debuginfo_warning(checkout: Path) -> str | None:
+    """A warning when the checkout's ``bootstrap.toml`` (or older ``config.toml``) does not give the
+    compiler line tables: without ``[rust] debuginfo-level = 1`` (or more) its frames have no names."""
+    for name in ("bootstrap.toml", "config.toml"):
+        path = checkout / name
+        if not path.exists():
+            continue
+        try:
+            rust = tomllib.loads(path.read_text()).get("rust", {})
+        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            return f"{path}: cannot read it ({exc}); set [rust] debuginfo-level = 1 so rustc's frames get names"
+        level = rust.get("debuginfo-level-rustc", rust.get("debuginfo-level", 0)) if isinstance(rust, dict) else 0
+        if not isinstance(level, int) or isinstance(level, bool):
+            level = {"line-tables-only": 1, "limited": 1, "full": 2}.get(str(level), 0)
+        if level >= 1:
+            return None
+        return (f"{path}: [rust] debuginfo-level is {level}: the compiler's PDBs will have no function names; "
+                "set debuginfo-level = 1 and rebuild stage 1")
+    return (f"{checkout}: no bootstrap.toml or config.toml: if this is a rust checkout, set [rust] "
+            "debuginfo-level = 1 so the compiler's frames get names")
+
+
+def checkout_commit(checkout: Path) -> str | None:
+    """``git rev-parse HEAD`` of the directory the build runs in, None when it is not a git checkout."""
+    try:
+        proc = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
