@@ -90,9 +90,10 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_job(args.job, args.trace, args.run_dir, args.config, args.symbol_path, args.sets, args.force)
         config: Config = load_config(args.config)
-        from pipeline.mirror import RunURL, mirrored
+        from pipeline.mirror import mirrored
+        from pipeline.runs import RunLocation
 
-        if isinstance(getattr(args, "run_dir", None), RunURL):
+        if isinstance(getattr(args, "run_dir", None), RunLocation):
             with mirrored(args.run_dir, config.runs) as args.run_dir:
                 return _owning(args, config)
         return _owning(args, config)

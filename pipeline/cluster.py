@@ -149,24 +149,6 @@ class Pool:
         return [done[f.key] for f in futures]
 
 
-#: Seconds between two looks of a thread that waits for others (:func:`wait_for`).
-WAIT_STEP_S = 0.25
-
-
-def wait_for(futures: Iterable[Any], stop: threading.Event | None = None, step: float = WAIT_STEP_S) -> bool:
-    """Return once every future of ``futures`` is done (True), or ``stop`` is set first (False), looking every
-    ``step`` seconds: the kernel may hand a process's SIGINT to any of its threads, and a main thread waiting with
-    no timeout never sees it, where one waiting in steps raises ``KeyboardInterrupt`` within one."""
-    import concurrent.futures
-
-    pending = set(futures)
-    while pending:
-        if stop is not None and stop.is_set():
-            return False
-        _, pending = concurrent.futures.wait(pending, timeout=step)
-    return True
-
-
 def runs_inline(cfg: ClusterConfig, size: int | None) -> bool:
     """Whether inputs of ``size`` bytes run in this process (``cluster.inline_below``, mode 'local' only)."""
     from pipeline.units import parse_size

@@ -253,11 +253,12 @@ class Job(Section):
         return value
 
     def run_dir(self, name: str):
-        """Run ``name`` of this job: a path below ``runs_dir``, or a ``mirror.RunURL`` below its URL."""
+        """Run ``name`` of this job: a path below ``runs_dir``, or a URL below it."""
         from pipeline import sources
+        from pipeline.runs import RunLocation
 
         base = self.runs_dir.rstrip("/") or "/"
-        return sources.run_dir(f"{base}/{name}") if sources.URL.match(base) else Path(base) / name
+        return sources.run_dir(f"{base}/{name}") if sources.URL.match(base) else RunLocation(path=Path(base) / name)
 
     name: str = Field(description="Job name, used in run directory names: letters, digits, '.', '_' and '-', not "
                       "starting with '.' (a run directory stays inside runs_dir).", pattern=r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$",

@@ -18,16 +18,17 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 
-from pipeline import __version__, sources, stages
+from pipeline import __version__, sources, stages, steps
 from pipeline.config import Config, Job, load_config, load_job, parse_yaml
 from pipeline.errors import BootprofError, ConfigError, ManifestError
 from pipeline.mirror import mirrored
 from pipeline.progress import Status, print_line
-from pipeline.runs import MANIFEST, canonical_hash, fresh_dir, owned, read_manifest, stage_dir
+from pipeline.runs import MANIFEST, RunLocation, canonical_hash, fresh_dir, owned, read_manifest, stage_dir
 from pipeline.stages import CAPTURED, DECODED, REPORTED
 
 if TYPE_CHECKING:
@@ -80,22 +81,31 @@ def captured_inputs(run_dir: Path) -> list[Path]:
     return found
 
 
-class RunInputs(list):
-    """The inputs a run's decode was made from, taken for ``bootprof run`` without ``--trace`` on a run that has one
-    (``decoded_inputs``): the run goes on from its decode, which stays as it is while its settings do, whether or
-    not these files are still where they were (on another machine that works on a run kept at a URL, they are not)."""
+@dataclass(frozen=True)
+class Inputs:
+    """What a job runs on, made once as it starts: the ``files`` (local paths and URLs) and where they came from:
+    ``given`` (``--trace``), ``captured`` (the run's capture), ``synth`` (the demo), or ``decoded``: the files the
+    run's decode was made from, for ``bootprof run`` without ``--trace`` on a run that has one. The run then goes on
+    from its decode, which stays as it is while its settings do, whether or not these files are still where they
+    were (on another machine that works on a run kept at a URL, they are not)."""
+
+    files: tuple[sources.Input, ...]
+    origin: str = "given"
+
+    def __len__(self) -> int:
+        return len(self.files)
 
 
-def decoded_inputs(run_dir: Path) -> RunInputs:
+def decoded_inputs(run_dir: Path) -> Inputs:
     """The inputs of the run's decode, as its manifest names them (none without a decode)."""
     try:
         manifest = read_manifest(run_dir, DECODED)
     except ManifestError:
-        return RunInputs()
-    return RunInputs(sources.parse(i["path"]) for i in manifest.get("inputs") or [] if i.get("path"))
+        return Inputs((), "decoded")
+    return Inputs(tuple(sources.parse(i["path"]) for i in manifest.get("inputs") or [] if i.get("path")), "decoded")
 
 
-def stale_reason(run_dir: Path, stage: str, config: Config, inputs: list[Path]) -> str | None:
+def stale_reason(run_dir: Path, stage: str, config: Config, inputs: Inputs) -> str | None:
     """Why ``stage`` must run in ``run_dir``; None when its output is up to date."""
     row = stages.get(stage)
     if row.always:
@@ -117,10 +127,10 @@ def stale_reason(run_dir: Path, stage: str, config: Config, inputs: list[Path]) 
     if section is not None and canonical_hash((manifest.get("config") or {}).get(section)) != \
             canonical_hash(config.resolved()[section]):
         return f"the {section} settings changed"
-    if stage == "decode" and not isinstance(inputs, RunInputs):
+    if stage == "decode" and inputs.origin != "decoded":
         from pipeline.decode import classify
 
-        trace, profiles = classify(inputs)       # (the files the decode stage reads and fingerprints)
+        trace, profiles = classify(list(inputs.files))       # (the files the decode stage reads and fingerprints)
         key = lambda f: (f["path"], f["size"], f.get("sha256_tree") or "", f.get("version") or "")  # noqa: E731
         before = sorted(map(key, manifest.get("inputs") or []))
         now = sorted(key(sources.fingerprint(f)) for f in ([trace] if trace else []) + profiles)
@@ -129,7 +139,7 @@ def stale_reason(run_dir: Path, stage: str, config: Config, inputs: list[Path]) 
     return None
 
 
-def run_stages(job: Job, config: Config, inputs: list[sources.Input], run_dir: Path, force: bool = False
+def run_stages(job: Job, config: Config, inputs: Inputs, run_dir: Path, force: bool = False
                ) -> dict[str, Summary | None]:
     """Every stage of ``job`` (but synth) on ``inputs`` in ``run_dir``; their summaries, by stage."""
     run_dir = Path(run_dir).absolute()      # (the tasks may run in workers of another working directory)
@@ -147,7 +157,7 @@ def run_stages(job: Job, config: Config, inputs: list[sources.Input], run_dir: P
         return summaries
     todo = todo_stages[todo_stages.index(first):]
     with connect(config.cluster, warm_up=[m for s in todo for m in getattr(modules[s], "WARM_UP", ())],
-                 size=sources.input_bytes(inputs), background=True) as pool:
+                 size=sources.input_bytes(inputs.files), background=True) as pool:
         beside: concurrent.futures.Future | None = None     # (the stage that runs beside the next one)
         for k, stage in enumerate(todo):
             if beside is not None:
@@ -167,7 +177,7 @@ def run_stages(job: Job, config: Config, inputs: list[sources.Input], run_dir: P
             t0 = time.perf_counter()
             with Status(stage, 0) as status:
                 status.say("running")
-                summary = summaries[stage] = modules[stage].run(run_dir, config, pool, inputs=list(inputs))
+                summary = summaries[stage] = modules[stage].run(run_dir, config, pool, inputs=list(inputs.files))
             print_line(f"  {stage:<10} {time.perf_counter() - t0:7.2f} s  {headline(modules[stage], summary)}")
     return summaries
 
@@ -184,32 +194,22 @@ def headline(module, summary: Summary | None) -> str:
         return str(summary)
 
 
-def _start_beside(stage: str, module, run_dir: Path, config: Config, pool, inputs) -> concurrent.futures.Future:
-    """``stage`` on a thread of its own: a future of (its summary, its seconds)."""
-    import threading
-
-    future: concurrent.futures.Future = concurrent.futures.Future()
-
-    def work() -> None:
+def _start_beside(stage: str, module, run_dir: Path, config: Config, pool, inputs: Inputs) -> concurrent.futures.Future:
+    """``stage`` on a thread of its own (:func:`pipeline.steps.beside`): a future of (its summary, its seconds)."""
+    def work() -> tuple[Any, float]:
         t0 = time.perf_counter()
-        try:
-            future.set_result((module.run(run_dir, config, pool, inputs=list(inputs)), time.perf_counter() - t0))
-        except BaseException as exc:  # noqa: BLE001 - handed to the stage that waits for it
-            future.set_exception(exc)
+        return module.run(run_dir, config, pool, inputs=list(inputs.files)), time.perf_counter() - t0
 
-    threading.Thread(target=work, name=f"stage-{stage}", daemon=True).start()
-    return future
+    return steps.beside(work, f"stage-{stage}")
 
 
 def _run_beside(started: tuple[str, Any], running: concurrent.futures.Future, stage: str, module, run_dir: Path,
-                config: Config, pool, inputs) -> tuple[Any, Any]:
+                config: Config, pool, inputs: Inputs) -> tuple[Any, Any]:
     """``stage`` (whose module names the ``started`` stage, ``(name, module)``, as its ``BESIDE``) while that one
     runs on its thread (``running``): it gets ``after``, which returns once the first has ended (and raises its
     error). Both lines are printed as each stage ends; an error of the first is raised before one of ``stage``.
     Returns both summaries."""
     import threading
-
-    from pipeline.cluster import wait_for
 
     first, first_module = started
     t0 = time.perf_counter()
@@ -217,7 +217,7 @@ def _run_beside(started: tuple[str, Any], running: concurrent.futures.Future, st
     printing = threading.Lock()
 
     def after() -> None:
-        wait_for([running])
+        steps.wait_for([running])
         summary, seconds = running.result()
         with printing:
             if not shown:
@@ -227,7 +227,7 @@ def _run_beside(started: tuple[str, Any], running: concurrent.futures.Future, st
     try:
         with Status(f"{first}, {stage}", 0) as status:
             status.say("running")
-            summary = module.run(run_dir, config, pool, inputs=list(inputs), after=after)
+            summary = module.run(run_dir, config, pool, inputs=list(inputs.files), after=after)
     except KeyboardInterrupt:
         raise                       # (the stage beside goes with the process; its output is never swapped in)
     except BaseException:
@@ -253,7 +253,7 @@ def _synth_demo(config: Config, run_dir: Path) -> list[Path]:
     return [trace] + ([Path(summary["self_profiles"])] if summary.get("self_profiles") else [])
 
 
-def run_job(job_path: Path, traces: list[Path] | None, run_dir: Path | None, config_path: Path | None,
+def run_job(job_path: Path, traces: list[Path] | None, run_dir: RunLocation | None, config_path: Path | None,
             symbol_path: str | None = None, sets: list[str] | None = None, force: bool = False) -> int:
     """``bootprof run``: the job on its inputs; the exit status (1: a regression past budget or a failed trace)."""
     job = load_job(job_path)
@@ -270,8 +270,8 @@ def run_job(job_path: Path, traces: list[Path] | None, run_dir: Path | None, con
         return backfill(job, config, traces, force)
     if run_dir is None:
         run_dir = job.run_dir(f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-        if not sources.is_url(run_dir):         # (two jobs started in the same second get a run each)
-            run_dir = fresh_dir(Path(run_dir))
+        if run_dir.path is not None:        # (two jobs started in the same second get a run each)
+            run_dir = RunLocation(path=fresh_dir(run_dir.path))
     with mirrored(run_dir, config.runs) as local, \
             owned(Path(local), f"bootprof run {job_path}", config.runs.lock_timeout_s):
         return _run_in(job, job_path, config, traces, Path(local), force, shown=str(run_dir))
@@ -283,14 +283,16 @@ def _run_in(job: Job, job_path: Path, config: Config, traces: list[sources.Input
     run_dir.mkdir(parents=True, exist_ok=True)
     print(f"run directory: {shown}")
     traces = unpacked(traces, run_dir)
-    inputs = traces or captured_inputs(run_dir) or decoded_inputs(run_dir)
-    if isinstance(inputs, RunInputs) and inputs:
+    captured = captured_inputs(run_dir) if not traces else []
+    inputs = (Inputs(tuple(traces)) if traces else Inputs(tuple(captured), "captured") if captured
+              else decoded_inputs(run_dir))
+    if inputs.origin == "decoded" and inputs.files:
         print(f"inputs: those of the run's decode ({len(inputs)} file{'' if len(inputs) == 1 else 's'})")
-    if not inputs:
+    if not inputs.files:
         if "synth" not in job.stages:
             raise BootprofError(f"{job_path}: job has no 'synth' stage and {shown} holds no capture, "
                                 "so --trace is required")
-        inputs = _synth_demo(config, run_dir)
+        inputs = Inputs(tuple(_synth_demo(config, run_dir)), "synth")
     summaries = run_stages(job, config, inputs, run_dir, force)
     index = run_dir / REPORTED / "index.html"
     if "report" in job.stages and index.exists():
@@ -346,7 +348,7 @@ def backfill(job: Job, config: Config, traces: list[sources.Input], force: bool 
                 raise BootprofError(f"{trace}: no such file or directory")
             with mirrored(run_dir, config.runs) as local, \
                     owned(Path(local), f"bootprof run {job.name} (backfill)", config.runs.lock_timeout_s):
-                run_stages(job, config, [trace], Path(local), force)
+                run_stages(job, config, Inputs((trace,)), Path(local), force)
         except BootprofError as exc:
             failed.append((trace, str(exc)))
             print(f"  failed: {exc}")

@@ -38,7 +38,7 @@ from pathlib import Path, PurePosixPath
 from typing import Iterator
 
 from pipeline.errors import InputError
-from pipeline.runs import MANIFEST, atomic_write_json, clean_leftovers, stage_dir, swap_into_place
+from pipeline.runs import MANIFEST, RunLocation, atomic_write_json, clean_leftovers, stage_dir, swap_into_place
 
 #: What the working copy records of its URL and of the stages it synced (``stage -> sha256 of the manifest``).
 STATE = ".bootprof-mirror.json"
@@ -48,10 +48,6 @@ PULL_TRIES = 3
 PUSH_WAIT_S = 2.0
 #: How often it looks for that manifest meanwhile.
 PUSH_POLL_S = 0.1
-
-
-class RunURL(str):
-    """A ``--run`` given as a URL (``sources.run_dir``); commands get its working copy's path (:func:`mirrored`)."""
 
 
 def working_copy(url: str, mirror_dir: str | os.PathLike) -> Path:
@@ -284,14 +280,14 @@ def _hash(data: bytes | None) -> str | None:
 
 
 @contextlib.contextmanager
-def mirrored(run: Path | str, runs) -> Iterator[Path]:
-    """The directory a command works in for ``--run``: the path itself, or for a :class:`RunURL` its working copy,
+def mirrored(run: RunLocation, runs) -> Iterator[Path]:
+    """The directory a command works in for ``--run``: the path itself, or for a URL its working copy,
     fetched first and put back when the command ends (not on Ctrl-C); then the working copies beyond
     ``runs.mirror_max_bytes`` are removed (``runs``: the config's ``runs`` section)."""
-    if not isinstance(run, RunURL):
-        yield Path(run)
+    if run.url is None:
+        yield Path(run.path)
         return
-    mirror = Mirror(run, runs.mirror_dir)
+    mirror = Mirror(run.url, runs.mirror_dir)
     t0 = time.perf_counter()
     fetched = mirror.pull()
     print(f"bootprof: run {mirror.url}: working copy {mirror.path}"

@@ -29,6 +29,7 @@ import shutil
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -151,6 +152,27 @@ class StageOutput:
         path = self.table_path(table)
         pq.write_table(data, path, compression=kwargs.pop("compression", "zstd"), **kwargs)
         return path
+
+
+@dataclass(frozen=True)
+class RunLocation:
+    """Where a run is, as the user named it, made once (``--run``, :func:`pipeline.sources.run_dir`; a job's
+    ``runs_dir``): a directory (``path``) or a store's URL (``url``), where a command works in a working copy of it
+    (:func:`pipeline.mirror.mirrored`, which gives every command its directory)."""
+
+    path: Path | None = None
+    url: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.path is None) == (self.url is None):
+            raise ValueError("a run is at a path or at a URL")
+
+    @property
+    def is_url(self) -> bool:
+        return self.url is not None
+
+    def __str__(self) -> str:
+        return self.url if self.url is not None else str(self.path)
 
 
 def stage_dir(run_dir: Path, stage: str) -> Path:

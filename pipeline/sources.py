@@ -29,6 +29,7 @@ from pipeline.errors import InputError
 
 if TYPE_CHECKING:
     from pipeline.contracts import InputRecord
+    from pipeline.runs import RunLocation
 
 Input = Union[Path, str]
 
@@ -52,25 +53,25 @@ def parse(raw: str | os.PathLike) -> Input:
     return Path(text)
 
 
-def run_dir(text: str) -> Path:
+def run_dir(text: str) -> RunLocation:
     """A run directory as typed on the command line: a path, made absolute (the stage's tasks may run in workers
-    of another working directory), or a store's URL (``mirror.RunURL``: the command works in a copy of it). Workers
-    on other machines need the path (or the copy) on a filesystem they share (NFS, a cluster filesystem)."""
+    of another working directory), or a store's URL (the command works in a copy of it). Workers on other machines
+    need the path (or the copy) on a filesystem they share (NFS, a cluster filesystem)."""
     import argparse
 
-    if URL.match(text) and not text.lower().startswith("file://"):
-        from pipeline.mirror import RunURL
+    from pipeline.runs import RunLocation
 
+    if URL.match(text) and not text.lower().startswith("file://"):
         if text.lower().startswith(("http://", "https://")):
             raise argparse.ArgumentTypeError(f"{text}: a run directory is written to, and HTTP(S) is read-only here; "
                                              "give a path or a store's URL (s3://, gs://, abfs://, ...)")
-        return RunURL(text)
+        return RunLocation(url=text)
     path = (Path(urlparse(text).path) if text.lower().startswith("file://") else Path(text)).absolute()
     if os.sep != "\\" and "\\" in str(path):
         # (DuckDB reads a stage's tables by a glob below the run directory, and there a backslash escapes)
         raise argparse.ArgumentTypeError(f"{path}: a run directory's path cannot hold a backslash here (DuckDB "
                                          "reads it as a glob escape); name the run without one")
-    return path
+    return RunLocation(path=path)
 
 
 def local_run_dir(text: str) -> Path:
@@ -79,11 +80,11 @@ def local_run_dir(text: str) -> Path:
     import argparse
 
     run = run_dir(text)
-    if not isinstance(run, Path):
+    if run.path is None:
         raise argparse.ArgumentTypeError(
             f"{text}: capture records into a local run directory; capture into a path, then keep the run at the URL "
             "with `bootprof run JOB --run URL --trace RUN_DIR/input/trace.etl --trace RUN_DIR/selfprofile`")
-    return run
+    return run.path
 
 
 def is_url(x: Input) -> bool:

@@ -15,7 +15,7 @@ PACKAGE = ROOT / "pipeline"
 #: platform, the stage registry (which names stages, and imports none) and the typed contracts between them.
 RUNTIME = {"pipeline", "pipeline.config", "pipeline.runs", "pipeline.sources", "pipeline.mirror", "pipeline.cluster",
            "pipeline.progress", "pipeline.errors", "pipeline.portable", "pipeline.warmup", "pipeline.prefork",
-           "pipeline.units", "pipeline.stages", "pipeline.contracts"}
+           "pipeline.units", "pipeline.stages", "pipeline.contracts", "pipeline.steps"}
 #: A stage's module may import another stage's only along the registry's ``upstream`` or here, each with its reason.
 ACROSS = {
     ("pipeline.capture.record", "pipeline.decode"): "a capture decodes the trace it recorded, so `bootprof run` finds it done",

@@ -177,7 +177,8 @@ def test_working_copies_beyond_the_limit_go_least_recently_used_first(s3_here, t
     import time
 
     from pipeline.config import RunsConfig
-    from pipeline.mirror import IN_USE_S, Mirror, RunURL, STATE, mirrored
+    from pipeline.mirror import IN_USE_S, STATE, Mirror, mirrored
+    from pipeline.runs import RunLocation
 
     copies, hours = {}, {"old": 3, "older": 5, "unsynced": 9, "recent": 0.2}
     for name, age in hours.items():
@@ -193,7 +194,7 @@ def test_working_copies_beyond_the_limit_go_least_recently_used_first(s3_here, t
         copies[name] = copy.path
     assert hours["recent"] * 3600 < IN_USE_S < hours["old"] * 3600
     runs = RunsConfig(mirror_dir=str(tmp_path / "copies"), mirror_max_bytes="25KB")
-    with mirrored(RunURL(f"s3://{BUCKET}/lru/now"), runs) as here:
+    with mirrored(RunLocation(url=f"s3://{BUCKET}/lru/now"), runs) as here:
         (here / "report").mkdir()
         (here / "report" / "index.html").write_bytes(b"y" * 10_000)
         (here / "report" / "_manifest.json").write_text("{}")
@@ -250,13 +251,13 @@ def test_a_backfill_keeps_its_runs_at_a_url(s3_here, tmp_path, capsys):
 
 def test_a_job_names_its_runs_below_a_path_or_a_url(tmp_path):
     from pipeline.config import ConfigError, load_job
-    from pipeline.mirror import RunURL
+    from pipeline.runs import RunLocation
 
     job = tmp_path / "job.yaml"
-    for runs_dir, expect in (("s3://b/runs/", RunURL("s3://b/runs/j-1")), ("runs", Path("runs") / "j-1")):
+    for runs_dir, expect in (("s3://b/runs/", RunLocation(url="s3://b/runs/j-1")),
+                             ("runs", RunLocation(path=Path("runs") / "j-1"))):
         job.write_text(f"name: j\nstages: [decode]\nruns_dir: {runs_dir}\n")
-        got = load_job(job).run_dir("j-1")
-        assert got == expect and type(got) is type(expect)
+        assert load_job(job).run_dir("j-1") == expect
     job.write_text("name: j\nstages: [decode]\nruns_dir: https://example.invalid/runs\n")
     with pytest.raises(ConfigError, match=r"job\.yaml:3: runs_dir: .*HTTP\(S\) is read-only"):
         load_job(job)

@@ -72,16 +72,16 @@ def test_a_job_sees_whether_a_url_changed(build, tmp_path, dask_pool):
     import os
 
     from pipeline import decode
-    from pipeline.jobs import stale_reason
+    from pipeline.jobs import Inputs, stale_reason
 
     with serving(build.parent) as (base, _):
         url = sources.parse(f"{base}/trace.etl")
         decode.run(tmp_path / "run", config(tmp_path), dask_pool, inputs=[url])
-        assert stale_reason(tmp_path / "run", "decode", config(tmp_path), [url]) is None
+        assert stale_reason(tmp_path / "run", "decode", config(tmp_path), Inputs((url,))) is None
         st = build.stat()
         os.utime(build, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
         sources._info.cache_clear()              # (a new process would ask the server again)
-        assert stale_reason(tmp_path / "run", "decode", config(tmp_path), [url]) == "the inputs changed"
+        assert stale_reason(tmp_path / "run", "decode", config(tmp_path), Inputs((url,))) == "the inputs changed"
 
 
 @pytest.mark.parametrize("throttle, way", [(0.2, "headers"), (0.0, "blocks")])

@@ -10,10 +10,12 @@ at once, on threads (but those in ``ON_CALLER``).
 
 from __future__ import annotations
 
+import functools
 from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from pipeline import steps
 from pipeline.aggregate import cpu, memory, processes, queries, query_cpu, resolve
 from pipeline.aggregate.context import SOURCE, Context, FramesFinal
 from pipeline.errors import is_interrupt, out_of_memory
@@ -69,38 +71,37 @@ def run(run_dir: Path, config: Config, pool: Pool, inputs=None, after: Callable[
 def _run_sections(ctx: Context) -> dict[Callable, Mapping[str, object] | None]:
     """Every section: ``ON_CALLER`` in order on this thread, the others at once beside them; a section that fails
     fails the stage (the first in ``SECTIONS`` order), once every section has ended."""
-    import concurrent.futures
-
-    from pipeline.cluster import wait_for
-
     results: dict[Callable, Any] = {}
     errors: dict[Callable, BaseException] = {}
     beside = [s for s in SECTIONS if s not in ON_CALLER]
     ctx.offers = {key: Future() for key, section in OFFERS.items() if section in beside}
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(len(beside), 1), thread_name_prefix="aggregate") as threads:
-        try:
-            futures = {section: threads.submit(_run_section, section, ctx) for section in beside}
-            for future in futures.values():
-                # (the stage fails: sections that wait for symbolize need not, and end)
-                future.add_done_callback(lambda f: ctx.frames_final.cancel() if f.exception() is not None else None)
-            for section in ON_CALLER:
-                try:
-                    results[section] = _run_section(section, ctx)
-                except Exception as exc:        # (reported below, once the sections beside have ended)
-                    if is_interrupt(exc):       # (Ctrl-C during a DuckDB query of this thread)
-                        raise KeyboardInterrupt from None
-                    errors[section] = exc
-                    ctx.frames_final.cancel()
-                    break
-            wait_for(futures.values())
-            for section, future in futures.items():
-                if future.exception() is not None:
-                    errors[section] = future.exception()
-                else:
-                    results[section] = future.result()
-        except BaseException:       # (Ctrl-C: the sections waiting for symbolize are let go, the threads end)
-            ctx.frames_final.cancel()
-            raise
+    futures: dict[Callable, Future] = {}
+    try:
+        futures = {section: steps.beside(functools.partial(_run_section, section, ctx),
+                                         f"aggregate-{section_name(section)}") for section in beside}
+        for future in futures.values():
+            # (the stage fails: sections that wait for symbolize need not, and end)
+            future.add_done_callback(lambda f: ctx.frames_final.cancel() if f.exception() is not None else None)
+        for section in ON_CALLER:
+            try:
+                results[section] = _run_section(section, ctx)
+            except Exception as exc:        # (reported below, once the sections beside have ended)
+                if is_interrupt(exc):       # (Ctrl-C during a DuckDB query of this thread)
+                    raise KeyboardInterrupt from None
+                errors[section] = exc
+                ctx.frames_final.cancel()
+                break
+        steps.wait_for(futures.values())
+        for section, future in futures.items():
+            if future.exception() is not None:
+                errors[section] = future.exception()
+            else:
+                results[section] = future.result()
+    except BaseException:       # (Ctrl-C: the sections waiting for symbolize are let go, the threads end)
+        ctx.frames_final.cancel()
+        raise
+    finally:
+        steps.wait_for(futures.values())    # (a section writes into the stage's output: none outlives the stage)
     # (the first error in SECTIONS order; a section let go of because another failed says less than that one)
     for section in sorted(errors, key=lambda s: (isinstance(errors[s], FramesFinal.Cancelled), SECTIONS.index(s))):
         raise errors[section]

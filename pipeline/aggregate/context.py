@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from pipeline import steps
 from pipeline.runs import StageOutput, has_table, read_manifest, table_path
 from pipeline.stages import DECODED, SYMBOLIZED
 
@@ -74,29 +75,23 @@ class FramesFinal:
     def __init__(self, run_dir: Path, after: Callable[[], Any] | None):
         import threading
 
-        self.final: Future = Future()
         self.cancelled = threading.Event()
 
         def wait() -> None:
-            try:
-                if after is not None:
-                    after()
-                if has_table(run_dir, SYMBOLIZED, "frames"):
-                    read_manifest(run_dir, SYMBOLIZED)      # (refuses frames made from another decode)
-                self.final.set_result(None)
-            except BaseException as exc:  # noqa: BLE001 - handed to the sections that wait
-                self.final.set_exception(exc)
+            if after is not None:
+                after()
+            if has_table(run_dir, SYMBOLIZED, "frames"):
+                read_manifest(run_dir, SYMBOLIZED)      # (refuses frames made from another decode)
 
         if after is None:
             wait()
-            self.final.result()
+            self.final: Future = Future()
+            self.final.set_result(None)
         else:
-            threading.Thread(target=wait, name="aggregate-frames", daemon=True).start()
+            self.final = steps.beside(wait, "aggregate-frames")
 
     def __call__(self) -> None:
-        from pipeline.cluster import wait_for
-
-        if not wait_for([self.final], stop=self.cancelled, step=0.1):
+        if not steps.wait_for([self.final], stop=self.cancelled, step=0.1):
             raise FramesFinal.Cancelled("the aggregate stage was interrupted")
         self.final.result()
 
