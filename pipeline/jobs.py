@@ -182,6 +182,20 @@ def run_stages(job: Job, config: Config, inputs: Inputs, run_dir: Path, force: b
     return summaries
 
 
+def run_one(stage: str, run_dir: Path, config: Config, size: int | None, inputs: list | None = None,
+            eager: bool = False) -> Summary:
+    """``bootprof <stage>``: the stage once on ``run_dir``, with a pool sized by ``size`` (the bytes its tasks read:
+    below ``cluster.inline_below`` they run in this process). The pool is lazy (a cluster starts only when a task
+    needs one) unless ``eager``, for a stage that hands work to it from its start (it then starts beside the
+    stage's first steps)."""
+    from pipeline.cluster import connect
+
+    module = stages.get(stage).load()
+    with connect(config.cluster, warm_up=getattr(module, "WARM_UP", ()), lazy=not eager, background=eager,
+                 size=size) as pool:
+        return module.run(run_dir, config, pool, **({"inputs": inputs} if inputs is not None else {}))
+
+
 def headline(module, summary: Summary | None) -> str:
     """A stage's summary as its line in the job's output: its module's ``headline`` (the manifest holds the whole
     summary), else the summary itself."""

@@ -13,13 +13,10 @@ def add_arguments(p) -> None:
 
 
 def main(args, config) -> int:
-    from pipeline import aggregate
-    from pipeline.cluster import connect
-
+    from pipeline.jobs import run_one
     from pipeline.runs import self_profile_bytes
 
     # (workers only for the self-profiles' sections; the ETL trace's run here, in DuckDB)
-    with connect(config.cluster, lazy=True, size=self_profile_bytes(args.run_dir)) as pool:
-        summary = aggregate.run(args.run_dir, config, pool)
+    summary = run_one("aggregate", args.run_dir, config, self_profile_bytes(args.run_dir))
     print(json.dumps(summary, indent=2, sort_keys=True, default=str))
     return 0

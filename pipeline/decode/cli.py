@@ -17,14 +17,11 @@ def add_arguments(p) -> None:
 
 def main(args, config) -> int:
     from pipeline import decode
-    from pipeline.cluster import connect
-
-    from pipeline.jobs import unpacked
+    from pipeline.jobs import run_one, unpacked
 
     args.inputs = unpacked(args.inputs, args.run_dir)      # (a pack: its trace and self-profiles, into the run)
     decode.classify(args.inputs)  # a bad input fails here, before a cluster is started
     # (the cluster starts while the decode walks the trace's buffer headers and opens its output)
-    with connect(config.cluster, warm_up=decode.WARM_UP, size=sources.input_bytes(args.inputs), background=True) as pool:
-        summary = decode.run(args.run_dir, config, pool, inputs=args.inputs)
+    summary = run_one("decode", args.run_dir, config, sources.input_bytes(args.inputs), args.inputs, eager=True)
     print(json.dumps(summary, indent=2, sort_keys=True, default=str))
     return 0

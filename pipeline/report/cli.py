@@ -11,14 +11,11 @@ def add_arguments(p) -> None:
 
 
 def main(args, config) -> int:
-    from pipeline import report
-    from pipeline.cluster import connect
-
+    from pipeline.jobs import run_one
     from pipeline.runs import self_profile_bytes
 
     # (workers only for the self-profiles' sections; the ETL trace's run here, in DuckDB)
-    with connect(config.cluster, lazy=True, size=self_profile_bytes(args.run_dir)) as pool:
-        summary = report.run(args.run_dir, config, pool)
+    summary = run_one("report", args.run_dir, config, self_profile_bytes(args.run_dir))
     print(f"report: {args.run_dir / 'report' / 'index.html'}")
     for section, counts in summary.items():
         print(f"  {section}: {counts}")

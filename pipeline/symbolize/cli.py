@@ -19,17 +19,14 @@ def add_arguments(p) -> None:
 
 
 def main(args, config) -> int:
-    from pipeline import symbolize
-    from pipeline.cluster import connect
+    from pipeline.jobs import run_one
+    from pipeline.runs import decoded_input_bytes
 
     if args.symbol_path is not None:
         config.symbolize.symbol_path = args.symbol_path
     if args.cache_dir is not None:
         config.symbolize.cache_dir = args.cache_dir
-    from pipeline.runs import decoded_input_bytes
-
-    # (lazy: a cluster only when there are symbol files to find and read)
-    with connect(config.cluster, lazy=True, size=decoded_input_bytes(args.run_dir)) as pool:
-        summary = symbolize.run(args.run_dir, config, pool)
+    # (a cluster only when there are symbol files to find and read)
+    summary = run_one("symbolize", args.run_dir, config, decoded_input_bytes(args.run_dir))
     print(json.dumps(summary, indent=2, sort_keys=True, default=str))
     return 0
