@@ -165,8 +165,8 @@ def exit_quickly(code: int) -> NoReturn:
 
     A command's work is done when ``main`` returns: every stage output is written and renamed into
     place, and files and DuckDB connections are closed where they are used. What the interpreter
-    would still do is tear down ~170,000 objects of its imports (numpy, pyarrow, duckdb, dask,
-    numba), running several full garbage collections over them: 0.4 s of every command here.
+    would still do is tear down every object of its imports (numpy, pyarrow, duckdb, dask, numba),
+    running several full garbage collections over them, a cost every command would pay.
     So: wait for threads that are not daemons as usual (if any is alive, exit the usual way), run the
     ``atexit`` handlers (logging's flush, temporary directories, dask's), flush the standard streams,
     then ``os._exit``."""

@@ -25,8 +25,8 @@ log = logging.getLogger(__name__)
 
 #: Environment of local workers. Arrow's allocator (mimalloc) gives freed memory back to the kernel 10 ms
 #: after it is freed, so each task's tables landed on fresh pages again; on VMs whose host backs guest
-#: memory lazily a fresh page costs ~2.5 s per GB (measured here). Kept for a second, the next task
-#: reuses it: the worker touched 543 -> 307-340 MB of fresh pages decoding a 1 GB trace. (Never purging,
+#: memory lazily a fresh page is a fault into the host. Kept for a second, the next task reuses it, and a
+#: worker touches far fewer fresh pages. (Never purging,
 #: -1, did as well, but then ``release_unused`` could no longer empty the pool of an idle worker.)
 WORKER_ENV = {"MIMALLOC_PURGE_DELAY": "1000"}
 #: One thread for numpy's BLAS in the processes the workers are forked from, as dask sets for the workers
@@ -170,8 +170,8 @@ def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = (), lazy:
     ``lazy``: the cluster starts (or the scheduler is connected to) only when the pool first needs it,
     for a stage that may need none: the aggregate and report sections of an ETL trace run in DuckDB and
     Python, and a local cluster that started beside them (its workers forked and warming up on the cores
-    DuckDB runs on) cost ``bootprof aggregate`` 1.9 s (11.5 -> 9.7 s) and ``bootprof report`` 1.1 s (6.3 ->
-    5.2 s) on the 1 GB synth trace (means of 4 interleaved pairs). The cluster ends with the context.
+    DuckDB runs on) made ``bootprof aggregate`` and ``bootprof report`` slower. The cluster ends with the
+    context.
 
     ``background``: a local cluster starts on a thread while the caller goes on (a decode walks the trace's
     buffer headers, opens its output and imports its joins meanwhile); the pool's first use waits for it,
@@ -381,8 +381,8 @@ def _fork_server(warm_up: list[str]) -> bool:
     It imports what a worker runs (distributed's worker, the ``warm_up`` modules) and loads their cached
     numba kernels once (:mod:`pipeline.prefork`), on the other core while this process imports distributed
     and starts the scheduler, so a worker is warm as soon as it is forked. A spawned worker (dask's default)
-    is a fresh interpreter that does all of it again after the cluster is up, each worker its own copy:
-    the stage then waited ~0.3-0.7 s for it before its first task (1 GB synth trace, one worker).
+    is a fresh interpreter that does all of it again after the cluster is up, each worker its own copy,
+    and the stage waits for it before its first task.
     Modules a later cluster names beyond the first one's are warmed up by each of its workers, as
     spawned ones were (:func:`pipeline.warmup.dask_setup`).
 

@@ -13,5 +13,5 @@ try:
 except Exception:       # noqa: BLE001 - the server must start (multiprocessing forgives ImportError only): a
     pass                # worker forked from a cold server warms itself up (warmup.dask_setup)
 # The server ends when the process that started it does, which waits for it (``cluster._stop_fork_server``):
-# without the teardown of its imports (60-85 ms here). Forked workers never run it: they end with os._exit.
+# without the teardown of its imports. Forked workers never run it: they end with os._exit.
 atexit.register(os._exit, 0)

@@ -54,9 +54,9 @@ HASH_PIECE = 64 << 20
 def sha256_tree(path: Path, piece: int = HASH_PIECE, threads: int | None = None) -> str:
     """The content hash of an input: sha256 over the concatenated sha256 digests (32 bytes each) of the file's
     ``piece``-byte pieces, in order (the last may be shorter; an empty file has no piece). The pieces hash at
-    once on up to ``threads`` threads (default: every core, at most 8; hashlib releases the GIL), so a 4 GB
-    trace costs a fraction of a second of wall time where one sha256 stream took 3 s, beside a decode that
-    needs every core. The same digest, in a shell: ``split -b 64M --filter='sha256sum | head -c64 | tr a-f A-F | basenc --base16 -d'
+    once on up to ``threads`` threads (default: every core, at most 8; hashlib releases the GIL), so a
+    multi-GB trace's hash takes a fraction of one sha256 stream's wall time, beside a decode that needs every
+    core. The same digest, in a shell: ``split -b 64M --filter='sha256sum | head -c64 | tr a-f A-F | basenc --base16 -d'
     FILE | sha256sum``."""
     path = Path(path)
     size = path.stat().st_size

@@ -44,8 +44,8 @@ import threading
 import time
 
 ENV = "BOOTPROF_WARM_UP"
-#: How long :func:`ready` waits for a warm-up at most (it takes ~0.6 s here; one that hangs must not stop
-#: the stage: the tasks then load what they need themselves).
+#: How long :func:`ready` waits for a warm-up at most (one that hangs must not stop the stage: the tasks then
+#: load what they need themselves).
 READY_TIMEOUT_S = 60.0
 log = logging.getLogger(__name__)
 _finished = threading.Event()
@@ -106,8 +106,8 @@ def warm_up(names: list[str]) -> int:
     lives as long as the worker, so it is then set aside from the garbage collector's full collections
     (:func:`set_aside`)."""
     loaded = 0
-    # numba's first call with an array imports numpy.ma (its typeof looks for masked arrays): 6-20 ms that a
-    # worker's first partition paid (profiled in the worker).
+    # numba's first call with an array imports numpy.ma (its typeof looks for masked arrays), which a worker's
+    # first partition paid otherwise.
     for name in ("numpy.ma", *names):
         try:
             module = importlib.import_module(name)
@@ -163,8 +163,8 @@ def _at_exit() -> None:
     """What a worker, or a process that set objects aside, does with them as it exits.
 
     Without DuckDB (a worker): everything is set aside, so the interpreter's teardown has no object to
-    scan in its full collections. They scanned the worker's imports several times over, 0.35-0.4 s in
-    which the cluster's close waited for the worker process to end (1 worker: 0.40-0.44 s -> 0.07 s).
+    scan in its full collections, which scanned the worker's imports several times over while the cluster's
+    close waited for the worker process to end.
     Objects in reference cycles are then never finalized; nothing a worker keeps needs it.
 
     With DuckDB (a process that ran a stage in-process): everything is thawed, so teardown runs as

@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 TREE = "process_tree"
 
 #: Up to this many instances of one pid, each sample finds its instance by a hash join on the pid and the
-#: instance's time range: ~0.14 s for the 6 M samples of the 1 GB synth trace, where an ASOF join, which sorts
-#: them all, took 0.8-1.2 s. The join's work grows with the instances of a pid, so beyond this (a damaged or
+#: instance's time range, several times faster than an ASOF join, which sorts them all. The join's work grows
+#: with the instances of a pid, so beyond this (a damaged or
 #: hostile trace) the ASOF join is used instead (the same instance for every sample, unless two instances of a
 #: pid start at the same time).
 RANGE_JOIN_MAX_INSTANCES = 16

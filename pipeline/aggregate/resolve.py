@@ -128,9 +128,8 @@ BOUNDS_SQL = """CREATE TABLE IF NOT EXISTS bounds AS
 
 #: A row's epoch (``bounds``) is found by a hash join on the pid and each epoch's time range while a row
 #: meets at most this many bounds of its pid on average (``epoch_probes``); beyond, by an ASOF join, which
-#: sorts every row. On the 6 M samples of the 1 GB synth trace, with every image load and unload a bound
-#: then (8.8 bounds a sample, 34 at most in one pid): 0.37-0.58 s against 2.0-2.2 s. The hash join's work
-#: grows with the bounds (~0.03 s per bound of every pid there): it matched the ASOF join at ~70.
+#: sorts every row. The hash join's work grows with the bounds, the ASOF join's does not; the limit lies below
+#: where the two cost the same (bench/HISTORY.md has the measurements).
 RANGE_JOIN_MAX_BOUNDS = 48
 
 
@@ -314,8 +313,8 @@ def resolve_units(con, ctx, name: str) -> None:
         SELECT pid, address, t, module, rva FROM hits
         QUALIFY row_number() OVER (PARTITION BY pid, address, t ORDER BY (load_ns <= t AND t <= unload_ns) DESC,
                                    own DESC, load_ns DESC) = 1""")
-    # Crate and label are worked out once per distinct name (264 names for the 657,000 frame rows of the 1 GB
-    # synth trace's samples: 1.26 -> 0.8-0.9 s, the regular expression per row being most of it).
+    # Crate and label are worked out once per distinct name, not once per frame row (a regular expression per
+    # row was most of this query's time).
     con.execute(f"""
         CREATE TABLE {name}_funcs AS
         WITH k AS (SELECT k.unit_id, k.pos, coalesce(f.inline_depth, 0) AS inline_depth, coalesce(f.module, g.module) AS module,
@@ -361,8 +360,7 @@ def by_frames(name: str, weights: str, keys: list[str], measures: list[str], car
     on = " AND ".join(f"l.{c} IS NOT DISTINCT FROM i.{c}" for c in (*by, *keys))
     by_w = "".join(f"w.{c}, " for c in by)
     # Each distinct key is numbered once (``kid``) and the units' rows are summed by that number: the key's text
-    # (module, function, raw name) is not hashed again for every (unit, frame) row of the weights (~11 M rows for
-    # the time-binned functions of the 1 GB synth trace: 0.57-0.79 s by text).
+    # (module, function, raw name) is not hashed again for every (unit, frame) row of the weights.
     return f"""
         WITH w AS ({weights}),
         keys AS (SELECT row_number() OVER () AS kid, * FROM (

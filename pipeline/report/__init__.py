@@ -30,8 +30,8 @@ SECTIONS: list[Callable[["Context"], Section | None]] = [summary.section, covera
                                                         cpu.section, query_cpu.section, memory.section, processes.section,
                                                         sysconfig.section]
 #: Sections that run in processes of their own, beside the rest. They build their tables, trees and pages in
-#: Python, so on threads they would only take turns on the GIL (1 GB synth: 4.7 s on threads against 4.1 s one
-#: after another); each process reads its own inputs. The others (small, or users of the dask pool, which
+#: Python, so on threads they would only take turns on the GIL (slower than one after another); each process
+#: reads its own inputs. The others (small, or users of the dask pool, which
 #: belongs to this process) run here meanwhile.
 IN_PROCESS = (cpu.section, query_cpu.section, memory.section)
 
@@ -40,8 +40,8 @@ def run_sections(ctx: Context) -> list[Section | None]:
     """Every section of ``SECTIONS``, in that order: those of ``IN_PROCESS`` each in a process of its own
     (:func:`pipeline.cluster.processes`), the rest here meanwhile. The processes get the context without its
     pool. All run here on a machine of one core, and for a run whose inputs are small enough to decode in one
-    process (``cluster.inline_below``): there starting the fork server (~1 s) would cost more than the
-    sections take."""
+    process (``cluster.inline_below``): there starting the fork server would cost more than the sections
+    take."""
     import os
 
     from pipeline.cluster import processes, runs_inline

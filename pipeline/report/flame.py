@@ -35,8 +35,7 @@ def build_tree(stacks: Iterable[tuple], columns: tuple[str, ...] = ()) -> dict[s
     if all(type(v) is int for r in rows for v in r[1:]):
         return _build_tree_by_levels(rows, columns)
     # A node is [value, {frame: child}, *more]. (A child is made only when the frame is new: a dict made for
-    # every frame visit, as ``setdefault`` did, was most of the report stage on the 1 GB synth trace's 674,000
-    # frames of 38,919 stacks: 1.0-1.2 s.)
+    # every frame visit, as ``setdefault`` did, was most of the report stage on a large trace.)
     k = len(columns)
     root: list = [0, {}] + [0] * k
     for stack, value, *more in rows:
@@ -80,8 +79,8 @@ def build_tree(stacks: Iterable[tuple], columns: tuple[str, ...] = ()) -> dict[s
 def _build_tree_by_levels(rows: list[tuple], columns: tuple[str, ...]) -> dict[str, list]:
     """:func:`build_tree` of integer values, without a Python step per frame: the stacks are split and their frames
     numbered by pyarrow, then the tree is made one depth at a time (a node is a distinct (parent, frame) of that
-    depth), summed, cut (``MIN_FRACTION``) and laid out in depth-first order with numpy. The same arrays as the walk
-    node by node (the 1 GB synth trace's 38,919 stacks of 674,000 frames: ~0.6 s of Python)."""
+    depth), summed, cut (``MIN_FRACTION``) and laid out in depth-first order with numpy: the same arrays as the walk
+    node by node, without a Python step per frame."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -404,7 +403,7 @@ class Writer:
 
         if self._con is None:
             # Its own connection (the module-level default one is shared with whatever else ran in this
-            # process), one for all the section's exports: opening one took ~30 ms of each ~40 ms export.
+            # process), one for all the section's exports: opening one was most of a small export's time.
             self._con = duckdb.connect()
         return self._con
 

@@ -318,8 +318,8 @@ def unique_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
     Hashing in a table of 2**16 slots (most calls: event kinds, GUIDs, the few stacks of a partition);
     when more than half would fill, again in one sized for every element to be distinct. Sorting (numpy's
-    row-wise unique) only beyond 2**27 distinct pairs: with 250,000 distinct stacks in a 1 GB trace it took
-    ~30 ms a call, and the partitions 1.8x longer than with a thousand."""
+    row-wise unique) only beyond 2**27 distinct pairs, where the tables would be too large: sorting on every
+    call made a trace with many distinct stacks decode far slower."""
     if len(a) == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int32)
     a, b = a.astype(np.uint64, copy=False), b.astype(np.uint64, copy=False)

@@ -185,8 +185,8 @@ _HEADER_FIELDS = struct.Struct("<II32xHH4xIHH")   # size, saved, proc, logger, f
 
 
 def plausible_one(raw: bytes, offset: int, lim: _Limits, strict: bool = True) -> bool:
-    """``_plausible`` for one header, in plain Python (the walk checks every buffer: numpy's per-call cost,
-    ~170 us, would make the walk of a 1 GB trace 2.5 s); ``test_buffer_checks_agree`` holds the two equal."""
+    """``_plausible`` for one header, in plain Python (the walk checks every buffer, and numpy's cost per call
+    would be most of the walk); ``test_buffer_checks_agree`` holds the two equal."""
     if len(raw) < L.BUFFER_HEADER_SIZE:
         return False
     size, saved, proc, logger, fill, flag, btype = _HEADER_FIELDS.unpack_from(raw)
@@ -234,8 +234,7 @@ def _resync(pread, bad: int, lim: _Limits) -> int | None:
 
     First the offsets a whole number of session buffers after it (where an uncompressed file's next buffers
     are), then every byte before the first of those that leads on (compressed buffers have sizes of their
-    own): candidates are found with numpy over SCAN_CHUNK bytes at a time (~0.1 s a chunk) and checked one
-    by one."""
+    own): candidates are found with numpy over SCAN_CHUNK bytes at a time and checked one by one."""
     limit = lim.file_size
     if lim.capacity >= L.BUFFER_HEADER_SIZE:
         for at in range(bad + lim.capacity, lim.file_size - L.BUFFER_HEADER_SIZE + 1, lim.capacity):
@@ -264,10 +263,8 @@ def walk(path: Path) -> tuple[TraceHeader, np.ndarray]:
     keeps its descriptor with ``data_len`` 0; a duplicate is left out.
 
     The loop reads each header and its BufferSize only, plus the header its BufferSize leads to (from the page
-    cache: the next read of the loop); numpy reads the other fields of all the headers at once. 1 GB (14,842
-    buffers): 19-28 ms alone and 48-76 ms in a decode, where a struct and a dict per buffer took 43-45 ms alone
-    and ~130 ms in a decode (beside the cluster's start and the file's hash). A memory map read by numba
-    instead took 50-90 ms alone: a page fault per buffer. ``path`` may be a URL (:mod:`pipeline.sources`): its
+    cache: the next read of the loop); numpy reads the other fields of all the headers at once (a struct and a
+    dict per buffer took twice as long; a memory map read by numba, a page fault per buffer). ``path`` may be a URL (:mod:`pipeline.sources`): its
     headers are then fetched PREFETCH buffers at a time.
     """
     with sources.Reader(path) as f:

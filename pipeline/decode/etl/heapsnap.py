@@ -221,8 +221,8 @@ def stack_frames(parts: dict[str, np.ndarray]) -> pa.ListArray | None:
 
 # --- assembly ---------------------------------------------------------------------------------------
 def preload() -> None:
-    """Load the assembly's kernels in this process (the client's first numba kernels, ~0.2 s with the set-up
-    of numba's code generator): called on a thread while the partitions run, once one of them has found
+    """Load the assembly's kernels in this process (the client's first numba kernels, with the set-up of
+    numba's code generator): called on a thread while the partitions run, once one of them has found
     snapshot chunks, so that the assembly after them starts at once."""
     from pipeline.decode.etl.kernels import add_pairs
     from pipeline.warmup import load_kernels

@@ -82,7 +82,7 @@ LIFETIMES = {
 
 def connect(scratch: Path, cfg):
     """The DuckDB connection of the joins (``cfg``: the decode section): its memory limit, spilling into
-    ``scratch``. Opening one takes ~30 ms here, so the decode opens it while the partitions run."""
+    ``scratch``. The decode opens it while the partitions run, so that its opening costs no wall time."""
     import duckdb
 
     from pipeline.config import parse_size
@@ -144,7 +144,7 @@ def finish(con, out, scratch: Path, header, cfg, pool, results: list[PartitionRe
         done = pool.map(bucket_task, tasks)
         lap()
         # The buckets' stacks are put together while the heap-snapshot assembly may still run (on a varied
-        # trace it ends ~0.3 s after the buckets); the ``stacks`` table then adds the snapshots' stacks.
+        # trace it ends after the buckets); the ``stacks`` table then adds the snapshots' stacks.
         _bucket_stack_lists(con, scratch)
         others.result()
         stats.update(before_stacks())
@@ -315,9 +315,8 @@ def _stacks(con, errors: list[ErrorRow], where: str, path: Path) -> dict[str, in
     reported in ``errors``; their events cannot be told apart.
 
     Which list each id keeps is decided on the (id, check) pairs alone, and the frames are written straight
-    from the two sources: grouping the frame lists themselves and writing the grouped table cost twice
-    as much (1 GB synth trace with 250,000 distinct stacks: 0.49 -> 0.21-0.28 s, on the critical path
-    after the heap-snapshot assembly)."""
+    from the two sources: grouping the frame lists themselves and writing the grouped table cost about twice
+    as much, on the critical path after the heap-snapshot assembly."""
     pairs = """SELECT stack_id, id_check FROM bucket_stacks
                UNION SELECT stack_id, id_check FROM _heapsnap_stacks WHERE stack_id IS NOT NULL"""
     con.execute(f"CREATE TEMP TABLE stack_lists AS SELECT stack_id, min(id_check) AS id_check, count(*) AS lists "

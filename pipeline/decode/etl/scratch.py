@@ -250,9 +250,9 @@ def write_final(table: pa.Table, directory: Path, k: int, prefix: str = "part-",
     # sorted: delta encoding. On the samples of the 1 GB synth trace both together: 47 -> 14 MB, and
     # a 25 % faster write.
     text = text_columns(table.schema) + [c for c in ("stack_id", "ip") if c in table.column_names]
-    # stream_pos too, in the parts that partitions write (record order: it grows within each buffer): on
-    # 316k samples 25.5 -> 21.9 ms and 761 -> 469 KB. In time order (the buckets' parts) it is not sorted,
-    # and plain pages were smaller (10 ms and 0.39 MB per 362k samples against 11 ms and 0.48 MB).
+    # stream_pos too, in the parts that partitions write (record order: it grows within each buffer), which
+    # writes them faster and smaller. In time order (the buckets' parts) it is not sorted, and plain pages were
+    # smaller.
     # BYTE_STREAM_SPLIT would write the other integers 20-30 % faster, but DuckDB reads it for integers
     # only since mid-2026 (duckdb#24175): a user's older DuckDB could not open the tables.
     delta = {c: "DELTA_BINARY_PACKED" for c in ("timestamp", "timestamp_ns") + extra_delta if c in table.column_names}

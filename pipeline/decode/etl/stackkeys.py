@@ -69,9 +69,8 @@ def forget_defs() -> None:
 
 def load_defs(path: str) -> dict:
     """The arrays ``joins._stack_key_defs`` saved, memory-mapped read-only, with their index
-    (``index_defs``); kept for the next task of the same decode. Loading them as a compressed-archive
-    copy cost ~20 ms a task (CRC and copy of every array; 61 keyed-sample tasks of a trace with 275,000
-    distinct stacks: 1.2 s)."""
+    (``index_defs``); kept for the next task of the same decode. (A compressed-archive copy cost every task a
+    CRC and a copy of every array.)"""
     st = (Path(path) / "key.npy").stat()
     stamp = (str(path), st.st_ino, st.st_mtime_ns, st.st_size)
     cached = next(iter(_defs_loaded), None)     # (an idle worker's trim may empty the list meanwhile)

@@ -62,10 +62,9 @@ def reuse_freed_memory(kind: str = "partition"):
 
     dask's nanny starts workers with ``MALLOC_TRIM_THRESHOLD_=65536``. Setting any threshold turns off
     glibc's adaptive mmap threshold, so every array above 128 KiB becomes its own mmap and every use of
-    it page-faults fresh zeroed pages: on the 1 GB synth trace the interpretation took 1.8x longer
-    (3.3 s instead of 1.8 s, mostly kernel time). Inside, arrays up to 32 MiB come from the heap and up
-    to 128 MiB of freed memory stays there; the peak of a task is unchanged. Trimming after every task
-    instead of when idle cost 1 s of page faults per GB. Idle, Arrow's allocator is emptied too. No-op
+    it page-faults fresh zeroed pages (the interpretation took far longer, mostly in the kernel). Inside,
+    arrays up to 32 MiB come from the heap and up to 128 MiB of freed memory stays there; the peak of a task is
+    unchanged. Trimming after every task instead of when idle cost page faults in proportion to the trace. Idle, Arrow's allocator is emptied too. No-op
     without glibc."""
     # A process that turns from partitions to buckets first gives back what the partitions left in its
     # heap: the phases follow each other too closely for the idle trim, and both together raised a
