@@ -396,7 +396,7 @@ def read_manifest(run_dir: Path, stage: str) -> Manifest:
     if not isinstance(manifest, dict):
         raise ManifestError(f"{path}: not a bootprof manifest: a JSON {type(manifest).__name__}, not an object")
     version = manifest.get("schema_version")
-    if not isinstance(version, int) or version > SCHEMA_VERSION:
+    if isinstance(version, int) and version > SCHEMA_VERSION:
         raise ManifestError(
             f"{path}: schema_version {version!r} is newer than this bootprof understands "
             f"({SCHEMA_VERSION}); upgrade bootprof (installed {__version__})"

@@ -28,6 +28,7 @@ def test_a_breach_of_a_stage_contract_is_found(tmp_path):
 
 @pytest.mark.parametrize("damage, says", [
     (lambda m: m.pop("upstream"), "upstream: Field required"),
+    (lambda m: m.pop("schema_version"), "schema_version: Field required"),
     (lambda m: m.update(tables={"samples": "12"}), "tables.samples: Input should be a valid integer"),
     (lambda m: m.update(inputs=[{"size": 3}]), "inputs.0.path: Field required"),
 ])

@@ -1069,3 +1069,15 @@ def test_stages_apart_command_lines_on_one_line_and_long_tables_short(report_run
     assert body["opened"] == "true"
     shown, rows = map(int, body["short"].split("/"))
     assert shown == 15 and rows > 20 and int(body["all"]) == rows
+
+
+def test_the_report_command_says_each_section_in_one_short_line(report_run):
+    """``bootprof report`` prints a line per section with its numbers (the summary's rows and lists stay in the
+    manifest and the page): no line grows with the build."""
+    from pipeline.report.cli import shown
+    from pipeline.runs import read_manifest
+
+    sections = read_manifest(report_run, "report")["sections"]
+    lines = {s: shown({k: v for k, v in counts.items() if k != "files"}) for s, counts in sections.items()}
+    assert "wall " in lines["summary"] and "cpu samples " in lines["summary"]
+    assert all(len(line) < 160 and "{" not in line and "[" not in line for line in lines.values()), lines
