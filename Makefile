@@ -47,7 +47,7 @@ $(SPEEDSCOPE): | $(STAMP) system-deps
 	npm install --silent --no-audit --no-fund --prefix $(VENV)/speedscope speedscope@$(SPEEDSCOPE_VERSION)
 	@touch $(SPEEDSCOPE)
 
-# pyright from npm (pinned): its model of Windows, macOS and Linux checks that the package calls no API a system
+# pyright from npm (pinned): its models of Windows and macOS check that the package calls no API a system
 # lacks (tests/test_portable.py). Installed once, into .venv/pyright.
 PYRIGHT_VERSION := 1.1.409
 PYRIGHT := $(VENV)/pyright/.installed
