@@ -92,9 +92,6 @@ class Inputs:
     files: tuple[sources.Input, ...]
     origin: str = "given"
 
-    def __len__(self) -> int:
-        return len(self.files)
-
 
 def decoded_inputs(run_dir: Path) -> Inputs:
     """The inputs of the run's decode, as its manifest names them (none without a decode)."""
@@ -193,7 +190,7 @@ def run_one(stage: str, run_dir: Path, config: Config, size: int | None, inputs:
     module = stages.get(stage).load()
     with connect(config.cluster, warm_up=getattr(module, "WARM_UP", ()), lazy=not eager, background=eager,
                  size=size) as pool:
-        return module.run(run_dir, config, pool, **({"inputs": inputs} if inputs is not None else {}))
+        return module.run(run_dir, config, pool, inputs=inputs)
 
 
 def headline(module, summary: Summary | None) -> str:
@@ -297,11 +294,15 @@ def _run_in(job: Job, job_path: Path, config: Config, traces: list[sources.Input
     run_dir.mkdir(parents=True, exist_ok=True)
     print(f"run directory: {shown}")
     traces = unpacked(traces, run_dir)
-    captured = captured_inputs(run_dir) if not traces else []
-    inputs = (Inputs(tuple(traces)) if traces else Inputs(tuple(captured), "captured") if captured
-              else decoded_inputs(run_dir))
-    if inputs.origin == "decoded" and inputs.files:
-        print(f"inputs: those of the run's decode ({len(inputs)} file{'' if len(inputs) == 1 else 's'})")
+    if traces:
+        inputs = Inputs(tuple(traces))
+    elif captured := captured_inputs(run_dir):
+        inputs = Inputs(tuple(captured), "captured")
+    else:
+        inputs = decoded_inputs(run_dir)
+    n = len(inputs.files)
+    if inputs.origin == "decoded" and n:
+        print(f"inputs: those of the run's decode ({n} file{'' if n == 1 else 's'})")
     if not inputs.files:
         if "synth" not in job.stages:
             raise BootprofError(f"{job_path}: job has no 'synth' stage and {shown} holds no capture, "

@@ -167,10 +167,6 @@ class RunLocation:
         if (self.path is None) == (self.url is None):
             raise ValueError("a run is at a path or at a URL")
 
-    @property
-    def is_url(self) -> bool:
-        return self.url is not None
-
     def __str__(self) -> str:
         return self.url if self.url is not None else str(self.path)
 

@@ -46,7 +46,8 @@ def section_name(section: Callable) -> str:
     return section.__module__.rsplit(".", 1)[-1]
 
 
-def run(run_dir: Path, config: Config, pool: Pool, inputs=None, after: Callable[[], Any] | None = None) -> AggregateSummary:
+def run(run_dir: Path, config: Config, pool: Pool, inputs=None, after: Callable[[], Any] | None = None
+        ) -> AggregateSummary:
     """Run every applicable section on ``RUN_DIR/decoded``; returns {section: summary}.
 
     ``after``: the stage starts while ``symbolize`` still writes ``symbolized/`` (its row in :mod:`pipeline.stages`
@@ -91,17 +92,16 @@ def _run_sections(ctx: Context) -> dict[Callable, Mapping[str, object] | None]:
                 errors[section] = exc
                 ctx.frames_final.cancel()
                 break
-        steps.wait_for(futures.values())
-        for section, future in futures.items():
-            if future.exception() is not None:
-                errors[section] = future.exception()
-            else:
-                results[section] = future.result()
     except BaseException:       # (Ctrl-C: the sections waiting for symbolize are let go, the threads end)
         ctx.frames_final.cancel()
         raise
     finally:
         steps.wait_for(futures.values())    # (a section writes into the stage's output: none outlives the stage)
+    for section, future in futures.items():
+        if future.exception() is not None:
+            errors[section] = future.exception()
+        else:
+            results[section] = future.result()
     # (the first error in SECTIONS order; a section let go of because another failed says less than that one)
     for section in sorted(errors, key=lambda s: (isinstance(errors[s], FramesFinal.Cancelled), SECTIONS.index(s))):
         raise errors[section]
@@ -113,7 +113,8 @@ def parallel_sections() -> int:
     return len(SECTIONS) - len(ON_CALLER) + 1
 
 
-def _run_section(section: Callable[[Context], Mapping[str, object] | None], ctx: Context) -> Mapping[str, object] | None:
+def _run_section(section: Callable[[Context], Mapping[str, object] | None], ctx: Context
+                 ) -> Mapping[str, object] | None:
     """One section; DuckDB running out of memory (``aggregate.memory_limit``, even with spilling) ends the
     stage with the setting to change, not a traceback, and nothing of the stage is written."""
     import duckdb

@@ -1,8 +1,9 @@
 """Capture stage: run a build with rustc's self-profiler on, inside an ETW recording (WPR or xperf), or both.
 
-Entry point: :func:`run` (:mod:`.record`; what it asks of rustc: :mod:`.rustc`). The build runs once; what it records lands in one run directory, ready for
-``bootprof run JOB --run RUN_DIR``: self-profiles in ``RUN_DIR/selfprofile/``, the merged ETL trace in
-``RUN_DIR/input/trace.etl``, and ``RUN_DIR/capture/_manifest.json`` describing the capture.
+Entry point: :func:`run` (:mod:`.record`; what it asks of rustc: :mod:`.rustc`). The build runs once; what it
+records lands in one run directory, ready for ``bootprof run JOB --run RUN_DIR``: self-profiles in
+``RUN_DIR/selfprofile/``, the merged ETL trace in ``RUN_DIR/input/trace.etl``, and
+``RUN_DIR/capture/_manifest.json`` describing the capture.
 
 Self-profiling: ``-Zself-profile=RUN_DIR/selfprofile`` (and ``-Zself-profile-events=...``)
 is appended to ``RUSTFLAGS`` (or ``CARGO_ENCODED_RUSTFLAGS`` when that is set, since cargo then

@@ -50,8 +50,8 @@ def facts(ctx) -> BuildFacts:
                                        "end_ns", "duration_ns"])
     profiles = _rows(ctx, "self_profile_processes", ["crate", "cmd", "wall_start_ns", "wall_end_ns", "total_ns"])
     rustc = [r for r in tree if r["crate"]]
-    out: BuildFacts = {"wall_ns": None, "cpu_ns": None, "cpu_samples": None, "busy_cores": None, "processes": {}, "crates_wall": [],
-                           "crates_cpu": [], "functions": [], "queries": [], "peak": None, "critical": []}
+    out: BuildFacts = {"wall_ns": None, "cpu_ns": None, "cpu_samples": None, "busy_cores": None, "processes": {},
+                       "crates_wall": [], "crates_cpu": [], "functions": [], "queries": [], "peak": None, "critical": []}
     # (a process of the trace, or a self-profile's when the run has no trace)
     spans = [(r["crate"], stage_of(r["command_line"]), r["start_ns"], r["end_ns"], r.get("process_key"))
              for r in rustc if r["start_ns"] is not None and r["end_ns"] is not None]

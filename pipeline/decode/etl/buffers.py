@@ -264,7 +264,8 @@ def walk(path: Path) -> tuple[TraceHeader, np.ndarray]:
 
     The loop reads each header and its BufferSize only, plus the header its BufferSize leads to (from the page
     cache: the next read of the loop); numpy reads the other fields of all the headers at once (a struct and a
-    dict per buffer took twice as long; a memory map read by numba, a page fault per buffer). ``path`` may be a URL (:mod:`pipeline.sources`): its
+    dict per buffer took twice as long; a memory map read by numba, a page fault per buffer). ``path`` may be a
+    URL (:mod:`pipeline.sources`): its
     headers are then fetched PREFETCH buffers at a time.
     """
     with sources.Reader(path) as f:

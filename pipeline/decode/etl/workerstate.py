@@ -64,8 +64,8 @@ def reuse_freed_memory(kind: str = "partition"):
     glibc's adaptive mmap threshold, so every array above 128 KiB becomes its own mmap and every use of
     it page-faults fresh zeroed pages (the interpretation took far longer, mostly in the kernel). Inside,
     arrays up to 32 MiB come from the heap and up to 128 MiB of freed memory stays there; the peak of a task is
-    unchanged. Trimming after every task instead of when idle cost page faults in proportion to the trace. Idle, Arrow's allocator is emptied too. No-op
-    without glibc."""
+    unchanged. Trimming after every task instead of when idle cost page faults in proportion to the trace. Idle,
+    Arrow's allocator is emptied too. No-op without glibc."""
     # A process that turns from partitions to buckets first gives back what the partitions left in its
     # heap: the phases follow each other too closely for the idle trim, and both together raised a
     # worker's peak by ~100 MB.
