@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from pipeline import __version__, portable
+from pipeline.checkpoints import checkpoint
 from pipeline.errors import ManifestError
 from pipeline.stages import DECODED
 
@@ -254,6 +255,7 @@ def owned(run_dir: Path, command: str, timeout_s: float = 300.0) -> Iterator[Non
         raise InputError(f"{run_dir}: not a bootprof run directory (it holds {', '.join(strangers[:3])}"
                          f"{', ...' if len(strangers) > 3 else ''}): name a new or empty directory for the run")
     lock = FileLock(str(run_dir / LOCK))
+    checkpoint("runs.lock")
     try:
         lock.acquire(timeout=timeout_s)
     except Timeout:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.synth_traces import VARIANTS, Synth
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -28,6 +29,62 @@ def dask_pool():
 
     with connect(ClusterConfig(mode="local", n_workers=2, memory_limit="3GiB")) as pool:
         yield pool
+
+
+
+@pytest.fixture(scope="session")
+def synth_traces(tmp_path_factory) -> dict:
+    """Every variant of ``tests/synth_traces.py``, synthesized once per test run."""
+    import json
+
+    from pipeline import synth
+
+    out = {}
+    for name, cfg in VARIANTS.items():
+        path = tmp_path_factory.mktemp(f"synth-{name}") / "trace.etl"
+        summary = synth.run(path, cfg)
+        out[name] = Synth(name, cfg, path, json.loads(path.with_name("trace.truth.json").read_text()), summary)
+    return out
+
+
+@pytest.fixture(scope="session", params=list(VARIANTS))
+def synth_trace(request, synth_traces):
+    return synth_traces[request.param]
+
+
+@pytest.fixture(scope="session")
+def synth_decoded(synth_traces, dask_pool, tmp_path_factory):
+    """Decode every variant once (real dask cluster).
+
+    Returns name -> {"run": run dir, "tables": {table: list of row dicts}}.
+    """
+    from pipeline import decode
+    from pipeline.config import Config
+    from pipeline.runs import read_table, table_path
+
+    out = {}
+    for name, s in synth_traces.items():
+        run = tmp_path_factory.mktemp(f"decoded-{name}")
+        decode.run(run, Config(), dask_pool, inputs=[s.path])
+        tables = {}
+        for t in ("processes", "images", "samples", "stacks", "virtual_allocs", "heap_events", "heap_snapshots",
+                  "heap_snapshot_blocks", "event_counts"):
+            if table_path(run, "decoded", t).exists():
+                tables[t] = read_table(run, "decoded", t).to_pylist()
+        out[name] = {"run": run, "tables": tables}
+    return out
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """One headless Chromium for the whole test run (``tests/helpers/browser.py``); each use gets a fresh page."""
+    from tests.helpers.browser import Browser
+
+    b = Browser()
+    try:
+        yield b
+    finally:
+        b.close()
 
 
 #: Credentials of the S3 API server of ``s3_store`` (any will do; the commands take them from the environment).

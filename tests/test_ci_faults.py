@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -127,27 +128,39 @@ def test_two_jobs_on_one_run_directory_never_mix_their_data(tmp_path):
     row for the run is of that input."""
     from pipeline import warehouse
     from pipeline.runs import read_manifest
+    from tests.helpers import checkpoints
 
     run = tmp_path / "run"
     db = tmp_path / "wh.duckdb"
     config = tmp_path / "c.yaml"
     config.write_text(json.dumps({"cluster": {"mode": "synchronous"}, "warehouse": {"path": str(db)}}))
     inputs = [fixture_path("selfprofile/workspace-clean"), fixture_path("selfprofile/workspace-incremental")]
-    for delay in (0.5, 1.5):
+    # The first job is held while it owns the run directory, during its decode and during its ingest; the second is
+    # started then, and let go once it is about to wait for the run directory.
+    for k, moment in enumerate(("decode.started", "ingest.began")):
+        hold = tmp_path / f"hold-{k}"
         procs = []
-        for k, trace in enumerate(inputs):
+        for trace, (at, env) in zip(inputs, ((moment, checkpoints.env(hold, moment)),
+                                             ("runs.lock", checkpoints.env(hold / "second", "runs.lock")))):
             procs.append(subprocess.Popen([sys.executable, "-m", "pipeline", "--config", str(config), "run",
                                            "jobs/single-trace.yaml", "--trace", str(trace), "--run", str(run)],
-                                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-            if k == 0:
-                time.sleep(delay)
-        for p in procs:
-            out, err = p.communicate(timeout=600)
-            assert p.returncode == 0 and "Traceback" not in err, err[-2000:]
+                                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+        try:
+            checkpoints.reached(hold, moment, procs[0])
+            checkpoints.reached(hold / "second", "runs.lock", procs[1])
+            checkpoints.release(hold / "second", "runs.lock")
+            checkpoints.release(hold, moment)
+            for p in procs:
+                out, err = p.communicate(timeout=600)
+                assert p.returncode == 0 and "Traceback" not in err, err[-2000:]
+        finally:
+            for p in procs:
+                p.kill()
         decoded = read_manifest(run, "decoded")
         assert [os.path.basename(i["path"]) for i in decoded["inputs"]][0].endswith(".mm_profdata")
-        dirs = {os.path.dirname(i["path"]) for i in decoded["inputs"]}
-        assert dirs == {str(inputs[1])}           # (the second job's input, the last to own the run directory)
+        # (the second job's input, the last to own the run directory; the manifest names it resolved)
+        dirs = {os.path.realpath(os.path.dirname(i["path"])) for i in decoded["inputs"]}
+        assert dirs == {os.path.realpath(inputs[1])}
         for stage in ("aggregated", "report"):
             read_manifest(run, stage)               # (raises if made from another decode than the one there now)
         con = warehouse.connect(db, read_only=True)
@@ -273,52 +286,62 @@ def test_a_stage_whose_upstream_was_written_again_meanwhile_is_not_kept(tmp_path
     assert not (run / "aggregated").exists()
 
 
-@pytest.fixture(scope="module")
-def two_traces(tmp_path_factory):
-    """Two synthesized 60 MB traces of different builds (seconds to decode each)."""
-    out = tmp_path_factory.mktemp("two-traces")
-    for name, seed in (("a.etl", 1), ("b.etl", 2)):
-        made = bootprof("synth", "--out", str(out / name), "--size", "60MB", "--seed", str(seed))
-        assert made.returncode == 0, made.stderr[-2000:]
-    return out / "a.etl", out / "b.etl"
-
-
 @pytest.mark.parametrize("how", ["copied over", "renamed over"])
-def test_an_input_replaced_while_it_is_decoded_is_one_error(tmp_path, how, two_traces):
-    """A trace replaced 1 s into its decode (``cp`` over it, or an atomic ``mv``) once gave tables mixed from both
+def test_an_input_replaced_while_it_is_decoded_is_one_error(tmp_path, how, synth_traces):
+    """A trace replaced during its decode (``cp`` over it, or an atomic ``mv``) once gave tables mixed from both
     files under the old file's sha256, exit 0. Each input is pinned (device, file id, size, mtime) as it is opened
-    and checked as the stage ends. The replacement is made once the stage's private directory exists (an event,
-    not a sleep), and the synthesized trace takes seconds to decode."""
-    a, b = two_traces
-    trace, run = tmp_path / "t.etl", tmp_path / "run"
+    and checked as the stage ends. The decode is held at its start (checkpoint ``decode.started``, once the input is
+    pinned) while the file is replaced, then goes on."""
+    from tests.helpers import checkpoints
+
+    a, b = synth_traces["plain64"].path, synth_traces["xpress64"].path
+    trace, run, hold = tmp_path / "t.etl", tmp_path / "run", tmp_path / "hold"
     trace.write_bytes(a.read_bytes())
     proc = subprocess.Popen([sys.executable, "-m", "pipeline", "--config", str(_sync(tmp_path)), "decode",
                              str(trace), "--run", str(run)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    deadline = time.monotonic() + 120
-    while not list(run.glob(".decoded.tmp-*")) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    if how == "copied over":
-        trace.write_bytes(b.read_bytes())
-    else:
-        (tmp_path / "b.etl").write_bytes(b.read_bytes())
-        os.replace(tmp_path / "b.etl", trace)
-    out, err = proc.communicate(timeout=300)
+                            text=True, env=checkpoints.env(hold, "decode.started"))
+    try:
+        checkpoints.reached(hold, "decode.started", proc)
+        if how == "copied over":
+            trace.write_bytes(b.read_bytes())
+        else:
+            (tmp_path / "b.etl").write_bytes(b.read_bytes())
+            os.replace(tmp_path / "b.etl", trace)
+        checkpoints.release(hold, "decode.started")
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
     line = one_line_error(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
     assert f"{trace}: changed while it was decoded" in line
     assert not (run / "decoded").exists()
 
 
-def _nightlies(tmp_path, n=2):
-    """``n`` nightly runs of the real workspace self-profiles ingested into ``tmp_path/wh.duckdb``."""
-    config = tmp_path / "w.yaml"
-    config.write_text(json.dumps({"cluster": {"mode": "synchronous"}, "warehouse": {"path": str(tmp_path / "wh.duckdb")}}))
+@pytest.fixture(scope="module")
+def nightlies(tmp_path_factory) -> Path:
+    """Two nightly runs of the real workspace self-profiles (``nightly-1``, ``nightly-2``) ingested into ``wh.duckdb``,
+    made once for this module: tests work on a copy of the warehouse (:func:`_warehouse_copy`)."""
+    base = tmp_path_factory.mktemp("nightlies")
+    config = base / "w.yaml"
+    config.write_text(json.dumps({"cluster": {"mode": "synchronous"}, "warehouse": {"path": str(base / "wh.duckdb")}}))
     inputs = [fixture_path("selfprofile/workspace-clean"), fixture_path("selfprofile/workspace-incremental")]
-    for k in range(n):
-        proc = bootprof("--config", str(config), "run", "jobs/nightly.yaml", "--trace", str(inputs[k % 2]),
-                        "--run", str(tmp_path / f"nightly-{k + 1}"))
+    for k in range(2):
+        proc = bootprof("--config", str(config), "run", "jobs/nightly.yaml", "--trace", str(inputs[k]),
+                        "--run", str(base / f"nightly-{k + 1}"))
         assert proc.returncode == 0, proc.stderr[-2000:]
-    return config, tmp_path / "wh.duckdb"
+    return base
+
+
+def _warehouse_copy(nightlies: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """(a config whose warehouse is ``tmp_path/wh.duckdb``, that file): a copy of ``nightlies``' warehouse and
+    journal, whose runs are still ``nightlies``' directories."""
+    import shutil
+
+    db = tmp_path / "wh.duckdb"
+    for name in ("wh.duckdb", "wh.duckdb.journal.jsonl"):
+        shutil.copyfile(nightlies / name, tmp_path / name)
+    config = tmp_path / "w.yaml"
+    config.write_text(json.dumps({"cluster": {"mode": "synchronous"}, "warehouse": {"path": str(db)}}))
+    return config, db
 
 
 def _damage_block_of(db, table, copy):
@@ -340,7 +363,7 @@ def _damage_block_of(db, table, copy):
     return copy
 
 
-def test_a_damaged_warehouse_is_one_line_and_rebuilt_from_its_journal(tmp_path):
+def test_a_damaged_warehouse_is_one_line_and_rebuilt_from_its_journal(tmp_path, nightlies):
     """4 KB of garbage in the middle of the file once gave a ``duckdb.Error`` traceback, or stayed hidden (ingest,
     compare and prune exited 0 until a query touched the table); after header damage not even the list of runs
     was left. Now: every DuckDB error is one line; ``warehouse verify`` reads every table whole and names the
@@ -348,7 +371,7 @@ def test_a_damaged_warehouse_is_one_line_and_rebuilt_from_its_journal(tmp_path):
     them into a new file equal to the undamaged one."""
     import duckdb
 
-    config, db = _nightlies(tmp_path)
+    config, db = _warehouse_copy(nightlies, tmp_path)
     ok = bootprof("--config", str(config), "warehouse", "verify")
     assert ok.returncode == 0 and "no problem found" in ok.stdout and "2 runs" in ok.stdout, ok.stdout + ok.stderr
 
@@ -366,7 +389,7 @@ def test_a_damaged_warehouse_is_one_line_and_rebuilt_from_its_journal(tmp_path):
     assert "Traceback" not in found.stderr
     for table in ("runs", "query_summary"):
         damaged = _damage_block_of(db, table, tmp_path / f"{table}.duckdb")
-        for args in (["query", f"SELECT * FROM {table}"], ["ingest", "--run", str(tmp_path / "nightly-2")]):
+        for args in (["query", f"SELECT * FROM {table}"], ["ingest", "--run", str(nightlies / "nightly-2")]):
             proc = bootprof("--config", str(config), "warehouse", "--db", str(damaged), *args)
             line = one_line_error(proc)
             assert "Corrupt database file" in line or "checksum" in line, line
@@ -400,42 +423,51 @@ def test_signals_held_over_a_commit_are_delivered_after_it():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-@pytest.mark.slow
-def test_a_ctrl_c_at_any_moment_of_an_ingest_says_whether_the_run_went_in(tmp_path):
-    """A Ctrl-C that landed on the COMMIT once gave a traceback, or exit 130 although the run had committed. Sent at
-    random moments of eight ingests: each ends in exit 0 (the run is in), or exit 130 whose line says the run was
-    committed (it is in, and in the journal), or exit 130 without (it is not in); never a traceback."""
-    import random
+#: Moments of an ingest (``pipeline/warehouse/ingest.py``'s checkpoints) and whether a Ctrl-C there leaves the run in.
+INGEST_MOMENTS = {"ingest.began": "out", "ingest.before-commit": "out", "ingest.committed": "in",
+                  "ingest.journaled": "in"}
+
+
+@pytest.mark.parametrize("moment", list(INGEST_MOMENTS))
+def test_a_ctrl_c_at_any_moment_of_an_ingest_says_whether_the_run_went_in(tmp_path, nightlies, moment):
+    """A Ctrl-C that landed on the COMMIT once gave a traceback, or exit 130 although the run had committed. Sent with
+    the ingest held at each of its moments: after its transaction began and before its commit, the run is not in
+    (exit 130, nothing in the warehouse or the journal); between the COMMIT and the journal line (where the signal
+    is held until both are written) and after them, it is in, and the exit 130's line says it was committed. Never a
+    traceback."""
     import shutil
     import signal
 
     import duckdb
 
-    config, db = _nightlies(tmp_path, 1)
-    rng = random.Random(7)
-    outcomes = []
-    for k in range(8):
-        run = tmp_path / f"nightly-c{k}"
-        shutil.copytree(tmp_path / "nightly-1", run)
-        proc = subprocess.Popen([sys.executable, "-m", "pipeline", "--config", str(config), "warehouse", "ingest",
-                                 "--run", str(run)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(rng.uniform(0.5, 4.0))
+    from tests.helpers import checkpoints
+
+    config, db = _warehouse_copy(nightlies, tmp_path)
+    run, hold = tmp_path / "nightly-c", tmp_path / "hold"
+    shutil.copytree(nightlies / "nightly-1", run)
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "--config", str(config), "warehouse", "ingest",
+                             "--run", str(run)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=checkpoints.env(hold, moment))
+    try:
+        checkpoints.reached(hold, moment, proc)
         proc.send_signal(signal.SIGINT)
+        if moment == "ingest.committed":        # (held: the signal waits for the journal line)
+            checkpoints.release(hold, moment)
         out, err = proc.communicate(timeout=120)
-        assert "Traceback" not in err, err[-3000:]
-        con = duckdb.connect(str(db), read_only=True)
-        try:
-            held = con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run.name]).fetchone()[0]
-        finally:
-            con.close()
-        journal = (db.with_name(db.name + ".journal.jsonl")).read_text()
-        if proc.returncode == 0 or "was committed" in err:
-            assert held == 1 and f'"run_id": "{run.name}"' in journal, (proc.returncode, err)
-            outcomes.append("in")
-        else:
-            assert proc.returncode == 130 and held == 0 and f'"{run.name}"' not in journal, (proc.returncode, err)
-            outcomes.append("out")
-    assert "out" in outcomes, outcomes           # (the signal did land inside ingests)
+    finally:
+        proc.kill()
+    assert "Traceback" not in err, err[-3000:]
+    assert proc.returncode == 130, (proc.returncode, err)
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        held = con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run.name]).fetchone()[0]
+    finally:
+        con.close()
+    journal = (db.with_name(db.name + ".journal.jsonl")).read_text()
+    if INGEST_MOMENTS[moment] == "in":
+        assert "was committed" in err and held == 1 and f'"run_id": "{run.name}"' in journal, err
+    else:
+        assert "was committed" not in err and held == 0 and f'"{run.name}"' not in journal, err
 
 
 def test_odd_run_paths_and_a_closed_stdout_are_one_line(tmp_path):

@@ -18,7 +18,6 @@ import pytest
 from pipeline.decode.etl import buckets, joins, scratch, settle, stackkeys, tables
 from pipeline.decode.etl import kernels as K
 from pipeline.runs import read_manifest, read_table
-from tests.synth_traces import synth_traces  # noqa: F401
 
 #: The global order of per-event rows.
 ORDER = [("timestamp", "ascending"), ("cpu", "ascending"), ("stream_pos", "ascending")]
@@ -27,7 +26,7 @@ TABLES = ("samples", "stacks", "virtual_allocs", "heap_events", "heap_snapshot_b
 
 
 @pytest.mark.parametrize("name", ["plain64", "xpress32_cached", "plain64_cached"])
-def test_tables_do_not_depend_on_partition_or_bucket_size(synth_traces, dask_pool, tmp_path, name):  # noqa: F811
+def test_tables_do_not_depend_on_partition_or_bucket_size(synth_traces, dask_pool, tmp_path, name):
     from pipeline import decode
     from pipeline.config import Config
 
@@ -82,7 +81,7 @@ def test_tables_do_not_depend_on_partition_or_bucket_size(synth_traces, dask_poo
         assert etl["default"]["samples_settled_by_keys"] < etl["default"]["samples"]
 
 
-def test_frames_and_stacks_written_once_per_process_give_the_same_tables(synth_traces, dask_pool, tmp_path,  # noqa: F811
+def test_frames_and_stacks_written_once_per_process_give_the_same_tables(synth_traces, dask_pool, tmp_path,
                                                                         monkeypatch):
     """The trace whose samples mostly have stacks of their own, cut into many partitions in one process with
     every frames and stacks table going through the write-once path (``INLINE_BYTES`` 0): fewer rows are
@@ -516,7 +515,7 @@ def test_small_scratch_parts_keep_small_row_groups(tmp_path, monkeypatch):
     assert meta.num_rows == 10_000 and meta.num_row_groups == 10
 
 
-def test_heap_snapshots_assembled_in_batches_equal_one_query(synth_traces, dask_pool, tmp_path, monkeypatch):  # noqa: F811
+def test_heap_snapshots_assembled_in_batches_equal_one_query(synth_traces, dask_pool, tmp_path, monkeypatch):
     """The chunks of heap snapshots are ordered by DuckDB in batches of snapshots that fit a share of
     ``join_memory_limit``; one snapshot per batch gives the same tables as one query for all (a trace
     with more snapshot data than the limit failed with DuckDB's out-of-memory error before)."""

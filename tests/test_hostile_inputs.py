@@ -14,14 +14,13 @@ import pyarrow.parquet as pq
 from pipeline.cluster import Pool
 from pipeline.runs import read_table, table_path
 from tests.test_aggregate_etl import etl_config
-from tests.test_report_queries import dump_dom
 from tests.synth_traces import VARIANTS
 
 HOSTILE_IMAGE = "<!--<script>rustc.exe"
 HOSTILE_COMMAND = '=HYPERLINK("http://127.0.0.1/x","y") --crate-name </script><script>alert(1)</script>'
 
 
-def test_a_run_named_like_sql_and_globs_with_hostile_process_names(tmp_path):
+def test_a_run_named_like_sql_and_globs_with_hostile_process_names(tmp_path, browser):
     """A run directory named ``dec'q [1]*`` goes through every stage (it once failed with a traceback: the path
     was pasted into SQL and read as a pattern). A process whose image name opens an HTML comment and a script,
     and whose command line is a formula and closes a script, is shown as text: the flame graph still draws
@@ -51,7 +50,7 @@ def test_a_run_named_like_sql_and_globs_with_hostile_process_names(tmp_path):
     text = page.read_text()
     data = text[text.index('id="flame-data">') + 16:text.index("</script>", text.index('id="flame-data">'))]
     assert "<" not in data and any(n.startswith(HOSTILE_IMAGE) for n in json.loads(data)["names"])
-    dom = dump_dom(page.as_uri(), tmp_path / "chrome")
+    dom = browser.dump_dom(page.as_uri())
     frames = re.findall(r'<g class="frame"[^>]*><title>([^<]*)', dom)
     assert len(frames) > 10, "the flame graph drew nothing"
     assert any(t.startswith("&lt;!--&lt;script&gt;rustc.exe") for t in frames)

@@ -70,8 +70,9 @@ def test_run_takes_a_symbol_path(tmp_path, capsys):
     run = tmp_path / "demo-run"
     empty = tmp_path / "no-symbols"
     empty.mkdir()
-    assert cli_main(["--config", _config(tmp_path), "run", str(ROOT / "jobs" / "single-trace.yaml"), "--run", str(run),
-                     "--symbol-path", str(empty)]) == 0
+    # (a small demo trace in this process: what is proven is where the setting goes)
+    assert cli_main(["--config", _sync_config(tmp_path), "run", str(ROOT / "jobs" / "single-trace.yaml"), "--run",
+                     str(run), "--symbol-path", str(empty), "--set", "synth.size=2MB"]) == 0
     m = read_manifest(run, "symbolized")
     assert m["symbol_path"] == str(empty) and m["resolution_rate"] == 0.0
 

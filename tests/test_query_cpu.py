@@ -99,7 +99,7 @@ def test_innermost_interval():
     assert innermost(t, starts, ends, parent).tolist() == [-1, 0, 1, 2, 2, 1, 3, 3, 4, 0, 0, -1, 5, -1]
 
 
-def test_report_queries_follow_a_time_range(both, tmp_path, dask_pool):
+def test_report_queries_follow_a_time_range(both, browser, dask_pool):
     """The report's queries-by-CPU table in a range picked on the timeline: the queries with samples in it, ranked
     and counted as cpu_by_query_over_time says, their percents of the range's attributed samples."""
     from pipeline import report
@@ -108,7 +108,7 @@ def test_report_queries_follow_a_time_range(both, tmp_path, dask_pool):
     run, _, _ = both
     if not (run / "report").exists():
         report.run(run, etl_config(run.parent / "input" / "trace.etl", run.parent), dask_pool)
-    body, (b0, b1, _, _) = index_in_range(run, ["query-cpu"], tmp_path, bins=(40, 62))
+    body, (b0, b1, _, _) = index_in_range(run, ["query-cpu"], browser, bins=(40, 62))
     got = Counter()
     for r in read_table(run, "aggregated", "cpu_by_query_over_time").to_pylist():
         if b0 <= r["bin"] < b1:

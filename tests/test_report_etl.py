@@ -11,7 +11,7 @@ import pytest
 from pipeline.report.flame import MIN_FRACTION, build_tree
 from pipeline.runs import read_table
 from tests.test_aggregate_etl import etl_config, synth_run
-from tests.test_report_queries import ARTIFACTS, dump_dom, pages_without_errors
+from tests.helpers.browser import ARTIFACTS, pages_without_errors
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def flame_data(path) -> dict:
     return json.loads(re.search(r'<script type="application/json" id="flame-data">(.*?)</script>', text, re.S).group(1))
 
 
-def drive(page, script: str, tmp_path) -> dict[str, str]:
+def drive(page, script: str, browser) -> dict[str, str]:
     """Load ``page`` in Chromium with ``script`` (a ``<script>…</script></body>`` that stores what it sees in the
     body's data attributes) in place of its ``</body>``; returns those attributes, unescaped. The driven copy sits
     beside the page, so that its links to static/ work, and is removed afterwards."""
@@ -55,7 +55,7 @@ def drive(page, script: str, tmp_path) -> dict[str, str]:
     driven = page.with_name(f"driven-{page.name}")
     driven.write_text(page.read_text().replace("</body>", script))
     try:
-        dom = dump_dom(driven.as_uri(), tmp_path / "chrome")
+        dom = browser.dump_dom(driven.as_uri())
     finally:
         driven.unlink()
     return {k: htmlmod.unescape(v) for k, v in re.findall(r'data-([a-z-]+)="([^"]*)"',
@@ -142,9 +142,9 @@ def test_exports_hold_every_sample(report_run):
     assert data["w"][0] == total and sum(data["s"]) == total
 
 
-def test_flamegraph_renders_in_chromium(report_run, tmp_path):
+def test_flamegraph_renders_in_chromium(report_run, tmp_path, browser):
     page = report_run / "report" / "flamegraph_cpu.html"
-    dom = dump_dom(page.as_uri(), tmp_path / "chrome")
+    dom = browser.dump_dom(page.as_uri())
     svg = re.search(r'<svg id="flame"[^>]*>', dom).group(0)
     drawn = int(re.search(r'data-drawn="(\d+)"', svg).group(1))
     start = dom.index('<svg id="flame"')
@@ -153,12 +153,12 @@ def test_flamegraph_renders_in_chromium(report_run, tmp_path):
     assert "rustc.exe core (" in dom and "Idle (" in dom
 
 
-def test_flamegraph_zoom_and_search_from_the_url(report_run, tmp_path):
+def test_flamegraph_zoom_and_search_from_the_url(report_run, tmp_path, browser):
     page = report_run / "report" / "flamegraph_cpu.html"
     data = flame_data(page)
     names = [data["names"][i] for i in data["n"]]
     target = names.index("rustc.exe core")
-    dom = dump_dom(f"{page.as_uri()}#zoom={target}", tmp_path / "chrome-zoom")
+    dom = browser.dump_dom(f"{page.as_uri()}#zoom={target}")
     svg = re.search(r'<svg id="flame"[^>]*>', dom).group(0)
     assert f'data-zoom="{target}"' in svg
     width = re.search(r'width="(\d+)"', svg).group(1)
@@ -175,7 +175,7 @@ def test_flamegraph_zoom_and_search_from_the_url(report_run, tmp_path):
             want += data["w"][i]
             end = data["x"][i] + data["w"][i]
     assert want > 0
-    dom = dump_dom(f"{page.as_uri()}#search=hashbrown", tmp_path / "chrome-search")
+    dom = browser.dump_dom(f"{page.as_uri()}#search=hashbrown")
     matched = re.search(r'data-matched="([\d.]+)"', dom).group(1)
     assert matched == f"{100 * want / data['w'][0]:.2f}"
     assert "rgb(190,80,230)" in dom
@@ -223,13 +223,13 @@ CLICKS = """<script>
 </body>"""
 
 
-def test_flamegraph_click_search_and_reset_handlers(report_run, tmp_path):
+def test_flamegraph_click_search_and_reset_handlers(report_run, tmp_path, browser):
     """The page's own event handlers, driven by DOM events in Chromium: click zooms and toggles back,
     typing searches, a bad regex is marked and ignored, reset clears both."""
     page = report_run / "report" / "flamegraph_cpu.html"
     data = flame_data(page)
     target = [data["names"][i] for i in data["n"]].index("rustc.exe core")
-    body = drive(page, CLICKS % {"target": target}, tmp_path)
+    body = drive(page, CLICKS % {"target": target}, browser)
     assert body["after-click"] == f"{target}|#zoom={target}|0.0"
     assert body["after-second-click"] == "0|"
     matched, hash_ = body["after-search"].split("|")
@@ -312,14 +312,14 @@ IDLE = """<script>
 </body>"""
 
 
-def test_flamegraph_hides_idle_and_labels_functions_first(report_run, tmp_path):
+def test_flamegraph_hides_idle_and_labels_functions_first(report_run, tmp_path, browser):
     """WPA-like: the Idle process (most samples of an idle machine) can be hidden, the rest then fills the page;
     labels start with the function (the module is in the tooltip)."""
     page = report_run / "report" / "flamegraph_cpu.html"
     idle = sum(r["samples"] for r in read_table(report_run, "aggregated", "cpu_folded").to_pylist()
                if r["stack"].split(";")[0] == "Idle")
     data = flame_data(page)
-    body = drive(page, IDLE, tmp_path)
+    body = drive(page, IDLE, browser)
     assert idle > 0 and body["before"].split("|")[0] == str(data["w"][0])
     assert body["after"] == f"{data['w'][0] - idle}|#idle=0"
     assert body["idle-titles"] == "0" and body["labels"] == "0" and int(body["named"]) > 0
@@ -374,8 +374,8 @@ TABLE_CLICKS = """<script>
 </body>"""
 
 
-def test_report_tables_sort_and_filter_in_chromium(report_run, tmp_path):
-    body = drive(report_run / "report" / "index.html", TABLE_CLICKS, tmp_path)
+def test_report_tables_sort_and_filter_in_chromium(report_run, tmp_path, browser):
+    body = drive(report_run / "report" / "index.html", TABLE_CLICKS, browser)
     up = [int(v) for v in body["up"].split(",")]
     assert len(up) > 5 and up == sorted(up) and [int(v) for v in body["down"].split(",")] == sorted(up, reverse=True)
     shown, every = body["filtered"].split("|")
@@ -416,7 +416,7 @@ KEYS = """<script>
 </body>"""
 
 
-def test_commit_tree_drills_down_largest_first_from_the_keyboard(report_run, tmp_path):
+def test_commit_tree_drills_down_largest_first_from_the_keyboard(report_run, tmp_path, browser):
     """WPA's Commit Stack view: Right opens a row, then goes to its largest child; from the root, 2k presses
     follow the path of the largest child k levels deep. Left closes, then goes back up."""
     from collections import defaultdict
@@ -432,7 +432,7 @@ def test_commit_tree_drills_down_largest_first_from_the_keyboard(report_run, tmp
     for _ in range(depth):
         kids = [(v, p) for p, v in inclusive.items() if len(p) == len(path) + 1 and p[:len(path)] == path]
         path = max(kids, key=lambda vp: (vp[0], [-ord(c) for c in vp[1][-1]]))[1]
-    body = drive(report_run / "report" / "commit_tree.html", KEYS % {"depth": depth}, tmp_path)
+    body = drive(report_run / "report" / "commit_tree.html", KEYS % {"depth": depth}, browser)
     assert body["path"].split(";") == list(path)
     assert body["back"].split(";") == list(path[:-1]) and int(body["rows"]) > depth
 
@@ -452,7 +452,7 @@ HEAP_PICK = """<script>
 </body>"""
 
 
-def test_heap_snapshots_pick_and_compare_in_chromium(report_run, tmp_path):
+def test_heap_snapshots_pick_and_compare_in_chromium(report_run, tmp_path, browser):
     """Pick a snapshot: its largest function by busy bytes first; pick a second: the largest growth first, with
     the bytes of heap_snapshot_by_function at both."""
     snaps = [s for s in read_table(report_run, "aggregated", "heap_snapshots_summary").to_pylist()
@@ -462,7 +462,7 @@ def test_heap_snapshots_pick_and_compare_in_chromium(report_run, tmp_path):
     for r in read_table(report_run, "aggregated", "heap_snapshot_by_function").to_pylist():
         by.setdefault((r["pid"], r["instance"], r["timestamp_ns"]), {})[f"{r['module']}!{r['function']}"] = r["inclusive_bytes"]
     first, second = (by[(s["pid"], s["instance"], s["timestamp_ns"])] for s in snaps[:2])
-    body = drive(report_run / "report" / "heap_snapshots.html", HEAP_PICK, tmp_path)
+    body = drive(report_run / "report" / "heap_snapshots.html", HEAP_PICK, browser)
     name, value = body["one"].rsplit("|", 1)
     assert int(value) == first[name] == max(first.values())
     name, x, y, growth = body["two"].rsplit("|", 3)
@@ -471,13 +471,13 @@ def test_heap_snapshots_pick_and_compare_in_chromium(report_run, tmp_path):
     assert body["compared"] == "0-1"
 
 
-def test_heap_snapshots_of_a_picked_range(report_run, tmp_path):
+def test_heap_snapshots_of_a_picked_range(report_run, tmp_path, browser):
     """heap_snapshots.html#t=<ns>-<ns> (the link of a report with a picked range) offers the snapshots taken in it."""
     snaps = sorted((s for s in read_table(report_run, "aggregated", "heap_snapshots_summary").to_pylist()
                     if s["status"] == "ok" and s["blocks"]), key=lambda s: (s["pid"], s["timestamp_ns"], s["instance"]))
     times = sorted(s["timestamp_ns"] for s in snaps)
     a, b = times[len(times) // 4], times[len(times) // 2]
-    dom = dump_dom((report_run / "report" / "heap_snapshots.html").as_uri() + f"#t={a}-{b}", tmp_path / "chrome")
+    dom = browser.dump_dom((report_run / "report" / "heap_snapshots.html").as_uri() + f"#t={a}-{b}")
     picker = re.search(r'<select id="heap-a">(.*?)</select>', dom, re.S).group(1)
     want = [s for s in snaps if a <= s["timestamp_ns"] <= b]
     assert len(re.findall(r"<option", picker)) == len(want) and 0 < len(want) < len(snaps)
@@ -519,13 +519,13 @@ def test_etl_chrome_trace_against_truth(report_run):
     assert all(e["args"]["samples"] >= 0 for e in events if e["ph"] == "C")
 
 
-def test_etl_exports_load_in_speedscope(report_run, tmp_path):
+def test_etl_exports_load_in_speedscope(report_run, tmp_path, browser):
     """CPU speedscope JSON, folded stacks of samples and of bytes, and the processes' Chrome trace import in the
     real speedscope."""
-    from tests.test_report_queries import speedscope_titles
+    from tests.helpers.browser import speedscope_titles
 
     names = ["cpu.speedscope.json", "cpu_folded.txt", "commit_folded.bytes.txt", "processes.chrome_trace.json"]
-    titles = speedscope_titles([report_run / "report" / n for n in names], tmp_path)
+    titles = speedscope_titles(browser, [report_run / "report" / n for n in names], tmp_path)
     assert titles == {**{n: f"{n} - speedscope" for n in names}, "cpu.speedscope.json": "CPU samples - speedscope"}
 
 
@@ -565,7 +565,7 @@ def butterfly_truth(stacks, fn):
     return {"fn": fn, "inclusive": str(incl), "self": str(self_), "callers": lines(callers), "callees": lines(callees)}
 
 
-def test_flamegraph_callers_and_callees(tmp_path):
+def test_flamegraph_callers_and_callees(tmp_path, browser):
     """Click a frame: below the graph, its function merged over every place it occurs (a recursive one once
     per stack), what calls it and what it calls, equal to the same sums over the folded stacks; a caller's row
     goes to that function; reset clears the panel."""
@@ -578,7 +578,7 @@ def test_flamegraph_callers_and_callees(tmp_path):
     page.write_text(flame_page("t", stacks, "samples"))
     data = flame_data(page)
     target = [data["names"][i] for i in data["n"]].index("parse")
-    body = drive(page, BUTTERFLY % {"target": target}, tmp_path)
+    body = drive(page, BUTTERFLY % {"target": target}, browser)
     want = butterfly_truth(stacks, "parse")
     assert {k: body[k] for k in want} == want
     assert want["callers"] == "check=40\nmain=50\nq=5\nworker=30" and want["self"] == "15"
@@ -648,7 +648,7 @@ def test_add_bins_equals_the_sums_along_each_path(monkeypatch):
                 assert got["bb"][lo:hi] == sorted(got["bb"][lo:hi])
 
 
-def test_flamegraph_of_a_time_range(tmp_path):
+def test_flamegraph_of_a_time_range(tmp_path, browser):
     """A flame graph with time bins: a range (as bins, or as ns from the process timeline) draws only the stacks of
     those bins, and the top-functions table follows; dragging across the strip picks bins; "whole build" goes back."""
     from pipeline.report.flame import add_bins, build_tree, flame_page
@@ -660,23 +660,23 @@ def test_flamegraph_of_a_time_range(tmp_path):
     tree = add_bins(build_tree(sorted(stacks.items())), rows, 4, 1000, 4000)
     page = tmp_path / "flame.html"
     page.write_text(flame_page("t", [], "samples", tree=tree))
-    body = drive(page, RANGE % {"hash": "range=1-3", "drag_from": "0.1", "drag_to": "0.3"}, tmp_path)
+    body = drive(page, RANGE % {"hash": "range=1-3", "drag_from": "0.1", "drag_to": "0.3"}, browser)
     assert body["whole"] == "69|x=45"
     assert body["picked"] == "54|x=30|1-3"                 # bins 1 and 2: y 24, x 30
     assert body["dragged"] == "0-2|#range=0-2|30"           # bins 0 and 1: x 10, y 20
     assert body["all"] == "69|none"
-    body = drive(page, RANGE % {"hash": "t=2000-3500", "drag_from": "0.9", "drag_to": "0.6"}, tmp_path)
+    body = drive(page, RANGE % {"hash": "t=2000-3500", "drag_from": "0.9", "drag_to": "0.6"}, browser)
     assert body["picked"] == "54|x=30|1-3"                 # 2000-3500 ns: bins 1 to 2.5, drawn whole
     assert body["dragged"].startswith("2-4|#range=2-4|39")
 
 
-def test_report_flamegraph_follows_a_time_range(report_run, tmp_path):
+def test_report_flamegraph_follows_a_time_range(report_run, tmp_path, browser):
     """The CPU flame graph of the report: the samples of a range of bins are exactly those of
     cpu_folded_over_time in it."""
     rows = read_table(report_run, "aggregated", "cpu_folded_over_time").to_pylist()
     want = sum(r["samples"] for r in rows if 100 <= r["bin"] < 250)
     body = drive(report_run / "report" / "flamegraph_cpu.html",
-                 RANGE % {"hash": "range=100-250", "drag_from": "0.5", "drag_to": "0.7"}, tmp_path)
+                 RANGE % {"hash": "range=100-250", "drag_from": "0.5", "drag_to": "0.7"}, browser)
     assert body["picked"].split("|")[0] == str(want) and body["picked"].endswith("|100-250")
     assert body["whole"].split("|")[0] == str(sum(r["samples"] for r in rows))
     picked, hash_, shown = body["dragged"].split("|")
@@ -706,7 +706,7 @@ window.addEventListener("load", function () {
 </body>"""
 
 
-def test_process_timeline_folds_and_zooms(report_run, tmp_path):
+def test_process_timeline_folds_and_zooms(report_run, tmp_path, browser):
     """The report's process timeline: folding a cargo hides its descendants; dragging across a quarter of the
     build zooms there and points the CPU flame graph at that time; "whole build" undoes both."""
     procs = read_table(report_run, "aggregated", "process_tree").to_pylist()
@@ -718,7 +718,7 @@ def test_process_timeline_folds_and_zooms(report_run, tmp_path):
     while todo:
         below += 1
         todo.extend(kids.get(todo.pop(), []))
-    body = drive(report_run / "report" / "index.html", TIMELINE % {"key": cargo["process_key"]}, tmp_path)
+    body = drive(report_run / "report" / "index.html", TIMELINE % {"key": cargo["process_key"]}, browser)
     shown = sum(1 for r in procs if r["first_seen_ns"] is not None)
     assert body["before"] == str(shown) and body["unfolded"] == str(shown)
     assert body["folded"] == f"{shown - below}|\u25b8" and below > 10
@@ -733,10 +733,10 @@ def test_process_timeline_folds_and_zooms(report_run, tmp_path):
     assert body["reset"] == f"{t0}-{t1}|flamegraph_cpu.html"
 
 
-def test_every_etl_report_page_loads_without_errors(report_run, tmp_path):
+def test_every_etl_report_page_loads_without_errors(report_run, tmp_path, browser):
     """Every page of an ETL run's report over the DevTools protocol: no exception, console error or failed load;
     a full-page screenshot of each is kept in ARTIFACTS/report-etl/."""
-    found = pages_without_errors(report_run / "report", tmp_path, "report-etl")
+    found = pages_without_errors(browser, report_run / "report", "report-etl")
     assert {"index.html", "flamegraph_cpu.html", "flamegraph_commit.html", "commit_tree.html", "heap_snapshots.html",
             "process_tree.html"} <= set(found)
     assert {name: errors for name, errors in found.items() if errors} == {}
@@ -768,7 +768,7 @@ window.addEventListener("load", function () {
 </script></body>"""
 
 
-def index_in_range(run, classes: list[str], tmp_path, bins: tuple[int, int] = (30, 55)) -> tuple[dict, tuple]:
+def index_in_range(run, classes: list[str], browser, bins: tuple[int, int] = (30, 55)) -> tuple[dict, tuple]:
     """Drive INDEX_RANGE on the report of ``run`` with a range inside the index tables' bins ``bins`` (of 100):
     (what the page showed, (the range's first and end bin of the aggregate's 500, its ns))."""
     from pipeline.runs import read_manifest
@@ -776,7 +776,7 @@ def index_in_range(run, classes: list[str], tmp_path, bins: tuple[int, int] = (3
     tb = read_manifest(run, "aggregated")["sections"]["cpu"]["time_bins"]
     a = tb["t0_ns"] + tb["span_ns"] * (bins[0] + 0.5) / 100
     b = tb["t0_ns"] + tb["span_ns"] * (bins[1] - 0.5) / 100
-    body = drive(run / "report" / "index.html", INDEX_RANGE % {"classes": json.dumps(classes), "a": a, "b": b}, tmp_path)
+    body = drive(run / "report" / "index.html", INDEX_RANGE % {"classes": json.dumps(classes), "a": a, "b": b}, browser)
     return body, (bins[0] * 5, bins[1] * 5, int(a), int(b))
 
 
@@ -786,7 +786,7 @@ def ranked(rows: list[dict], value, keep=lambda r: True, limit: int = 50) -> lis
     return [r for _, r in sorted(kept, key=lambda p: (-value(p[1]), p[0]))][:limit]
 
 
-def test_index_tables_follow_a_time_range(report_run, tmp_path):
+def test_index_tables_follow_a_time_range(report_run, browser):
     """A range picked on the process timeline recounts the CPU, process and memory tables of index.html from the
     time bins of the aggregate stage: per table the rows, their order and their numbers equal those computed here
     from cpu_over_time, cpu_functions_over_time and the lifetimes; "whole build" puts every table back."""
@@ -796,7 +796,7 @@ def test_index_tables_follow_a_time_range(report_run, tmp_path):
 
     classes = ["cpu-functions", "cpu-inclusive", "cpu-processes", "cpu-crates", "cpu-modules", "proc-top",
                "build-processes", "commit-processes", "heap-snapshots"]
-    body, (b0, b1, a, b) = index_in_range(report_run, classes, tmp_path)
+    body, (b0, b1, a, b) = index_in_range(report_run, classes, browser)
     inside = lambda bin_: b0 <= bin_ < b1  # noqa: E731
     alive = lambda r: (r["start_ns"] is None or r["start_ns"] <= b) and (r["end_ns"] is None or r["end_ns"] >= a)  # noqa: E731
     shown = lambda c: [line.split("~") for line in body[c].splitlines()]  # noqa: E731
@@ -936,17 +936,15 @@ SUMMARY = """<script>
 </script></body>"""
 
 
-def test_the_summary_opens_the_report_with_the_answers(report_run, tmp_path):
+def test_the_summary_opens_the_report_with_the_answers(report_run, browser):
     """The first screen (1400 x 900) shows the summary, not the configuration tables: wall time, CPU time and rustc
     processes equal those computed here from the aggregated tables, and so do the crates that took the longest
     (with their stage); dragging across the concurrency chart picks the range the process timeline then shows. A
     screenshot of the first screen is kept (``ARTIFACTS/report-summary``)."""
-    import subprocess
     from collections import defaultdict
 
     from pipeline.report.processes import STAGE
     from pipeline.report.queries import fmt_duration
-    from tests.test_report_queries import CHROME_FLAGS, chromium
 
     tree = read_table(report_run, "aggregated", "process_tree").to_pylist()
     rustc = [r for r in tree if r["crate"] and r["start_ns"] is not None and r["end_ns"] is not None]
@@ -962,14 +960,10 @@ def test_the_summary_opens_the_report_with_the_answers(report_run, tmp_path):
     page = report_run / "report" / "index.html"
     driven = page.with_name("driven-summary.html")
     driven.write_text(page.read_text().replace("</body>", SUMMARY))
-    flags = [f for f in CHROME_FLAGS if not f.startswith("--window-size")] + ["--window-size=1400,900"]
+    shot = ARTIFACTS / "report-summary" / "first-screen.png"
     try:
-        dom = subprocess.run([chromium(), *flags, f"--user-data-dir={tmp_path / 'chrome'}", "--virtual-time-budget=10000",
-                              "--dump-dom", driven.as_uri()], capture_output=True, text=True, timeout=180).stdout
-        shot = ARTIFACTS / "report-summary" / "first-screen.png"
-        shot.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run([chromium(), *flags, f"--user-data-dir={tmp_path / 'chrome2'}", f"--screenshot={shot}",
-                        page.as_uri()], capture_output=True, timeout=180)
+        dom = browser.dump_dom(driven.as_uri(), window=(1400, 900))
+        browser.dump_dom(page.as_uri(), window=(1400, 900), screenshot=shot)
     finally:
         driven.unlink()
     body = dict(re.findall(r'data-([a-z-]+)="([^"]*)"', re.search(r"<body[^>]*>", dom).group(0)))
@@ -1045,7 +1039,7 @@ TABLE_VIEWS = """<script>
 </script></body>"""
 
 
-def test_stages_apart_command_lines_on_one_line_and_long_tables_short(report_run, tmp_path):
+def test_stages_apart_command_lines_on_one_line_and_long_tables_short(report_run, tmp_path, browser):
     """The build processes group by stage (a header row per stage, with its count); the CPU crates are apart by
     stage (a crate built by stage0 and by stage1 is two rows); a command line is one line until clicked; a table of
     more than 20 rows shows 15 until "show all"."""
@@ -1053,7 +1047,7 @@ def test_stages_apart_command_lines_on_one_line_and_long_tables_short(report_run
 
     from pipeline.report.processes import STAGE
 
-    body = drive(report_run / "report" / "index.html", TABLE_VIEWS, tmp_path)
+    body = drive(report_run / "report" / "index.html", TABLE_VIEWS, browser)
     tree = read_table(report_run, "aggregated", "process_tree").to_pylist()
     stages = Counter(STAGE.search(r["command_line"]).group(1) for r in tree if r["crate"])
     assert sorted(body["groups"].split("|")) == sorted(f"{s} \u00b7 {n} rows" for s, n in stages.items())

@@ -2,31 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
-import shutil
 import subprocess
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import fixture_path
+from tests.helpers.browser import ARTIFACTS, pages_without_errors, speedscope_titles
 from tests.test_capture_selfprofile import rust_path
 from tests.test_selfprofile_reference import read_events, summarize
-
-CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--hide-scrollbars", "--window-size=1300,1000"]
-
-
-def chromium() -> str:
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
-        pytest.fail("chromium is not installed (Debian package 'chromium'; make system-deps installs it)")
-    return path
-
 
 @pytest.fixture(scope="module")
 def report_run(tmp_path_factory, dask_pool):
@@ -218,87 +205,49 @@ def test_trace_data_cut_keeps_the_tree_whole(report_run, tmp_path):
 # A real browser
 
 
-def dump_dom(url: str, profile: Path) -> str:
-    proc = subprocess.run([chromium(), *CHROME_FLAGS, f"--user-data-dir={profile}", "--virtual-time-budget=10000",
-                           "--dump-dom", url], capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return proc.stdout
-
-
-SPEEDSCOPE = Path(__file__).resolve().parents[1] / ".venv" / "speedscope" / "node_modules" / "speedscope" / "dist" / "release"
-
-
-def speedscope_titles(files: list[Path], tmp_path: Path) -> dict[str, str | None]:
-    """Open each file in speedscope (the npm package, which ``make test`` installs) in headless Chromium over the
-    DevTools protocol, both served over HTTP on loopback (``#profileURL=``); returns per file name the page title,
-    which speedscope sets to ``<profile name> - speedscope`` once it has imported the file, or ``alert: <message>``
-    when it raised an alert instead (a file it cannot import)."""
-    import functools
-    import http.server
-    import threading
-
-    from tornado.websocket import websocket_connect
-
-    if not (SPEEDSCOPE / "index.html").exists():
-        pytest.fail(f"speedscope is not installed at {SPEEDSCOPE} (make test installs it with npm)")
-    root = tmp_path / "served"
-    root.mkdir()
-    (root / "speedscope").symlink_to(SPEEDSCOPE, target_is_directory=True)
-    for f in files:
-        shutil.copyfile(f, root / f.name)
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-    handler = functools.partial(Quiet, directory=str(root))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{server.server_address[1]}"
-    titles: dict[str, str | None] = {}
-
-    async def scenario(ws_url):
-        cdp = CDP(await websocket_connect(ws_url, max_message_size=1 << 28))
-        await cdp.call("Page.enable")
-        for f in files:
-            cdp.dialogs.clear()
-            await cdp.call("Page.navigate", url="about:blank")     # (a new document for each file, not a hash change)
-            await cdp.wait_for("location.href === 'about:blank'")
-            await cdp.call("Page.navigate", url=f"{base}/speedscope/index.html#profileURL={base}/{f.name}")
-            # speedscope imports on the page's main thread: 33 MB of trace events hold it 10 s here and over 60 s
-            # on a slow CI runner, and an evaluation is answered only after that, so each may wait out the deadline
-            loop = asyncio.get_running_loop()
-            end, title = loop.time() + 300, None
-            while loop.time() < end and not cdp.dialogs:
-                title = await cdp.js("document.title", timeout=max(1.0, end - loop.time()))
-                if title and title.endswith(" - speedscope"):
-                    break
-                await asyncio.sleep(0.1)
-            titles[f.name] = f"alert: {cdp.dialogs[0]}" if cdp.dialogs else title
-        cdp.ws.close()
-
-    try:
-        devtools_page(tmp_path, scenario)
-        return titles
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def test_speedscope_import_failures_are_caught(tmp_path):
+def test_speedscope_import_failures_are_caught(browser, tmp_path):
     """A file speedscope cannot import is reported with speedscope's own alert, at once."""
     bad = tmp_path / "broken.json"
     bad.write_text('{"traceEvents": [{"ph": "X", "ts": "not a number"')
-    title = speedscope_titles([bad], tmp_path)["broken.json"]
+    title = speedscope_titles(browser, [bad], tmp_path)["broken.json"]
     assert title.startswith("alert: "), title
 
 
-def test_exports_load_in_speedscope(report_run, tmp_path):
-    """The self-profile exports import in the real speedscope."""
-    out = report_run / "report"
-    titles = speedscope_titles([out / "chrome_trace.json", out / "query_stacks.folded"], tmp_path)
+@pytest.fixture(scope="module")
+def small_report_run(tmp_path_factory):
+    """One small rustc's self-profile (``hello-default``) through decode, aggregate and report: exports in the same
+    formats as ``report_run``'s, of a size speedscope imports at once."""
+    from pipeline import aggregate, decode, report
+    from pipeline.cluster import Pool
+    from pipeline.config import Config
+
+    run = tmp_path_factory.mktemp("small-report") / "run"
+    config = Config()
+    for stage in (lambda: decode.run(run, config, Pool(None), inputs=[fixture_path("selfprofile/hello-default")]),
+                  lambda: aggregate.run(run, config, Pool(None)), lambda: report.run(run, config, Pool(None))):
+        stage()
+    return run
+
+
+def test_exports_load_in_speedscope(small_report_run, browser, tmp_path):
+    """The self-profile exports import in the real speedscope (a small run's: the format is the same at any size, and
+    33 MB of trace events held speedscope's main thread over 60 s on a slow CI runner)."""
+    out = small_report_run / "report"
+    titles = speedscope_titles(browser, [out / "chrome_trace.json", out / "query_stacks.folded"], tmp_path)
     assert titles == {"chrome_trace.json": "chrome_trace.json - speedscope",
                       "query_stacks.folded": "query_stacks.folded - speedscope"}
+
+
+def test_the_chrome_trace_of_a_large_build_stays_compact(report_run):
+    """What a large build's export costs to load is its size: at most ``BYTES_PER_SPAN`` a span (one short JSON
+    object each, no indentation, integer microseconds where they are whole)."""
+    path = report_run / "report" / "chrome_trace.json"
+    spans = sum(e["ph"] == "X" for e in json.loads(path.read_text()))
+    assert spans > 100_000 and path.stat().st_size <= BYTES_PER_SPAN * spans, (path.stat().st_size, spans)
+
+
+#: The most a span of ``chrome_trace.json`` may take, in bytes (measured: 127 with the query names of this build).
+BYTES_PER_SPAN = 160
 
 
 def body_data(dom: str) -> dict[str, str]:
@@ -306,11 +255,11 @@ def body_data(dom: str) -> dict[str, str]:
     return dict(re.findall(r'data-([a-z-]+)="([^"]*)"', body))
 
 
-def test_profile_queries_renders_a_large_process_lazily(report_run, tmp_path):
+def test_profile_queries_renders_a_large_process_lazily(report_run, browser):
     """app has 104k events: the page shows a bounded number of boxes, classes as in the seed."""
     fid = file_ids(report_run)["app"]
     page = (report_run / "report" / "profile_queries.html").as_uri()
-    dom = dump_dom(f"{page}#file={fid}", tmp_path / "chrome")
+    dom = browser.dump_dom(f"{page}#file={fid}")
     data = body_data(dom)
     assert data["rendered-file"] == str(fid) and data["rendered-zoom"] == ""
     nodes = len(re.findall(r'class="node ', dom))
@@ -336,7 +285,7 @@ def test_profile_queries_renders_a_large_process_lazily(report_run, tmp_path):
     assert re.search(r'class="node [^"]*" data-i="(\d+)"', dom[first:]).group(1) == str(heaviest)
 
 
-def test_profile_queries_zoom_and_hits(report_run, tmp_path):
+def test_profile_queries_zoom_and_hits(report_run, browser):
     """Zoom to a subtree by its link target; cache hits show as dots inside their query."""
     from pipeline.runs import read_table
 
@@ -346,7 +295,7 @@ def test_profile_queries_zoom_and_hits(report_run, tmp_path):
     mine = [e for e in events if e["file_id"] == fid and e["payload"] != "integer"]
     # Index in the page's data = position among intervals and instants of the file (nothing is cut here).
     analysis = next(i for i, e in enumerate(mine) if e["label"] == "analysis" and e["payload"] == "interval")
-    dom = dump_dom(f"{page}#file={fid}&zoom={analysis}", tmp_path / "chrome")
+    dom = browser.dump_dom(f"{page}#file={fid}&zoom={analysis}")
     data = body_data(dom)
     assert data["rendered-zoom"] == str(analysis)
     trace = dom[dom.index('id="trace"'):]
@@ -356,162 +305,19 @@ def test_profile_queries_zoom_and_hits(report_run, tmp_path):
     assert 'class="hit"' in dom and 'class="hits"' in dom
 
 
-class CDP:
-    """A minimal Chrome DevTools Protocol client over tornado's websocket (tornado comes with dask)."""
-
-    def __init__(self, ws):
-        self.ws, self.next_id = ws, 0
-        self.events: list[dict] = []        # the events that came while waiting for answers
-        self.dialogs: list[str] = []        # the messages of alerts the page raised (each dismissed at once)
-
-    async def call(self, method: str, timeout: float = 60.0, **params):
-        """Send ``method`` and wait up to ``timeout`` s for its answer (a page whose main thread is busy answers
-        an evaluation only when it is done)."""
-        self.next_id += 1
-        await self.ws.write_message(json.dumps({"id": self.next_id, "method": method, "params": params}))
-        while True:
-            msg = json.loads(await asyncio.wait_for(self.ws.read_message(), timeout))
-            if "method" in msg:
-                self.events.append(msg)
-                if msg["method"] == "Page.javascriptDialogOpening":       # (an open alert would hold the page)
-                    self.dialogs.append(msg["params"].get("message", ""))
-                    await self.ws.write_message(json.dumps({"id": 10**9 + len(self.dialogs),
-                                                            "method": "Page.handleJavaScriptDialog",
-                                                            "params": {"accept": True}}))
-            if msg.get("id") == self.next_id:
-                if "error" in msg:
-                    raise RuntimeError(f"{method}: {msg['error']}")
-                return msg.get("result", {})
-
-    async def js(self, expression: str, timeout: float = 60.0):
-        result = await self.call("Runtime.evaluate", timeout=timeout, expression=expression, returnByValue=True,
-                                 awaitPromise=True)
-        if "exceptionDetails" in result:
-            raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
-        return result["result"].get("value")
-
-    async def event(self, method: str, timeout: float = 60.0) -> dict:
-        """Wait for the next event ``method`` (answers to no call)."""
-        while True:
-            found = next((e for e in self.events if e["method"] == method), None)
-            if found is not None:
-                self.events.remove(found)
-                return found
-            msg = json.loads(await asyncio.wait_for(self.ws.read_message(), timeout))
-            if "method" in msg:
-                self.events.append(msg)
-
-    async def wait_for(self, expression: str, timeout: float = 30.0):
-        loop = asyncio.get_running_loop()
-        end = loop.time() + timeout
-        while loop.time() < end:
-            try:
-                if await self.js(expression):
-                    return
-            except RuntimeError:  # the page is still loading (no document.body yet)
-                pass
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {expression}")
-
-    async def click(self, selector: str):
-        """A real mouse click (press and release) at the centre of the element."""
-        box = await self.js(f"(() => {{ const e = document.querySelector({json.dumps(selector)});"
-                            f" e.scrollIntoView({{block: 'center'}}); const r = e.getBoundingClientRect();"
-                            f" return [r.x + Math.min(r.width / 2, 40), r.y + r.height / 2]; }})()")
-        for kind in ("mousePressed", "mouseReleased"):
-            await self.call("Input.dispatchMouseEvent", type=kind, x=box[0], y=box[1], button="left", clickCount=1)
-
-
-def devtools_page(tmp_path: Path, scenario) -> None:
-    """Start headless Chromium with its DevTools endpoint on loopback and run ``await scenario(ws_url)`` against
-    its page."""
-    proc = subprocess.Popen([chromium(), *CHROME_FLAGS, f"--user-data-dir={tmp_path / 'chrome'}",
-                             "--remote-debugging-port=0", "--remote-debugging-address=127.0.0.1", "about:blank"],
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        port = None
-        for line in proc.stderr:
-            m = re.search(r"DevTools listening on ws://127\.0\.0\.1:(\d+)/", line)
-            if m:
-                port = m.group(1)
-                break
-        assert port, "chromium did not start its DevTools endpoint"
-        targets = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=30).read())
-        asyncio.run(scenario(next(t["webSocketDebuggerUrl"] for t in targets if t["type"] == "page")))
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
-#: Where the tests keep what a person may want to look at after a run (screenshots of every report page).
-ARTIFACTS = Path(os.environ.get("BOOTPROF_TEST_ARTIFACTS", Path(__file__).resolve().parents[1] / "runs" / "test-artifacts"))
-
-
-#: Virtual milliseconds each page's timers run for after its load, before its errors are read.
-VIRTUAL_MS = 5000
-
-
-def pages_without_errors(report_dir: Path, tmp_path: Path, shots: str) -> dict[str, list[str]]:
-    """Open every HTML page of a report over the DevTools protocol: the errors each logged (exceptions, console
-    errors, failed loads), by page; a full-page screenshot of each goes to ``ARTIFACTS/<shots>/<page>.png``."""
-    import base64
-
-    from tornado.websocket import websocket_connect
-
-    out = ARTIFACTS / shots
-    out.mkdir(parents=True, exist_ok=True)
-    found: dict[str, list[str]] = {}
-
-    async def scenario(ws_url):
-        cdp = CDP(await websocket_connect(ws_url, max_message_size=1 << 28))
-        for domain in ("Page", "Runtime", "Log"):
-            await cdp.call(f"{domain}.enable")
-        for page in sorted(report_dir.glob("*.html")):
-            cdp.events.clear()
-            await cdp.call("Page.navigate", url=page.as_uri())
-            await cdp.wait_for("document.readyState === 'complete'")
-            # The page's timers run to the end of a virtual time budget (no wall-clock wait): what a view throws a
-            # second or more after load is caught too (mutation once unseen: a page that threw at 1 s passed).
-            await cdp.call("Emulation.setVirtualTimePolicy", policy="pauseIfNetworkFetchesPending",
-                           budget=VIRTUAL_MS)
-            await cdp.event("Emulation.virtualTimeBudgetExpired")
-            await cdp.call("Emulation.setVirtualTimePolicy", policy="advance")     # (real time again, for the next)
-            await cdp.js("1")                   # (collects what the page logged meanwhile)
-            errors = []
-            for e in cdp.events:
-                p = e.get("params", {})
-                if e["method"] == "Runtime.exceptionThrown":
-                    errors.append(p["exceptionDetails"].get("exception", {}).get("description") or p["exceptionDetails"]["text"])
-                elif e["method"] == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
-                    errors.append(" ".join(str(a.get("value", a.get("description"))) for a in p.get("args", [])))
-                elif e["method"] == "Log.entryAdded" and p["entry"]["level"] == "error":
-                    errors.append(p["entry"]["text"])
-            found[page.name] = errors
-            shot = await cdp.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
-            (out / f"{page.stem}.png").write_bytes(base64.b64decode(shot["data"]))
-        cdp.ws.close()
-
-    devtools_page(tmp_path, scenario)
-    return found
-
-
-def test_every_query_report_page_loads_without_errors(report_run, tmp_path):
-    found = pages_without_errors(report_run / "report", tmp_path, "report-queries")
+def test_every_query_report_page_loads_without_errors(report_run, browser):
+    found = pages_without_errors(browser, report_run / "report", "report-queries")
     assert {"index.html", "profile_queries.html", "query_summary.html"} <= set(found)
     assert {name: errors for name, errors in found.items() if errors} == {}
     assert all((ARTIFACTS / "report-queries" / f"{Path(n).stem}.png").stat().st_size > 1000 for n in found)
 
 
-def test_profile_queries_interaction_in_chromium(report_run, tmp_path):
+def test_profile_queries_interaction_in_chromium(report_run, browser):
     """Open a box, zoom into it, go back to the whole process, close everything: real clicks."""
-    from tornado.websocket import websocket_connect
-
     fid = file_ids(report_run)["app"]
     page = (report_run / "report" / "profile_queries.html").as_uri()
 
-    async def scenario(ws_url):
-        cdp = CDP(await websocket_connect(ws_url, max_message_size=1 << 28))
-        await cdp.call("Page.enable")
+    async def scenario(cdp):
         await cdp.call("Page.navigate", url=f"{page}#file={fid}")
         await cdp.wait_for(f"document.body.dataset.renderedFile === '{fid}'")
         closed = "#trace .node.important:not(.open):not(.leaf)"
@@ -530,9 +336,8 @@ def test_profile_queries_interaction_in_chromium(report_run, tmp_path):
         assert await cdp.js("document.querySelectorAll('#trace .node.open').length") == 0
         await cdp.click("#expand-important")
         assert await cdp.js("document.querySelectorAll('#trace .node.open').length") > 0
-        cdp.ws.close()
 
-    devtools_page(tmp_path, scenario)
+    browser.run(scenario)
 
 
 def test_run_where_every_profile_is_broken(tmp_path, dask_pool):
@@ -573,7 +378,7 @@ def test_invocation_hits_sum_exactly_per_query():
     assert invocation_hits(kind, ids, value).tolist() == [big + 2, 0, 0, 3, 0, 0, 0, 0]
 
 
-def test_page_errors_are_caught(tmp_path):
+def test_page_errors_are_caught(browser, tmp_path):
     """The check of the report pages can fail: a thrown exception, a console error and a missing script."""
     pages = tmp_path / "pages"
     pages.mkdir()
@@ -583,7 +388,7 @@ def test_page_errors_are_caught(tmp_path):
                                     "</body></html>")
     (pages / "late.html").write_text("<!DOCTYPE html><html><body><script>setTimeout(() => { throw new "
                                      "Error('thrown at 3 s'); }, 3000);</script></body></html>")
-    found = pages_without_errors(pages, tmp_path, "page-errors")
+    found = pages_without_errors(browser, pages, "page-errors")
     assert any("thrown at 3 s" in e for e in found["late.html"]), found["late.html"]
     assert found["ok.html"] == []
     assert any("broken view" in e for e in found["bad.html"]) and any("no data" in e for e in found["bad.html"])

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import SynthConfig
-from tests.synth_traces import synth_trace, synth_traces  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,7 +33,7 @@ def test_same_seed_same_bytes(tmp_path, cfg):
     assert (tmp_path / "c" / "t.etl").read_bytes() != a["t.etl"]
 
 
-def test_truth_is_consistent(synth_trace):  # noqa: F811
+def test_truth_is_consistent(synth_trace):
     t = synth_trace.truth
     s = t["samples"]
     assert s["total"] == sum(q["samples"] for q in s["per_process"]) + s["idle"]
@@ -62,7 +61,7 @@ def test_truth_is_consistent(synth_trace):  # noqa: F811
         assert 0.5 * target < size < 2.5 * target
 
 
-def test_symbol_files_cover_every_frame(synth_trace):  # noqa: F811
+def test_symbol_files_cover_every_frame(synth_trace):
     """Every sampled frame falls inside a FUNC record of its image's .sym file."""
     t = synth_trace.truth
     root = synth_trace.path.parent / "symbols"

@@ -16,7 +16,6 @@ import pytest
 from dissect.etl import ETL, manifest
 
 from pipeline.synth.records import KINDS
-from tests.synth_traces import synth_trace, synth_traces  # noqa: F401  (fixtures)
 
 PROCESS, IMAGE, PERFINFO = ("3d6fa8d0-fe05-11d0-9dda-00c04fd7ba7c", "2cb15d1d-5fc1-11d2-abe1-00a0c911f518",
                             "ce1dbfb4-137e-4da6-87b0-3f59aa102cbc")
@@ -45,7 +44,7 @@ KIND_BY_KEY = {(guid, op): name for name, (guid, op, _) in KINDS.items()}
 
 
 @pytest.fixture(scope="session")
-def dissected(synth_traces):  # noqa: F811
+def dissected(synth_traces):
     """One dissect pass per variant: kind counts and the decoded fields we compare."""
     _fix_dissect_32bit_pointers()
     out = {}
@@ -115,7 +114,7 @@ def dissected(synth_traces):  # noqa: F811
     return out
 
 
-def test_kind_counts_match_truth(synth_trace, dissected):  # noqa: F811
+def test_kind_counts_match_truth(synth_trace, dissected):
     got = dissected[synth_trace.name]["kinds"]
     want = {k: v for k, v in synth_trace.truth["event_counts"].items() if v}
     assert dict(got) == want
@@ -135,7 +134,7 @@ def test_kind_counts_match_truth(synth_trace, dissected):  # noqa: F811
         assert synth_trace.truth["trace"]["compressed_buffers"] > 0
 
 
-def test_process_fields(synth_trace, dissected):  # noqa: F811
+def test_process_fields(synth_trace, dissected):
     got = dissected[synth_trace.name]["procs"]
     want = set()
     for q in synth_trace.truth["processes"]:
@@ -150,7 +149,7 @@ def test_process_fields(synth_trace, dissected):  # noqa: F811
     assert len({q["pid"] for q in synth_trace.truth["processes"]}) < len(synth_trace.truth["processes"])  # PID reuse
 
 
-def test_image_fields_and_debug_ids(synth_trace, dissected):  # noqa: F811
+def test_image_fields_and_debug_ids(synth_trace, dissected):
     d = dissected[synth_trace.name]
     images = {im["name"]: im for im in synth_trace.truth["images"]}
     by_path = {im["path"]: im for im in synth_trace.truth["images"]}
@@ -178,7 +177,7 @@ def test_image_fields_and_debug_ids(synth_trace, dissected):  # noqa: F811
         assert sym.read_text().splitlines()[0].split()[3] == debug_id
 
 
-def test_sampled_profile_fields(synth_trace, dissected):  # noqa: F811
+def test_sampled_profile_fields(synth_trace, dissected):
     d = dissected[synth_trace.name]
     t = synth_trace.truth
     want_ips = Counter()
@@ -244,7 +243,7 @@ def _parse_snapshot(blob: bytes, p: int):
     return stacks, blocks
 
 
-def test_heap_snapshots(synth_trace, dissected):  # noqa: F811
+def test_heap_snapshots(synth_trace, dissected):
     d = dissected[synth_trace.name]
     t = synth_trace.truth
     p = synth_trace.cfg.pointer_size
@@ -289,7 +288,7 @@ def test_heap_snapshots(synth_trace, dissected):  # noqa: F811
     assert checked == len(snaps)
 
 
-def test_sample_stacks(synth_trace, dissected):  # noqa: F811
+def test_sample_stacks(synth_trace, dissected):
     """Stacks rebuilt from dissect's records by the format notes (§3.6): parts of one event share
     (EventTimeStamp, thread), kernel part first; a stack key resolves to the first KeyDelete/KeyRundown
     definition of that key at or after the reference. Samples per stack equal the truth."""
@@ -322,7 +321,7 @@ def test_sample_stacks(synth_trace, dissected):  # noqa: F811
         assert any(len({f for _, f in v}) > 1 for v in defs.values())
 
 
-def test_buffers_per_cpu_interleaved(synth_trace):  # noqa: F811
+def test_buffers_per_cpu_interleaved(synth_trace):
     """Per-CPU buffers: each CPU's records are in time order across its buffers (file order), buffers of
     different CPUs overlap in time, compressed buffers have their own on-disk size."""
     streams = defaultdict(list)          # cpu -> [(first ts, last ts)] in file order

@@ -9,26 +9,25 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 from pipeline.synth.records import KINDS
-from tests.synth_traces import decoded, synth_trace, synth_traces  # noqa: F401  (fixtures)
 
 MEM_COMMIT = 0x1000
 
 
-def _table(decoded, s, name):  # noqa: F811
-    tables = decoded[s.name]["tables"]
+def _table(synth_decoded, s, name):
+    tables = synth_decoded[s.name]["tables"]
     assert name in tables, f"the decoder wrote no '{name}' table for {s.path}"
     return tables[name]
 
 
-def _template_of(decoded, s):  # noqa: F811
+def _template_of(synth_decoded, s):
     """decoded stack_id -> truth stack template id (by frames, leaf first)."""
     by_frames = {tuple(int(x, 16) for x in st["frames"]): k for k, st in s.truth["stacks"].items()}
     return {row["stack_id"]: by_frames.get(tuple(row["frames"]), f"unknown:{row['stack_id']}")
-            for row in _table(decoded, s, "stacks")}
+            for row in _table(synth_decoded, s, "stacks")}
 
 
-def test_process_tree(synth_trace, decoded):  # noqa: F811
-    rows = _table(decoded, synth_trace, "processes")
+def test_process_tree(synth_trace, synth_decoded):
+    rows = _table(synth_decoded, synth_trace, "processes")
     got = {(r["pid"], r["parent_pid"], r["image_name"], r["command_line"], r["start_ns"], r["end_ns"])
            for r in rows if r["start_ns"] is not None}
     want = {(q["pid"], q["parent_pid"], q["image_name"], q["command_line"], q["start_ns"], q["end_ns"])
@@ -38,8 +37,8 @@ def test_process_tree(synth_trace, decoded):  # noqa: F811
     assert rundown <= {r["pid"] for r in rows if r["start_ns"] is None}
 
 
-def test_images(synth_trace, decoded):  # noqa: F811
-    rows = _table(decoded, synth_trace, "images")
+def test_images(synth_trace, synth_decoded):
+    rows = _table(synth_decoded, synth_trace, "images")
     t = synth_trace.truth
     by_path = {im["path"]: im for im in t["images"]}
     got = Counter((r["pid"], r["base"], r["size"], r["file_name"]) for r in rows)
@@ -54,9 +53,9 @@ def test_images(synth_trace, decoded):  # noqa: F811
                             for im in t["image_loads"] if not im["rundown"])
 
 
-def test_samples_per_process_and_stack(synth_trace, decoded):  # noqa: F811
+def test_samples_per_process_and_stack(synth_trace, synth_decoded):
     t = synth_trace.truth
-    rows = _table(decoded, synth_trace, "samples")
+    rows = _table(synth_decoded, synth_trace, "samples")
     assert len(rows) == t["samples"]["total"]
     per_pid = Counter(r["pid"] for r in rows)
     want = Counter()
@@ -64,17 +63,17 @@ def test_samples_per_process_and_stack(synth_trace, decoded):  # noqa: F811
         want[q["pid"]] += q["samples"]
     want[0] += t["samples"]["idle"]
     assert per_pid == want
-    tmpl = _template_of(decoded, synth_trace)
+    tmpl = _template_of(synth_decoded, synth_trace)
     per_stack = Counter(tmpl.get(r["stack_id"], "no stack") for r in rows)
     assert dict(per_stack) == t["samples"]["per_stack"]
     assert all(r["ip"] == int(t["stacks"][tmpl[r["stack_id"]]]["frames"][0], 16) for r in rows)
 
 
-def test_samples_per_function(synth_trace, decoded):  # noqa: F811
+def test_samples_per_function(synth_trace, synth_decoded):
     t = synth_trace.truth
-    tmpl = _template_of(decoded, synth_trace)
+    tmpl = _template_of(synth_decoded, synth_trace)
     fself, fincl = Counter(), Counter()
-    for r in _table(decoded, synth_trace, "samples"):
+    for r in _table(synth_decoded, synth_trace, "samples"):
         funcs = t["stacks"][tmpl[r["stack_id"]]]["functions"]
         fself[funcs[0]] += 1
         fincl.update(set(funcs))
@@ -82,10 +81,10 @@ def test_samples_per_function(synth_trace, decoded):  # noqa: F811
     assert {k: v["inclusive"] for k, v in t["samples"]["per_function"].items()} == dict(fincl)
 
 
-def test_commit_per_stack(synth_trace, decoded):  # noqa: F811
+def test_commit_per_stack(synth_trace, synth_decoded):
     t = synth_trace.truth
-    tmpl = _template_of(decoded, synth_trace)
-    rows = _table(decoded, synth_trace, "virtual_allocs")
+    tmpl = _template_of(synth_decoded, synth_trace)
+    rows = _table(synth_decoded, synth_trace, "virtual_allocs")
     commit = defaultdict(lambda: {"commit_bytes": 0, "allocs": 0})
     for r in rows:
         if r["kind"] == "alloc" and r["flags"] & MEM_COMMIT:
@@ -96,11 +95,11 @@ def test_commit_per_stack(synth_trace, decoded):  # noqa: F811
     assert sum(r["size"] for r in rows if r["kind"] != "alloc") == t["commit"]["released_bytes"]
 
 
-def test_heap_events(synth_trace, decoded):  # noqa: F811
+def test_heap_events(synth_trace, synth_decoded):
     t = synth_trace.truth
-    rows = _table(decoded, synth_trace, "heap_events")
+    rows = _table(synth_decoded, synth_trace, "heap_events")
     assert dict(Counter(r["kind"] for r in rows)) == t["heap"]["events"]
-    tmpl = _template_of(decoded, synth_trace)
+    tmpl = _template_of(synth_decoded, synth_trace)
     heap_stacks = {k for k, st in t["stacks"].items() if st["functions"][0].endswith("RtlpLogHeapAllocateEvent")}
     for r in rows:
         if r["kind"] in ("alloc", "realloc"):
@@ -109,13 +108,13 @@ def test_heap_events(synth_trace, decoded):  # noqa: F811
             assert r["stack_id"] is None
 
 
-def test_heap_snapshots_outstanding_bytes(synth_trace, decoded):  # noqa: F811
+def test_heap_snapshots_outstanding_bytes(synth_trace, synth_decoded):
     """Outstanding bytes per stack at each snapshot. Snapshots are told apart by (pid, instance, time):
     a reused PID restarts the per-process instance counter at 1 (heap-snapshot.md §1)."""
     t = synth_trace.truth
-    tmpl = _template_of(decoded, synth_trace)
-    blocks = _table(decoded, synth_trace, "heap_snapshot_blocks")
-    snaps = _table(decoded, synth_trace, "heap_snapshots")
+    tmpl = _template_of(synth_decoded, synth_trace)
+    blocks = _table(synth_decoded, synth_trace, "heap_snapshot_blocks")
+    snaps = _table(synth_decoded, synth_trace, "heap_snapshots")
     assert sorted((r["pid"], r["instance"], r["timestamp_ns"]) for r in snaps) == \
         sorted((s["pid"], s["instance"], s["timestamp_ns"]) for s in t["heap"]["snapshots"])
     got = defaultdict(lambda: defaultdict(int))
@@ -134,8 +133,8 @@ def test_heap_snapshots_outstanding_bytes(synth_trace, decoded):  # noqa: F811
     assert dict(untracked) == want_untracked
 
 
-def test_event_counts(synth_trace, decoded):  # noqa: F811
-    rows = _table(decoded, synth_trace, "event_counts")
+def test_event_counts(synth_trace, synth_decoded):
+    rows = _table(synth_decoded, synth_trace, "event_counts")
     kind_of = {(guid, op): name for name, (guid, op, _) in KINDS.items()}
     got = Counter()
     for r in rows:

@@ -8,17 +8,15 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from tests.synth_traces import decoded, synth_traces  # noqa: F401  (fixtures)
-
 
 @pytest.mark.parametrize("variant", ["plain64", "xpress32_cached"])
-def test_samples_per_function_after_symbolize(variant, synth_traces, decoded, dask_pool):  # noqa: F811
+def test_samples_per_function_after_symbolize(variant, synth_traces, synth_decoded, dask_pool):
     from pipeline import symbolize
     from pipeline.config import Config
     from pipeline.runs import read_table
 
     s = synth_traces[variant]
-    run = decoded[variant]["run"]
+    run = synth_decoded[variant]["run"]
     cfg = Config()
     cfg.symbolize.symbol_path = str(s.path.parent / "symbols")
     cfg.symbolize.cache_dir = run / "symcache"
@@ -38,9 +36,9 @@ def test_samples_per_function_after_symbolize(variant, synth_traces, decoded, da
         assert i >= 0 and ts < cands[i][1]
         return cands[i][2]
 
-    stacks = {r["stack_id"]: r["frames"] for r in decoded[variant]["tables"]["stacks"]}
+    stacks = {r["stack_id"]: r["frames"] for r in synth_decoded[variant]["tables"]["stacks"]}
     fself, fincl = Counter(), Counter()
-    for smp in decoded[variant]["tables"]["samples"]:
+    for smp in synth_decoded[variant]["tables"]["samples"]:
         names = [name(a, smp["pid"], smp["timestamp_ns"]) for a in stacks[smp["stack_id"]]]
         fself[names[0]] += 1
         fincl.update(set(names))

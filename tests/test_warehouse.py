@@ -263,15 +263,13 @@ def test_differential_flame_tree_is_right_at_every_level():
         assert t["w"][i] >= max(t["a"][i], t["b"][i]) - len(kids) - 1            # (rounded to whole ppm)
 
 
-def test_compare_html_page_in_chromium(etl_run, tmp_path):
-    from tests.test_report_queries import dump_dom
-
+def test_compare_html_page_in_chromium(etl_run, tmp_path, browser):
     db = tmp_path / "wh.duckdb"
     a, b, top = two_nights(etl_run, tmp_path, lambda run: warehouse.ingest(db, run))
     page = tmp_path / "compare.html"
     assert cli_main(["warehouse", "--db", str(db), "compare", "--run", str(b), "--format", "html", "--output",
                      str(page), "--budget", "1000"]) == 0
-    dom = dump_dom(page.as_uri(), tmp_path / "chrome")
+    dom = browser.dump_dom(page.as_uri())
     assert "vs baseline nightly-20260101-010000" in dom and f"{top['module']}!{top['function']}" in dom
     assert len(re.findall(r'<g class="frame"', dom)) > 20 and "change 0.00 points" in dom
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline import sources
+from pipeline.checkpoints import checkpoint
 from pipeline.errors import InputError
 from pipeline.runs import stage_output
 from pipeline.stages import DECODED
@@ -91,6 +92,7 @@ def run(run_dir: Path, config, pool, inputs: list[sources.Input]) -> DecodeSumma
         prints = hasher.submit(lambda: [sources.fingerprint(f) for f in files])
         fps = None
         with stage_output(run_dir, STAGE, inputs=[], config=config.resolved()) as out:
+            checkpoint("decode.started")
             if trace is not None:
                 from pipeline.decode.etl import decode_etl
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from pipeline import stages
+from pipeline.checkpoints import checkpoint
 from pipeline.errors import DONE, InputError, ManifestError
 from pipeline.mirror import location
 from pipeline.runs import MANIFEST, parquet_glob, read_manifest, sql_path, stage_dir
@@ -114,6 +115,7 @@ def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: s
     con = connect(db, lock_timeout_s=lock_timeout_s)
     try:
         con.execute("BEGIN TRANSACTION")
+        checkpoint("ingest.began")
         existing = {r[0] for r in con.execute(
             "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main' AND table_type = 'BASE TABLE'"
         ).fetchall()}
@@ -171,10 +173,13 @@ def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: s
                 con.execute("INSERT INTO table_rows VALUES (?, ?, ?, ?)", [run_id, stage, table, n])
         from pipeline.portable import signals_held
 
+        checkpoint("ingest.before-commit")
         with signals_held():    # (the run and its journal line: a Ctrl-C comes after both, or before both)
             con.execute("COMMIT")
+            checkpoint("ingest.committed")
             journal.record(db, run_id, location(run_dir), job, labels)
             DONE.append(f"run {run_id} was committed to {db}")
+        checkpoint("ingest.journaled")
     except duckdb.Error as exc:
         rollback(con)
         raise InputError(f"{db}: ingesting {run_dir} failed, nothing of it was written: "
