@@ -56,8 +56,12 @@ $(PYRIGHT): | $(STAMP) system-deps
 	npm install --silent --no-audit --no-fund --prefix $(VENV)/pyright pyright@$(PYRIGHT_VERSION)
 	@touch $(PYRIGHT)
 
+# The suite in TEST_WORKERS processes (pytest-xdist), each test module whole in one of them; TEST_WORKERS=0: in
+# this one process.
+TEST_WORKERS ?= 2
+
 test: install system-deps $(DUCKDB1) $(SPEEDSCOPE) $(PYRIGHT)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 bench: install
 	$(PY) bench/run.py

@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault(var, value)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)
+        sys.unraisablehook = _interrupt_again
     try:
         args = build_parser().parse_args(argv)
         level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
@@ -135,6 +136,23 @@ def _terminate(signum, frame) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)     # (a second one ends the process at once)
     _terminated.append(signum)
     raise Terminated()
+
+
+def _interrupt_again(unraisable) -> None:
+    """``sys.unraisablehook``: a Ctrl-C or SIGTERM whose exception was raised inside a callback that Python runs for
+    itself (a weak reference's, a ``__del__``, an import lock's) is printed as "Exception ignored" and dropped there,
+    and the command went on as if it had never come (seen: a SIGTERM during an import, then no exit in 120 s). It is
+    delivered again to the main thread, where it ends the command as it should; anything else is printed as usual."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        import _thread
+
+        # (from another thread, a moment after this hook returned: raised in the hook, it would be dropped again; a
+        # Terminated comes back as a Ctrl-C, and ``_terminated`` still says it was one)
+        again = threading.Timer(0.05, _thread.interrupt_main, args=(signal.SIGINT,))
+        again.daemon = True
+        again.start()
+        return
+    sys.__unraisablehook__(unraisable)
 
 
 #: Set once SIGTERM arrived: what DuckDB or a worker turned into their own interrupt is still a termination.

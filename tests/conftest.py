@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,32 @@ from tests.synth_traces import VARIANTS, Synth
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 FIXTURES = SHARED / "fixtures"
+
+
+def run_dir_of_all_workers(tmp_path_factory) -> Path:
+    """The temporary directory of the whole test run: shared by pytest-xdist's worker processes (each has its own
+    below it)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def pytest_sessionstart(session):
+    import tempfile
+
+    from tests.helpers import quiet
+
+    # (one file for the test run: pytest-xdist gives its workers one id of the run; a run without it, its own)
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
+    quiet.open_lock(Path(tempfile.gettempdir()) / f"bootprof-tests-{run}.lock")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each test holds the run's lock shared, so that one that must run alone (``tests/helpers/quiet.py``) can."""
+    from tests.helpers import quiet
+
+    with quiet.shared():
+        yield
 
 
 def fixture_path(rel: str) -> Path:
@@ -32,6 +59,23 @@ def dask_pool():
 
 
 
+def made_once(tmp_path_factory, name: str, make) -> Path:
+    """``RUN/name``, filled by ``make(directory)`` once per test run: the first of pytest-xdist's worker processes to
+    ask makes it (the others wait for it), every later ask reads it."""
+    import shutil
+
+    from filelock import FileLock
+
+    out = run_dir_of_all_workers(tmp_path_factory) / name
+    with FileLock(str(out) + ".lock"):
+        if not (out / ".made").exists():
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir(parents=True)
+            make(out)
+            (out / ".made").touch()
+    return out
+
+
 @pytest.fixture(scope="session")
 def synth_traces(tmp_path_factory) -> dict:
     """Every variant of ``tests/synth_traces.py``, synthesized once per test run."""
@@ -39,12 +83,16 @@ def synth_traces(tmp_path_factory) -> dict:
 
     from pipeline import synth
 
-    out = {}
-    for name, cfg in VARIANTS.items():
-        path = tmp_path_factory.mktemp(f"synth-{name}") / "trace.etl"
-        summary = synth.run(path, cfg)
-        out[name] = Synth(name, cfg, path, json.loads(path.with_name("trace.truth.json").read_text()), summary)
-    return out
+    def make(root: Path):
+        for name, cfg in VARIANTS.items():
+            summary = synth.run(root / name / "trace.etl", cfg)
+            (root / name / "summary.json").write_text(json.dumps(summary, default=str))
+
+    root = made_once(tmp_path_factory, "synth-traces", make)
+    return {name: Synth(name, cfg, root / name / "trace.etl",
+                        json.loads((root / name / "trace.truth.json").read_text()),
+                        json.loads((root / name / "summary.json").read_text()))
+            for name, cfg in VARIANTS.items()}
 
 
 @pytest.fixture(scope="session", params=list(VARIANTS))
@@ -54,19 +102,22 @@ def synth_trace(request, synth_traces):
 
 @pytest.fixture(scope="session")
 def synth_decoded(synth_traces, dask_pool, tmp_path_factory):
-    """Decode every variant once (real dask cluster).
+    """Every variant decoded once per test run (real dask cluster).
 
-    Returns name -> {"run": run dir, "tables": {table: list of row dicts}}.
-    """
+    Returns name -> {"run": run dir, "tables": {table: list of row dicts}}. A test that writes more stages into a
+    run does so in a copy (``tests/test_synth_symbolize.py``)."""
     from pipeline import decode
     from pipeline.config import Config
     from pipeline.runs import read_table, table_path
 
+    def make(root: Path):
+        for name, s in synth_traces.items():
+            decode.run(root / name, Config(), dask_pool, inputs=[s.path])
+
+    root = made_once(tmp_path_factory, "synth-decoded", make)
     out = {}
-    for name, s in synth_traces.items():
-        run = tmp_path_factory.mktemp(f"decoded-{name}")
-        decode.run(run, Config(), dask_pool, inputs=[s.path])
-        tables = {}
+    for name in synth_traces:
+        run, tables = root / name, {}
         for t in ("processes", "images", "samples", "stacks", "virtual_allocs", "heap_events", "heap_snapshots",
                   "heap_snapshot_blocks", "event_counts"):
             if table_path(run, "decoded", t).exists():

@@ -237,3 +237,29 @@ def test_output_to_a_reader_that_went_away_ends_quietly(tmp_path):
     proc.stdout.close()         # (before the command writes: it imports for a while first)
     err = proc.stderr.read()
     assert proc.wait(timeout=120) == 141 and "Traceback" not in err, err
+
+
+def test_a_signal_dropped_inside_a_callback_still_ends_the_command():
+    """A SIGTERM that lands while Python runs a callback of its own (here a ``__del__``; seen under load: an import
+    lock's weak reference callback) raises there, where Python drops the exception with an "Exception ignored"
+    traceback: the command went on, and a CI runner's cancel did nothing. The command's handlers deliver it again
+    to the main thread: exit 143, no traceback, nothing after it runs."""
+    code = (
+        "import os, signal, sys, time\n"
+        "from pipeline import cli\n"
+        "signal.signal(signal.SIGTERM, cli._terminate)\n"
+        "sys.unraisablehook = cli._interrupt_again\n"
+        "class Victim:\n"
+        "    def __del__(self):\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        sum(range(100_000))          # (the handler runs here, inside __del__)\n"
+        "try:\n"
+        "    Victim()\n"
+        "    for _ in range(500):\n"
+        "        time.sleep(0.01)\n"
+        "    print('went on')\n"
+        "except KeyboardInterrupt:\n"
+        "    sys.exit(cli._interrupted(''))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 143 and "went on" not in proc.stdout, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr and "bootprof: terminated" in proc.stderr, proc.stderr

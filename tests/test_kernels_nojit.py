@@ -23,7 +23,8 @@ def _pytest(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 
 def test_kernel_unit_tests_pass_as_plain_python():
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_DISABLE_JIT"}
+    # (a pytest of its own: not a worker of this run's pytest-xdist, whose shared directory it would take for its own)
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_DISABLE_JIT" and not k.startswith("PYTEST_XDIST")}
     collected = _pytest("--collect-only", env=env)
     assert collected.returncode == 0, collected.stdout[-3000:]
     expected = int(re.search(r"(\d+)/\d+ tests collected", collected.stdout).group(1))

@@ -10,13 +10,16 @@ import pytest
 
 
 @pytest.mark.parametrize("variant", ["plain64", "xpress32_cached"])
-def test_samples_per_function_after_symbolize(variant, synth_traces, synth_decoded, dask_pool):
+def test_samples_per_function_after_symbolize(variant, synth_traces, synth_decoded, dask_pool, tmp_path):
+    import shutil
+
     from pipeline import symbolize
     from pipeline.config import Config
     from pipeline.runs import read_table
 
     s = synth_traces[variant]
-    run = synth_decoded[variant]["run"]
+    run = tmp_path / "run"         # (a copy: the shared decode stays as it was made)
+    shutil.copytree(synth_decoded[variant]["run"] / "decoded", run / "decoded")
     cfg = Config()
     cfg.symbolize.symbol_path = str(s.path.parent / "symbols")
     cfg.symbolize.cache_dir = run / "symcache"
