@@ -127,6 +127,15 @@ def synth_decoded(synth_traces, dask_pool, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def etl_run(tmp_path_factory, dask_pool):
+    """The ``plain64`` synthesized trace through decode, symbolize and aggregate (tests that ingest it work on a
+    copy)."""
+    from tests.helpers.runs import synth_run
+
+    return synth_run(tmp_path_factory.mktemp("wh-etl"), "plain64", dask_pool)[0]
+
+
+@pytest.fixture(scope="session")
 def browser():
     """One headless Chromium for the whole test run (``tests/helpers/browser.py``); each use gets a fresh page."""
     from tests.helpers.browser import Browser

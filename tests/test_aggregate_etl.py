@@ -7,7 +7,6 @@ exactly. Edge cases the synthesizer does not produce are in ``test_aggregate_etl
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 
 import pytest
@@ -15,33 +14,10 @@ import pytest
 from pipeline.config import Config
 from pipeline.runs import read_manifest, read_table
 from tests.conftest import assert_same_tables
-from tests.synth_traces import VARIANTS
+from tests.helpers.runs import etl_config, synth_run
 
 # full stacks; stack keys, 32-bit and XPRESS-compressed; stack keys with 64-bit heap snapshots
 PIPELINE_VARIANTS = ["plain64", "xpress32_cached", "plain64_cached"]
-
-
-def etl_config(trace, tmp) -> Config:
-    config = Config()
-    config.symbolize.symbol_path = str(trace.parent / "symbols")
-    config.symbolize.cache_dir = tmp / "symcache"
-    return config
-
-
-def synth_run(tmp, variant: str, pool, stages=("decode", "symbolize", "aggregate")):
-    """Synthesize ``variant`` under ``tmp`` and run ``stages`` on it; returns (run dir, truth)."""
-    import importlib
-
-    from pipeline import synth
-
-    trace = tmp / "input" / "trace.etl"
-    synth.run(trace, VARIANTS[variant])
-    truth = json.loads(trace.with_name("trace.truth.json").read_text())
-    run = tmp / "run"
-    config = etl_config(trace, tmp)
-    for stage in stages:
-        importlib.import_module(f"pipeline.{stage}").run(run, config, pool, inputs=[trace])
-    return run, truth
 
 
 @pytest.fixture(scope="module", params=PIPELINE_VARIANTS)

@@ -289,7 +289,7 @@ def test_our_wpr_profiles(tmp_path):
 def test_self_profile_and_wpr_together_give_one_run_with_both(tools, tmp_path):
     """One real cargo build with --self-profile --wpr: the self-profiles and the trace land in one run, and
     `bootprof run` decodes both."""
-    from tests.test_capture_selfprofile import rust_path, workspace_copy
+    from tests.helpers.selfprofile import rust_path, workspace_copy
 
     env, log, _ = tools
     ws = workspace_copy(tmp_path)

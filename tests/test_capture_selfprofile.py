@@ -6,40 +6,20 @@ The workspace source is copied to tmp_path so that cargo's target/ is never writ
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, fixture_path
-from tests.test_selfprofile_reference import read_events, summarize
-
-
-def rust_path() -> str:
-    """PATH with the rustup bin directory added when cargo is not on PATH (e.g. a CI shell without
-    ~/.cargo/env); the tests fail, never skip, when no toolchain is found at all."""
-    path = os.environ.get("PATH", "")
-    if shutil.which("cargo") is None and (Path.home() / ".cargo" / "bin" / "cargo").exists():
-        path = f"{Path.home() / '.cargo' / 'bin'}{os.pathsep}{path}"
-    if shutil.which("cargo", path=path) is None or shutil.which("rustc", path=path) is None:
-        pytest.fail("no Rust toolchain (cargo, rustc) on PATH or in ~/.cargo/bin")
-    return path
+from tests.conftest import ROOT
+from tests.helpers.selfprofile import read_events, rust_path, summarize, workspace_copy
 
 
 def is_nightly() -> bool:
     out = subprocess.run(["rustc", "-vV"], capture_output=True, text=True, check=True,
                          env=dict(os.environ, PATH=rust_path())).stdout
     return "nightly" in out or "-dev" in out
-
-
-def workspace_copy(tmp_path: Path) -> Path:
-    dst = tmp_path / "ws"
-    shutil.copytree(fixture_path("selfprofile/workspace-src"), dst, copy_function=shutil.copyfile)
-    for p in [dst, *dst.rglob("*")]:
-        p.chmod(0o755 if p.is_dir() else 0o644)
-    return dst
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 
 from pipeline.cluster import Pool
 from pipeline.runs import read_table, table_path
-from tests.test_aggregate_etl import etl_config
+from tests.helpers.runs import etl_config
 from tests.synth_traces import VARIANTS
 
 HOSTILE_IMAGE = "<!--<script>rustc.exe"

@@ -14,7 +14,7 @@ import pytest
 from pipeline.aggregate.query_cpu import innermost
 from pipeline.runs import read_manifest, read_table
 from tests.synth_traces import VARIANTS
-from tests.test_aggregate_etl import etl_config
+from tests.helpers.runs import etl_config
 
 
 @pytest.fixture(scope="module", params=["plain64", "xpress32_cached"])

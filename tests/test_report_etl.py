@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.report.flame import MIN_FRACTION, build_tree
 from pipeline.runs import read_table
-from tests.test_aggregate_etl import etl_config, synth_run
+from tests.helpers.runs import etl_config, synth_run
 from tests.helpers.browser import ARTIFACTS, pages_without_errors
 
 

@@ -12,8 +12,7 @@ import pytest
 
 from tests.conftest import fixture_path
 from tests.helpers.browser import ARTIFACTS, pages_without_errors, speedscope_titles
-from tests.test_capture_selfprofile import rust_path
-from tests.test_selfprofile_reference import read_events, summarize
+from tests.helpers.selfprofile import read_events, rust_path, summarize
 
 @pytest.fixture(scope="module")
 def report_run(tmp_path_factory, dask_pool):

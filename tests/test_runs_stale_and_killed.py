@@ -15,7 +15,7 @@ from pipeline.cluster import Pool
 from pipeline.errors import ManifestError
 from pipeline.runs import clean_leftovers, read_manifest
 from tests.conftest import ROOT
-from tests.test_aggregate_etl import synth_run
+from tests.helpers.runs import synth_run
 
 
 @pytest.fixture()
@@ -26,7 +26,7 @@ def run(tmp_path):
 
 def test_an_upstream_stage_written_again_makes_its_outputs_stale(run, tmp_path):
     from pipeline import aggregate, decode, report, symbolize
-    from tests.test_aggregate_etl import etl_config
+    from tests.helpers.runs import etl_config
 
     config = etl_config(tmp_path / "input" / "trace.etl", tmp_path)
     config.cluster.mode = "synchronous"

@@ -17,15 +17,8 @@ from pipeline.config import Config
 from pipeline.runs import read_manifest, read_table
 from tests.conftest import fixture_path
 from tests.synth_traces import VARIANTS
-from tests.test_aggregate_etl import synth_run
 
 VARIANTS_SMALL = VARIANTS["plain32_cached"]
-
-
-@pytest.fixture(scope="module")
-def etl_run(tmp_path_factory, dask_pool):
-    """A synthesized trace through decode, symbolize and aggregate."""
-    return synth_run(tmp_path_factory.mktemp("wh-etl"), "plain64", dask_pool)[0]
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ import pytest
 
 from pipeline import warehouse
 from tests.conftest import ROOT
-from tests.test_warehouse import etl_run  # noqa: F401  (fixture)
 
 DUCKDB1 = ROOT / ".venv" / "duckdb1"
 
@@ -45,7 +44,7 @@ def waiting(proc) -> str:
     raise AssertionError("never waited for the lock: " + "".join(seen)[-2000:])
 
 
-def test_two_ingests_at_once_both_land_and_a_long_lock_is_a_clear_error(etl_run, tmp_path):  # noqa: F811
+def test_two_ingests_at_once_both_land_and_a_long_lock_is_a_clear_error(etl_run, tmp_path):
     db = tmp_path / "wh.duckdb"
     warehouse.connect(db).close()
     runs = [shutil.copytree(etl_run, tmp_path / f"nightly-2026010{d}-010000") for d in (1, 2)]
@@ -75,7 +74,7 @@ def test_two_ingests_at_once_both_land_and_a_long_lock_is_a_clear_error(etl_run,
     assert f"{db}: the warehouse is locked by another process for more than 0.5 s (warehouse.lock_timeout_s)" in err
 
 
-def test_queries_are_read_only_and_touch_no_file(etl_run, tmp_path):  # noqa: F811
+def test_queries_are_read_only_and_touch_no_file(etl_run, tmp_path):
     db = tmp_path / "wh.duckdb"
     warehouse.ingest(db, shutil.copytree(etl_run, tmp_path / "nightly-20260101-010000"))
     secret = tmp_path / "secret.csv"
@@ -91,7 +90,7 @@ def test_queries_are_read_only_and_touch_no_file(etl_run, tmp_path):  # noqa: F8
     assert p.communicate(timeout=60)[0].split()[-1] == "1" and p.returncode == 0
 
 
-def test_duckdb_1x_reads_the_file_and_the_readme_example_runs_verbatim(etl_run, tmp_path):  # noqa: F811
+def test_duckdb_1x_reads_the_file_and_the_readme_example_runs_verbatim(etl_run, tmp_path):
     if not (DUCKDB1 / "duckdb").is_dir():
         pytest.fail(f"{DUCKDB1}: DuckDB 1.x is not installed (make test installs it)")
     db = tmp_path / "runs" / "warehouse.duckdb"
