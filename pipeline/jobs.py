@@ -17,6 +17,7 @@ A stage rerun rewrites its manifest, so every stage after it is stale and runs t
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,13 +72,13 @@ def captured_inputs(run_dir: Path) -> list[Path]:
         return []
     from pipeline.capture import PROFILE_DIR, TRACE
 
-    # (where the capture wrote them, else where they are in this run directory: a run moved or unpacked elsewhere)
+    # (where they are in this run directory, else where the capture wrote them)
     found = []
     trace = (manifest.get("recording") or {}).get("path")
     if trace:
-        found += [p for p in (Path(trace), run_dir / TRACE) if p.exists()][:1]
+        found += [p for p in (run_dir / TRACE, Path(trace)) if p.exists()][:1]
     if manifest.get("files") and manifest.get("profile_dir"):
-        found += [p for p in (Path(manifest["profile_dir"]), run_dir / PROFILE_DIR) if p.is_dir()][:1]
+        found += [p for p in (run_dir / PROFILE_DIR, Path(manifest["profile_dir"])) if p.is_dir()][:1]
     return found
 
 
@@ -330,9 +331,39 @@ def unpacked(traces: list[sources.Input], run_dir: Path) -> list[sources.Input]:
         return traces
     if len(traces) > 1:
         raise BootprofError(f"{packs[0]}: a pack is a whole capture: give it alone as --trace")
+    from pipeline.capture import PROFILE_DIR, TRACE
+
     unpack_into(Path(packs[0]), run_dir)
+    # (the unpacked files alone: the capture manifest's paths are those of the machine that captured, or whatever
+    # the pack's maker wrote there)
+    found = [p for p in (run_dir / TRACE, run_dir / PROFILE_DIR) if p.exists()]
+    if not (stage_dir(run_dir, CAPTURED) / MANIFEST).is_file() or not found:
+        raise BootprofError(f"{packs[0]}: the pack holds no capture (no capture manifest, trace or self-profiles): "
+                            "make one with `bootprof pack RUN_DIR OUT.zip` of a run that `bootprof capture` recorded")
+    localize_capture(run_dir)
     print(f"inputs: the capture packed in {packs[0]}")
-    return captured_inputs(run_dir)
+    return found
+
+
+def localize_capture(run_dir: Path) -> None:
+    """The capture manifest of an unpacked pack names the files where they are now, in ``run_dir`` (a later run of
+    that directory without ``--trace`` reads those, not the paths of the machine that captured)."""
+    from pipeline.capture import PROFILE_DIR, TRACE
+    from pipeline.runs import atomic_write_json
+
+    path = stage_dir(run_dir, CAPTURED) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise BootprofError(f"{path}: the pack's capture manifest is not readable JSON: {exc}") from None
+    if not isinstance(manifest, dict):
+        raise BootprofError(f"{path}: the pack's capture manifest is not a JSON object")
+    recording = manifest.get("recording")
+    if isinstance(recording, dict):
+        recording["path"] = str(run_dir / TRACE) if (run_dir / TRACE).is_file() else None
+    if manifest.get("profile_dir") is not None:
+        manifest["profile_dir"] = str(run_dir / PROFILE_DIR) if (run_dir / PROFILE_DIR).is_dir() else None
+    atomic_write_json(path, manifest)
 
 
 def backfill_inputs(traces: list[sources.Input]) -> list[sources.Input]:

@@ -136,25 +136,114 @@ def is_pack(path: Any) -> bool:
         return False
 
 
+#: The pack formats this version reads (``bootprof-pack.json``'s ``format``).
+PACK_FORMATS = (1,)
+#: At most this many members in a pack.
+MAX_MEMBERS = 100_000
+#: A member larger than ``RATIO_FROM`` bytes may be at most ``MAX_RATIO`` times its compressed size (real ETL traces
+#: deflate up to 112:1; a zip bomb is about 1,000:1).
+MAX_RATIO, RATIO_FROM = 500, 16 << 20
+#: What the unpacked files together may take, at most, beside the space left free on the run's disk.
+KEEP_FREE = 1 << 30
+#: A path component longer than this many bytes (UTF-8) is refused (every common file system's limit).
+MAX_NAME_BYTES = 255
+
+
+def _member_path(pack_path: Path, name: str, listed: set[str]) -> PurePosixPath:
+    """The member's path in the run directory: a relative POSIX path of plain names under one of ``PACKED``, listed
+    by the pack's manifest; anything else is an error naming it."""
+    def refuse(why: str) -> InputError:
+        return InputError(f"{pack_path}: member {name!r}: {why}")
+
+    parts = name.split("/")
+    if name.startswith("/") or "\\" in name or any(":" in p for p in parts):
+        raise refuse("an absolute path, a drive or a backslash: not part of a capture")
+    if any(p in ("", ".", "..") for p in parts):
+        raise refuse("a path with an empty, '.' or '..' part: not part of a capture")
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise refuse("a control character in its name")
+    if any(len(p.encode("utf-8")) > MAX_NAME_BYTES for p in parts):
+        raise refuse(f"a name longer than {MAX_NAME_BYTES} bytes")
+    if name not in listed or not any(name == k or name.startswith(k + "/") for k in PACKED):
+        raise refuse("not part of a capture")
+    return PurePosixPath(name)
+
+
+def read_pack_manifest(z: zipfile.ZipFile, pack_path: Path) -> dict[str, Any]:
+    """``bootprof-pack.json``, checked: a known format and a list of files, each a path and a size."""
+    bad = f"{pack_path}: not a readable bootprof pack"
+    try:
+        manifest = json.loads(z.read(PACK_MANIFEST))
+    except (KeyError, ValueError, zipfile.BadZipFile, NotImplementedError, RuntimeError) as exc:
+        raise InputError(f"{bad}: {PACK_MANIFEST}: {exc}") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), list) or \
+            not all(isinstance(f, dict) and isinstance(f.get("path"), str) and isinstance(f.get("size"), int)
+                    and not isinstance(f.get("size"), bool) and f["size"] >= 0 for f in manifest["files"]):
+        raise InputError(f"{bad}: {PACK_MANIFEST} is not an object with a list of files, each a path and a size")
+    if manifest.get("format") not in PACK_FORMATS:
+        raise InputError(f"{bad}: its format {manifest.get('format')!r} is not one this bootprof reads "
+                         f"({', '.join(map(str, PACK_FORMATS))}): unpack it with the bootprof that packed it")
+    return manifest
+
+
 def unpack_into(pack_path: Path, run_dir: Path) -> None:
-    """The files of a pack into ``run_dir``, where the capture had them (a member that would land outside it, or
-    one the pack does not list, is an error naming it)."""
+    """The files of a pack into ``run_dir``, where the capture had them. Every member is checked before the first
+    is written: a name that would leave the run directory, collide with another or is not one the pack lists; a
+    member encrypted or compressed in a way zip readers differ on; more members, bytes or a higher ratio than
+    a capture has. Each is written aside and renamed into place (an interrupt leaves no part of one)."""
     run_dir = Path(run_dir)
-    root = run_dir.resolve()
     try:
         with zipfile.ZipFile(pack_path) as z:
-            listed = {f["path"] for f in json.loads(z.read(PACK_MANIFEST))["files"]}
-            for info in z.infolist():
-                if info.filename == PACK_MANIFEST or info.is_dir():
-                    continue
-                target = (run_dir / info.filename).resolve()
-                if info.filename not in listed or not target.is_relative_to(root) or \
-                        not any(info.filename == p or info.filename.startswith(p + "/") for p in PACKED):
-                    raise InputError(f"{pack_path}: member {info.filename!r} is not part of a capture")
-                target.parent.mkdir(parents=True, exist_ok=True)
-                tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-                with z.open(info) as src, open(tmp, "wb") as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
-                os.replace(tmp, target)
-    except (zipfile.BadZipFile, KeyError, ValueError) as exc:
+            manifest = read_pack_manifest(z, pack_path)
+            listed = {f["path"] for f in manifest["files"]}
+            members = [i for i in z.infolist() if i.filename != PACK_MANIFEST and not i.is_dir()]
+            if len(members) > MAX_MEMBERS:
+                raise InputError(f"{pack_path}: {len(members):,} members, more than a capture has ({MAX_MEMBERS:,})")
+            plan: dict[str, tuple[zipfile.ZipInfo, PurePosixPath]] = {}
+            dirs: set[str] = set()
+            for info in members:
+                rel = _member_path(pack_path, info.filename, listed)
+                if info.flag_bits & 0x1:
+                    raise InputError(f"{pack_path}: member {info.filename!r} is encrypted")
+                if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+                    raise InputError(f"{pack_path}: member {info.filename!r} is compressed with method "
+                                     f"{info.compress_type}; a pack's members are stored or deflated")
+                if info.file_size > RATIO_FROM and info.file_size > MAX_RATIO * max(info.compress_size, 1):
+                    raise InputError(f"{pack_path}: member {info.filename!r} would unpack to {info.file_size:,} bytes "
+                                     f"from {info.compress_size:,} (over {MAX_RATIO}:1): not a capture")
+                key = rel.as_posix().casefold()          # (one name on a file system that ignores case)
+                if key in plan or key in dirs:
+                    raise InputError(f"{pack_path}: member {info.filename!r} collides with another member")
+                plan[key] = (info, rel)
+                dirs.update(p.as_posix().casefold() for p in rel.parents if p != PurePosixPath("."))
+            clash = next((plan[k][1] for k in plan if k in dirs), None)
+            if clash is not None:
+                raise InputError(f"{pack_path}: member {clash.as_posix()!r} is a file and a directory of another member")
+            total = sum(info.file_size for info, _ in plan.values())
+            run_dir.mkdir(parents=True, exist_ok=True)
+            free = shutil.disk_usage(run_dir).free
+            if total > free - KEEP_FREE:
+                raise InputError(f"{pack_path}: unpacks to {total:,} bytes; {run_dir} has {free:,} free "
+                                 f"(and keeps {KEEP_FREE >> 30} GiB free)")
+            for info, rel in plan.values():
+                _unpack_member(z, info, run_dir / rel, pack_path)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError, EOFError) as exc:
         raise InputError(f"{pack_path}: not a readable bootprof pack: {exc}") from None
+
+
+def _unpack_member(z: zipfile.ZipFile, info: zipfile.ZipInfo, target: Path, pack_path: Path) -> None:
+    """One member to ``target``, written aside and renamed into place; never more bytes than it declares."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    try:
+        left = info.file_size
+        with z.open(info) as src, open(tmp, "wb") as dst:
+            while chunk := src.read(min(1 << 20, left + 1)):
+                left -= len(chunk)
+                if left < 0:
+                    raise InputError(f"{pack_path}: member {info.filename!r} holds more than the "
+                                     f"{info.file_size:,} bytes it declares")
+                dst.write(chunk)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
