@@ -554,3 +554,39 @@ def test_a_pools_processes_end_when_the_command_is_killed_outright():
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip() == "going" and time.monotonic() - t0 < 30, proc.stderr[-2000:]
+
+
+def test_rebuild_keeps_every_damaged_file_and_survives_odd_journal_lines(tmp_path, nightlies):
+    """A journal line whose labels are text once stopped rebuild with an AttributeError traceback; a journal naming
+    another directory for a run passed verify, then stopped rebuild on that directory; a second rebuild overwrote
+    ``.damaged``, the only file still holding a run whose directory is gone. Now: such a line is left out as a
+    line that is not JSON is; verify names the two directories; rebuild lists the bad one and ingests the rest; each
+    rebuild keeps the file it replaces under a name of its own."""
+    import duckdb
+
+    config, db = _warehouse_copy(nightlies, tmp_path)
+    elsewhere = tmp_path / "not-the-run"
+    elsewhere.mkdir()
+    with open(db.with_name(db.name + ".journal.jsonl"), "a", encoding="utf-8") as f:
+        f.write(json.dumps({"run_id": "nightly-2", "run_dir": str(nightlies / "nightly-2"), "job": "nightly",
+                            "labels": "not a map"}) + "\n")
+        f.write(json.dumps({"run_id": "nightly-1", "run_dir": str(elsewhere), "job": "nightly", "labels": {}}) + "\n")
+    found = bootprof("--config", str(config), "warehouse", "verify")
+    assert found.returncode == 1 and f"the journal names {elsewhere} as its directory" in found.stdout, found.stdout
+    first = bootprof("--config", str(config), "warehouse", "rebuild")
+    assert first.returncode == 1 and "Traceback" not in first.stderr, first.stderr[-2000:]
+    assert f"not ingested: {elsewhere}" in first.stdout + first.stderr and "rebuilt" in first.stdout, first.stdout
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        assert con.execute("SELECT list(run_id ORDER BY run_id) FROM runs").fetchone()[0] == ["nightly-2"]
+    finally:
+        con.close()
+    second = bootprof("--config", str(config), "warehouse", "rebuild")
+    assert second.returncode == 0, second.stderr[-2000:]
+    kept = sorted(p.name for p in tmp_path.glob("wh.duckdb.damaged*") if not p.name.endswith(".jsonl"))
+    assert kept == ["wh.duckdb.damaged", "wh.duckdb.damaged-2"], kept
+    con = duckdb.connect(str(tmp_path / "wh.duckdb.damaged"), read_only=True)
+    try:      # (the first kept file still holds both runs)
+        assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 2
+    finally:
+        con.close()

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.errors import InputError
+from pipeline.errors import BootprofError, InputError
 from pipeline.runs import MANIFEST, stage_dir
 from pipeline.warehouse.journal import one_line, damage_hint, journal, journal_path
 
@@ -85,6 +85,10 @@ def verify(db: Path, lock_timeout_s: float = 300.0) -> Verified:
             out.problems.append(f"run {run_id}: in the warehouse, not in the journal {journal_path(db).name}")
         for run_id in sorted(set(known) - ids):
             out.problems.append(f"run {run_id}: in the journal, not in the warehouse (ingest it again, or rebuild)")
+        for run_id, run_dir in sorted(runs):
+            if run_id in known and run_dir and known[run_id]["run_dir"] != run_dir:
+                out.problems.append(f"run {run_id}: the journal names {known[run_id]['run_dir']} as its directory, "
+                                    f"the warehouse {run_dir} (a rebuild would read the journal's)")
     for run_id, run_dir in sorted(runs):
         for table, n in sorted((rows.get(run_id) or {}).items()):
             if table in NOT_INGESTED or table not in out.tables:
@@ -141,12 +145,12 @@ def rebuild(db: Path, run_dirs: list[Path] | None = None, out: Path | None = Non
                 warehouse.ingest(target, run_dir, labels=labels_of.get(run_dir), job=jobs_of.get(run_dir),
                                  lock_timeout_s=lock_timeout_s)
                 ingested.append(run_dir.name)
-            except InputError as exc:
+            except BootprofError as exc:       # (a directory that is not the run, or not whole: listed, the rest go on)
                 failed.append(f"{run_dir}: {exc}")
         if not ingested:
             raise InputError(f"{db}: no run could be ingested again; first: {failed[0] if failed else '?'}")
         if not out:
-            damaged = db.with_name(db.name + ".damaged")
+            damaged = kept_name(db)
             if db.exists():
                 rename(db, damaged)
             if journal_path(db).exists():       # (the old journal stays with the old file: runs whose directory is gone)
@@ -161,4 +165,14 @@ def rebuild(db: Path, run_dirs: list[Path] | None = None, out: Path | None = Non
                 leftover.unlink(missing_ok=True)
         raise
     return {"db": str(out or db), "ingested": ingested, "failed": failed, "missing": missing,
-            "damaged": None if out else str(db.with_name(db.name + ".damaged"))}
+            "damaged": None if out else str(damaged)}
+
+
+def kept_name(db: Path) -> Path:
+    """Where a rebuild keeps the file it replaces: ``<warehouse>.damaged``, or ``.damaged-2``, ``-3``... when an
+    earlier rebuild kept one there (it may hold the only copy of a run whose directory is gone)."""
+    k, path = 1, db.with_name(db.name + ".damaged")
+    while path.exists() or journal_path(path).exists():
+        k += 1
+        path = db.with_name(f"{db.name}.damaged-{k}")
+    return path

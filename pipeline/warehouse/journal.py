@@ -25,8 +25,16 @@ def record(db: Path, run_id: str, run_dir: str, job: str, labels: dict[str, str]
         os.fsync(f.fileno())
 
 
+def well_formed(entry) -> bool:
+    """A journal line as :func:`record` writes it: a run id, a run directory, a job and labels (text to text)."""
+    return (isinstance(entry, dict) and isinstance(entry.get("run_id"), str) and isinstance(entry.get("run_dir"), str)
+            and isinstance(entry.get("job"), (str, type(None))) and isinstance(entry.get("labels", {}), dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in entry.get("labels", {}).items()))
+
+
 def journal(db: Path) -> dict[str, dict]:
-    """run_id -> the newest journal line of it (lines that are not JSON, a line cut by a crash, are left out)."""
+    """run_id -> the newest journal line of it (lines that are not JSON or not of a journal's shape, a line cut by a
+    crash or written by hand, are left out)."""
     path = journal_path(db)
     out: dict[str, dict] = {}
     if not path.exists():
@@ -36,7 +44,7 @@ def journal(db: Path) -> dict[str, dict]:
             entry = json.loads(line)
         except ValueError:
             continue
-        if isinstance(entry, dict) and isinstance(entry.get("run_id"), str):
+        if well_formed(entry):
             out[entry["run_id"]] = entry
     return out
 
