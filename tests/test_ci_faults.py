@@ -316,6 +316,31 @@ def test_an_input_replaced_while_it_is_decoded_is_one_error(tmp_path, how, synth
     assert not (run / "decoded").exists()
 
 
+def test_a_self_profile_removed_while_it_is_decoded_is_one_error(tmp_path):
+    """A ``.mm_profdata`` removed from the directory during its decode once ended in a FileNotFoundError traceback;
+    now it is said as any other change to an input is (the decode held at its start while the file goes)."""
+    import shutil
+
+    from tests.helpers import checkpoints
+
+    profiles, run, hold = tmp_path / "profiles", tmp_path / "run", tmp_path / "hold"
+    shutil.copytree(fixture_path("selfprofile/workspace-clean"), profiles, copy_function=shutil.copyfile)
+    gone = next(profiles.glob("util-*.mm_profdata"))
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "--config", str(_sync(tmp_path)), "decode",
+                             str(profiles), "--run", str(run)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=checkpoints.env(hold, "decode.started"))
+    try:
+        checkpoints.reached(hold, "decode.started", proc)
+        gone.unlink()
+        checkpoints.release(hold, "decode.started")
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    line = one_line_error(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    assert f"{gone}: changed while it was decoded" in line
+    assert not (run / "decoded").exists()
+
+
 @pytest.fixture(scope="module")
 def nightlies(tmp_path_factory) -> Path:
     """Two nightly runs of the real workspace self-profiles (``nightly-1``, ``nightly-2``) ingested into ``wh.duckdb``,

@@ -93,14 +93,19 @@ def run(run_dir: Path, config, pool, inputs: list[sources.Input]) -> DecodeSumma
         fps = None
         with stage_output(run_dir, STAGE, inputs=[], config=config.resolved()) as out:
             checkpoint("decode.started")
-            if trace is not None:
-                from pipeline.decode.etl import decode_etl
+            try:
+                if trace is not None:
+                    from pipeline.decode.etl import decode_etl
 
-                summary["etl"] = decode_etl(trace, out, config.decode, pool)
-            if profiles:
-                from pipeline.decode.measureme import decode_profiles
+                    summary["etl"] = decode_etl(trace, out, config.decode, pool)
+                if profiles:
+                    from pipeline.decode.measureme import decode_profiles
 
-                summary["self_profile"] = decode_profiles(profiles, out, config.decode, pool)
+                    summary["self_profile"] = decode_profiles(profiles, out, config.decode, pool)
+            except OSError:
+                # (an input removed or replaced meanwhile, which the decode met as a file gone: said as such)
+                refuse_changed(sources.changed(pins))
+                raise
             nothing = (trace is None or not summary["etl"].get("records")) and \
                 (not profiles or not summary["self_profile"].get("decoded"))
             if nothing:     # (no data is not a result: nothing is written, nothing ingested or compared)
@@ -110,16 +115,20 @@ def run(run_dir: Path, config, pool, inputs: list[sources.Input]) -> DecodeSumma
                                  + "; no run is made of it")
             waited = time.perf_counter()
             fps = prints.result()
-            moved = sources.changed(pins)
-            if moved:
-                raise InputError(f"{moved[0]}: changed while it was decoded (its size, modification time or file "
-                                 f"id differ from when it was opened{f'; and {len(moved) - 1} more' if len(moved) > 1 else ''}); "
-                                 "nothing is kept: decode it again once it is complete")
+            refuse_changed(sources.changed(pins))
             # (what the stage waited for the input hashes after the decode: the hash's serial part)
             summary["hash_wait_s"] = round(time.perf_counter() - waited, 3)
             out.manifest.update(summary)
             out.manifest["inputs"] = fps
     return summary
+
+
+def refuse_changed(moved: list) -> None:
+    """The stage's error when inputs are no longer the files that were opened (nothing when none moved)."""
+    if moved:
+        raise InputError(f"{moved[0]}: changed while it was decoded (removed, or its size, modification time or file "
+                         f"id differ from when it was opened{f'; and {len(moved) - 1} more' if len(moved) > 1 else ''}); "
+                         "nothing is kept: decode it again once it is complete")
 
 
 def headline(summary: DecodeSummary) -> str:
