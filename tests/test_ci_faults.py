@@ -120,6 +120,41 @@ def test_a_second_command_on_a_run_directory_waits_then_names_the_holder(tmp_pat
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+def test_capture_owns_its_run_directory_while_the_build_runs(tmp_path):
+    """``capture`` took no lock (the build command, its positional argument, overwrote the subcommand's name): a
+    ``decode`` on the same ``--run`` went ahead while it recorded, and ``capture --run`` wrote into a directory of
+    other files. Now it owns the run as every command that writes one does. The build here waits for the test."""
+    run, marks = tmp_path / "run", tmp_path / "marks"
+    marks.mkdir()
+    build = (f"import pathlib, time; m = pathlib.Path({str(marks)!r}); (m / 'started').touch()\n"
+             "while not (m / 'go').exists(): time.sleep(0.01)")
+    env = dict(os.environ, RUSTC_BOOTSTRAP="1")
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "capture", "--self-profile", "--run", str(run), "--",
+                             sys.executable, "-c", build], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not (marks / "started").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
+            time.sleep(0.01)
+        config = tmp_path / "c.yaml"
+        config.write_text(json.dumps({"runs": {"lock_timeout_s": 0.5}, "cluster": {"mode": "synchronous"}}))
+        line = one_line_error(bootprof("--config", str(config), "decode", str(fixture_path("selfprofile/hello-default")),
+                                       "--run", str(run)))
+        assert "another bootprof command works in this run directory" in line and "bootprof capture" in line, line
+        (marks / "go").touch()
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and "captured 0 self-profiles" in out, err[-2000:]
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    line = one_line_error(bootprof("capture", "--self-profile", "--run", str(other), "--", sys.executable, "-c", "pass",
+                                   env=env))
+    assert "not a bootprof run directory" in line and sorted(p.name for p in other.iterdir()) == ["notes.txt"]
+
+
 @pytest.mark.slow
 def test_two_jobs_on_one_run_directory_never_mix_their_data(tmp_path):
     """Two ``bootprof run`` into one ``--run``, of two different builds' self-profiles, the second started while the

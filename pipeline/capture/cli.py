@@ -41,13 +41,14 @@ def add_arguments(p) -> None:
     p.add_argument("--run", dest="run_dir", type=sources.local_run_dir,
                    help="run directory (default: runs/capture-<time>); profiles go to RUN_DIR/selfprofile/, "
                    "the trace to RUN_DIR/input/trace.etl")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="the build command, after --")
+    # (not ``command``: that is the subcommand's name, which says that capture writes a run directory)
+    p.add_argument("build", nargs=argparse.REMAINDER, metavar="command", help="the build command, after --")
 
 
 def main(args, config) -> int:
     from pipeline import capture
 
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    command = args.build[1:] if args.build[:1] == ["--"] else args.build
     from pipeline.runs import fresh_dir
 
     run_dir = args.run_dir or fresh_dir(Path("runs") / f"capture-{time.strftime('%Y%m%d-%H%M%S')}")
