@@ -297,7 +297,7 @@ Queries of `core` that grew:
 
 | query | self time | this run | invocations | this run |
 |---|---|---|---|---|
-| typeck | 500.00 ms | 1.50 s | 1,000 | 3,000 |
+| `typeck` | 500.00 ms | 1.50 s | 1,000 | 3,000 |
 
 |  | baseline | this run | change | verdict |
 |---|---|---|---|---|
@@ -407,3 +407,44 @@ def test_ingest_beside_the_report_takes_its_manifest_once_it_ends(etl_run, tmp_p
         warehouse.ingest(db, other, after=failed)
     assert q(db, "SELECT count(*) FROM runs WHERE run_id = ?", [other.name])[0][0] == 0
     assert q(db, "SELECT count(*) FROM cpu_by_function WHERE run_id = ?", [other.name])[0][0] == 0
+
+
+#: A crate name as a hostile build could give one: a backtick that closes a code span, a live link and image, a line
+#: break and a terminal escape sequence.
+HOSTILE_CRATE = "evil`](javascript:alert(1))![x](http://127.0.0.1/i.png)\n\x1b[31mred`` |"
+
+
+def test_names_stay_names_in_markdown_and_on_a_terminal(tmp_path):
+    """A crate name with a backtick once ended its code span early in ``summary.md`` (and ``$GITHUB_STEP_SUMMARY``),
+    the rest live markdown (a link, an image); on the terminal its escape sequence and line break acted. Rendered
+    by a CommonMark renderer with GFM tables (markdown-it-py), every name is one code element and nothing else;
+    the terminal lines hold no control character."""
+    from markdown_it import MarkdownIt
+
+    from pipeline.compare import headline, verdict
+
+    db = tmp_path / "wh.duckdb"
+    con = warehouse.connect(db)
+    for k in range(1, 5):
+        con.execute("INSERT INTO runs (run_id, job, workload, run_time) VALUES (?, 'nightly', 'stage2', ?::TIMESTAMP)",
+                    [f"nightly-{k}", f"2026-01-0{k} 02:00:00"])
+        for key, value in ((HOSTILE_CRATE, 2e9 * (3 if k == 4 else 1)), ("std", 3e9), ("core", 1e9)):
+            con.execute("INSERT INTO run_metrics VALUES (?, 'crate_wall_ns', ?, ?, NULL)", [f"nightly-{k}", key, value])
+    con.execute("INSERT INTO query_summary (run_id, scope, crate, label, self_ns, invocations) VALUES "
+                "('nightly-3', 'crate', ?, ?, 1e8, 10), ('nightly-4', 'crate', ?, ?, 9e8, 90)",
+                [HOSTILE_CRATE, HOSTILE_CRATE, HOSTILE_CRATE, HOSTILE_CRATE])
+    con.close()
+    c = warehouse.compare(db, "nightly-4")
+    assert [f["key"] for f in c["families"] if f["verdict"] == "regression"] == [HOSTILE_CRATE]
+    html = MarkdownIt("commonmark").enable("table").render(verdict.markdown(c))
+    assert "<a " not in html and "<img" not in html and "\x1b" not in html, html
+    shown = HOSTILE_CRATE.replace("\n", "\\n").replace("\x1b", "\\x1b")
+    import html as htmlmod
+    codes = [htmlmod.unescape(t) for t in __import__("re").findall(r"<code>(.*?)</code>", html, __import__("re").S)]
+    assert codes.count(shown) >= 4, codes         # (headline, family row, queries' title and row)
+    lines = verdict.text(c) + "\n" + headline({"baseline_run_id": "nightly-3", "verdict": "regression",
+                                                 "regressed": [verdict.family_name(f, str) for f in c["families"]
+                                                               if f["verdict"] == "regression"],
+                                                 "regressions": 1, "regressions_past_budget": 1, "budget_pct": 5,
+                                                 "improvements": 0})
+    assert "\x1b" not in lines and shown in lines and not [line for line in lines.splitlines() if line.startswith("[31m")]

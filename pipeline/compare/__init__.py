@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline.escape import terminal
 from pipeline.runs import atomic_write_text, stage_output
 from pipeline.stages import AGGREGATED, COMPARED
 
@@ -49,12 +50,12 @@ def run(run_dir: Path, config, pool, inputs=None) -> CompareSummary:
                    "suspects": sum(f["verdict"] == "suspect" for f in fams),
                    "improvements": sum(f["verdict"] == "improvement" for f in fams),
                    "regressions_past_budget": len(failing), "budget_pct": config.warehouse.budget_pct,
-                   "regressed": [verdict.family_name(f).replace("`", "") for f in failing],
-                   "suspected": [verdict.family_name(f).replace("`", "") for f in named(fams, "suspect")]}
+                   "regressed": [verdict.family_name(f, str) for f in failing],
+                   "suspected": [verdict.family_name(f, str) for f in named(fams, "suspect")]}
         out.manifest.update(summary)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
-        with open(step_summary, "a") as f:
+        with open(step_summary, "a", encoding="utf-8") as f:
             f.write(markdown)
     return summary
 
@@ -64,8 +65,8 @@ def headline(summary: CompareSummary) -> str:
     if not summary.get("baseline_run_id"):
         return f"no baseline: {summary.get('reason')}"
     shown = summary.get("regressed") or summary.get("suspected")
-    regressed = f" ({', '.join(shown[:3])})" if shown else ""
-    return (f"against {summary['baseline_run_id']}: {summary.get('verdict', '')}{regressed}; "
+    regressed = f" ({', '.join(terminal(s) for s in shown[:3])})" if shown else ""
+    return (f"against {terminal(summary['baseline_run_id'])}: {summary.get('verdict', '')}{regressed}; "
             f"{summary['regressions']} regressions ({summary['regressions_past_budget']} past the "
             f"{summary['budget_pct']:g} % budget), {summary.get('suspects', 0)} suspects, "
             f"{summary['improvements']} improvements")

@@ -6,7 +6,9 @@ Values are written in their unit (``12.34 s``, ``1.2 GiB``, ``1,234 samples``, `
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
+
+from pipeline.escape import md_cell, md_code, md_text, terminal
 
 if TYPE_CHECKING:
     from pipeline.contracts import Comparison, ComparisonRow, Family
@@ -61,8 +63,9 @@ FAMILY_TITLES = {"build time": "build time", "build memory": "build memory", "cr
                  "crate memory": "crate memory"}
 
 
-def family_name(f: Family) -> str:
-    return FAMILY_TITLES[f["family"]] if f["key"] == "build" else f"{FAMILY_TITLES[f['family']]} `{f['key']}`"
+def family_name(f: Family, quote: Callable[[object], str] = md_code) -> str:
+    """A family's title and its key, the key quoted for where it goes (a markdown code span by default)."""
+    return FAMILY_TITLES[f["family"]] if f["key"] == "build" else f"{FAMILY_TITLES[f['family']]} {quote(f['key'])}"
 
 
 def exceeds_budget(c: Comparison, budget_pct: float) -> list[Family]:
@@ -84,7 +87,7 @@ LEADS = {"regression": "Regression", "improvement": "Improvement",
          "suspect": "Suspect (not past the noise with confidence: the next runs will tell)"}
 
 
-def headline_sentence(c: Comparison) -> str:
+def headline_sentence(c: Comparison, quote: Callable[[object], str] = md_code) -> str:
     """The comparison's verdict in one sentence: what regressed (or may have), else that nothing did."""
     from pipeline.warehouse.comparison import named
 
@@ -92,12 +95,13 @@ def headline_sentence(c: Comparison) -> str:
     if verdict not in LEADS:
         return "No change past the noise."
     shown = named(c.get("families", []), verdict)[:5]
-    return f"{LEADS[verdict]}: " + "; ".join(f"{family_name(f)} {fmt_change(f, 'adjusted_change')}" for f in shown) + "."
+    return f"{LEADS[verdict]}: " + "; ".join(f"{family_name(f, quote)} {fmt_change(f, 'adjusted_change')}"
+                                             for f in shown) + "."
 
 
-def _family_line(f: Family, plain: bool = False) -> tuple[str, ...]:
+def _family_line(f: Family, quote: Callable[[object], str] = md_cell) -> tuple[str, ...]:
     z = "-" if f["z"] is None else f"{f['z']:.1f}"
-    return (f["verdict"], family_name(f).replace("`", "") if plain else family_name(f), fmt_value(f["test"], f["baseline_value"]), fmt_value(f["test"], f["value"]),
+    return (f["verdict"], family_name(f, quote), fmt_value(f["test"], f["baseline_value"]), fmt_value(f["test"], f["value"]),
             fmt_change(f), fmt_change(f, "adjusted_change"), fmt_noise(f), z, TITLES[f["kind"]])
 
 
@@ -107,29 +111,30 @@ FAMILY_HEAD = ("verdict", "family", "baseline", "this run", "change", "against t
 
 def text(c: Comparison, limit: int = 40, everything: bool = False) -> str:
     """The comparison for a terminal."""
-    head = f"run {c['run_id']} (job {c['job']}, workload {c['workload']})"
+    t = terminal
+    head = f"run {t(c['run_id'])} (job {t(c['job'])}, workload {t(c['workload'])})"
     if c["baseline_run_id"] is None:
-        return f"{head}: {c['reason']}; nothing compared"
-    lines = [f"{head} vs baseline {c['baseline_run_id']}: {c['verdict']}", headline_sentence(c)]
+        return f"{head}: {t(c['reason'])}; nothing compared"
+    lines = [f"{head} vs baseline {t(c['baseline_run_id'])}: {c['verdict']}", headline_sentence(c, t)]
     if c["reason"]:
-        lines.append(f"note: {c['reason']}")
+        lines.append(f"note: {t(c['reason'])}")
     width = max([len(TITLES[r["kind"]]) for r in c["headline"]] + [10])
     for r in c["headline"]:
         lines.append(f"  {TITLES[r['kind']].ljust(width)}  {fmt_value(r['test'], r['baseline_value']):>14} -> "
                      f"{fmt_value(r['test'], r['value']):>14}  {fmt_change(r):>7}  {r['verdict']}")
     lines.append(_counts(c))
     for f in [f for f in c["families"] if everything or f["verdict"] != "noise"][:limit]:
-        lines.append("  " + "  ".join(_family_line(f, plain=True)))
+        lines.append("  " + "  ".join(_family_line(f, t)))
     for crate, queries in c.get("explanations", {}).items():
-        lines.append(f"  queries of {crate} that grew: " + ", ".join(
-            f"{q['label']} {fmt_value('time', q['baseline_ns'])} -> {fmt_value('time', q['ns'])}" for q in queries))
+        lines.append(f"  queries of {t(crate)} that grew: " + ", ".join(
+            f"{t(q['label'])} {fmt_value('time', q['baseline_ns'])} -> {fmt_value('time', q['ns'])}" for q in queries))
     listed = [r for r in c["changes"] if everything or (r["verdict"] != "noise" and r["role"] == "explain")]
     shown = listed[:limit]
     if shown:
         lines.append("metrics:" if everything else "queries and functions that moved (they explain; they never fail a job):")
     for r in shown:
         z = f"  z {r['z']:.1f}" if r["z"] is not None else ""
-        lines.append(f"{r['verdict']:>11}  {fmt_change(r):>7}  {TITLES[r['kind']]}: {r['key']}  "
+        lines.append(f"{r['verdict']:>11}  {fmt_change(r):>7}  {TITLES[r['kind']]}: {t(r['key'])}  "
                      f"({fmt_value(r['test'], r['baseline_value'])} -> {fmt_value(r['test'], r['value'])}, noise "
                      f"{fmt_noise(r)}{z})")
     rest = len(listed) - len(shown)
@@ -138,32 +143,28 @@ def text(c: Comparison, limit: int = 40, everything: bool = False) -> str:
     return "\n".join(lines)
 
 
-def _md(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
 def _md_table(head: tuple[str, ...] | list[str], rows: list[tuple[str, ...]]) -> list[str]:
-    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(_md(v) for v in r) + " |"
-                                                                       for r in rows]
+    """A markdown table of cells that are markdown already (names through :func:`md_code`)."""
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
 def markdown(c: Comparison, limit: int = 100) -> str:
     """The comparison as markdown for a CI job summary: the verdict first, then the families that changed and
     what explains them, then the build's numbers and the other metrics that moved."""
-    title = f"### bootprof: `{_md(c['run_id'])}`"
+    title = f"### bootprof: {md_code(c['run_id'])}"
     if c["baseline_run_id"] is None:
-        return f"{title}\n\n{_md(c['reason'])}; nothing compared.\n"
-    out = [f"{title} vs `{_md(c['baseline_run_id'])}`: **{c['verdict']}**", "", f"**{_md(headline_sentence(c))}**", "",
-           f"job `{_md(c['job'])}`, workload `{_md(c['workload'])}`" + (f" — **{_md(c['reason'])}**" if c["reason"] else ""),
-           ""]
+        return f"{title}\n\n{md_text(c['reason'])}; nothing compared.\n"
+    out = [f"{title} vs {md_code(c['baseline_run_id'])}: **{c['verdict']}**", "", f"**{headline_sentence(c)}**", "",
+           f"job {md_code(c['job'])}, workload {md_code(c['workload'])}"
+           + (f" — **{md_text(c['reason'])}**" if c["reason"] else ""), ""]
     changed = [f for f in c["families"] if f["verdict"] != "noise"][:limit]
     if changed:
         out += _md_table(FAMILY_HEAD, [_family_line(f) for f in changed]) + [""]
     for crate, queries in c.get("explanations", {}).items():
         if queries:
-            out += [f"Queries of `{_md(crate)}` that grew:", ""]
+            out += [f"Queries of {md_code(crate)} that grew:", ""]
             out += _md_table(("query", "self time", "this run", "invocations", "this run"), [
-                (q["label"], fmt_value("time", q["baseline_ns"]), fmt_value("time", q["ns"]),
+                (md_cell(q["label"]), fmt_value("time", q["baseline_ns"]), fmt_value("time", q["ns"]),
                  "-" if q["baseline_invocations"] is None else f"{q['baseline_invocations']:,}",
                  "-" if q["invocations"] is None else f"{q['invocations']:,}") for q in queries]) + [""]
     out += _md_table(("", "baseline", "this run", "change", "verdict"), [
@@ -174,7 +175,7 @@ def markdown(c: Comparison, limit: int = 100) -> str:
     if shown:
         out += ["Queries and functions that moved (they explain; they never fail a job on their own):", ""]
         out += _md_table(("verdict", "change", "metric", "name", "baseline", "this run", "noise"), [
-            (r["verdict"], fmt_change(r), TITLES[r["kind"]], f"`{r['key']}`", fmt_value(r["test"], r["baseline_value"]),
+            (r["verdict"], fmt_change(r), TITLES[r["kind"]], md_cell(r["key"]), fmt_value(r["test"], r["baseline_value"]),
              fmt_value(r["test"], r["value"]), fmt_noise(r)) for r in shown])
     return "\n".join(out) + "\n"
 
@@ -195,7 +196,7 @@ def html_page(c: Comparison, baseline_folded: list[tuple[str, int]], run_folded:
 
     intro = [f"<p>{esc(text(c).splitlines()[0])}</p>"]
     if c["baseline_run_id"] is not None:
-        intro.append(f"<p><b>{esc(headline_sentence(c).replace('`', ''))}</b></p>")
+        intro.append(f"<p><b>{esc(headline_sentence(c, str))}</b></p>")
         if c["reason"]:
             intro.append(f"<p><b>{esc(c['reason'])}</b></p>")
         changed = [f for f in c["families"] if f["verdict"] != "noise"][:limit]
