@@ -281,3 +281,29 @@ def test_a_huge_virtual_string_id_costs_no_memory(tmp_path):
     strings = StringTable(path, lay, streams[layout.TAG_STRING_DATA], streams[layout.TAG_STRING_INDEX])
     assert strings.virt_addr.nbytes < 1 << 20 and strings.addr_of(layout.MAX_VIRTUAL_STRING_ID) == 8
     assert strings.addr_of(layout.MAX_VIRTUAL_STRING_ID - 1) == -1
+
+
+def test_a_command_line_with_non_ascii_and_quotes_is_read(tmp_path):
+    """rustc writes its METADATA's command line with Rust's escapes (``\\u{e9}``, ``\\'``), which JSON has not: every
+    real profile of a crate under a path with an ``é`` or a ``'`` was refused ("METADATA is not JSON"). A real rustc
+    here writes one such profile; its command line decodes whole."""
+    from tests.helpers.selfprofile import rust_path
+
+    where = tmp_path / "prof é'x"
+    where.mkdir()
+    source = where / "hello.rs"
+    source.write_bytes(fixture_path("selfprofile/hello-default/hello.rs").read_bytes())
+    env = dict(os.environ, RUSTC_BOOTSTRAP="1", PATH=rust_path())
+    subprocess.run(["rustc", "--crate-name", "hello", f"-Zself-profile={where / 'out'}", str(source), "-o",
+                    str(where / "hello")], cwd=where, env=env, check=True, capture_output=True, timeout=300)
+    from pipeline.decode.measureme.reader import rust_escapes_as_json
+
+    assert rust_escapes_as_json(r'"a \u{e9}\'b \\u{e9} \u{1f600}"') == r'"a \u00e9' + "'" + r'b \\u{e9} \ud83d\ude00"'
+    from pipeline import decode
+    from pipeline.cluster import Pool
+    from pipeline.config import Config
+    from pipeline.runs import read_table
+
+    decode.run(tmp_path / "run", Config(), Pool(None), inputs=[where / "out"])
+    (row,) = read_table(tmp_path / "run", "decoded", "self_profiles").to_pylist()
+    assert row["status"] == "ok" and f"-Zself-profile={where / 'out'}" in row["cmd"], row

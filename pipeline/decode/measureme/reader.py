@@ -187,12 +187,30 @@ class StringTable:
             raise ProfileError(f"{self.path}: string index has no METADATA entry (id {METADATA_STRING_ID})")
         text = self.expand(self.metadata_addr)
         try:
-            meta = json.loads(text)
+            try:
+                meta = json.loads(text)
+            except ValueError:
+                meta = json.loads(rust_escapes_as_json(text))
         except ValueError as exc:
             raise ProfileError(f"{self.path}: string data offset {self.metadata_addr}: METADATA is not JSON: {exc}") from None
         if not isinstance(meta, dict):
             raise ProfileError(f"{self.path}: string data offset {self.metadata_addr}: METADATA is not a JSON object")
         return meta
+
+
+#: A backslash escape in rustc's METADATA: its command line is written with Rust's ``escape_default``, which JSON
+#: does not read where it differs (``\u{e9}`` for a non-ASCII character, ``\'`` for a quote).
+_RUST_ESCAPE = re.compile(r"\\(?:u\{([0-9a-fA-F]{1,6})\}|(')|(.))", re.S)
+
+
+def rust_escapes_as_json(text: str) -> str:
+    """``text`` with Rust's escapes that JSON lacks written as JSON's (the others, ``\\n`` or ``\\\\``, as they are)."""
+    def one(m: re.Match) -> str:
+        if m.group(1) is not None:
+            code = int(m.group(1), 16)
+            return json.dumps(chr(code))[1:-1] if code <= 0x10FFFF and not 0xD800 <= code <= 0xDFFF else "\\ufffd"
+        return "'" if m.group(2) else m.group(0)
+    return _RUST_ESCAPE.sub(one, text)
 
 
 def split_event_id(text: str) -> tuple[str, list[str] | None]:
