@@ -651,3 +651,50 @@ def test_rebuild_keeps_every_damaged_file_and_survives_odd_journal_lines(tmp_pat
         assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 2
     finally:
         con.close()
+
+
+def test_an_ingest_during_a_rebuild_waits_for_it_and_lands_in_the_new_file(tmp_path, nightlies):
+    """An ingest while ``warehouse rebuild`` ran once said "ingested run r4", exit 0, and r4 was in neither the
+    rebuilt warehouse nor its journal (it went into the file the rebuild replaced); verify found nothing wrong. The
+    rebuild now holds the warehouse's writers' lock: held after it ingested the runs, the ingest started then waits
+    for it, and lands in the new file."""
+    import shutil
+
+    import duckdb
+
+    from tests.helpers import checkpoints
+
+    config, db = _warehouse_copy(nightlies, tmp_path)
+    hold, late = tmp_path / "hold", tmp_path / "nightly-4"
+    shutil.copytree(nightlies / "nightly-2", late)
+    rebuild = subprocess.Popen([sys.executable, "-m", "pipeline", "--config", str(config), "warehouse", "rebuild"],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=checkpoints.env(hold, "rebuild.ingested"))
+    ingest = None
+    try:
+        checkpoints.reached(hold, "rebuild.ingested", rebuild)
+        ingest = subprocess.Popen([sys.executable, "-m", "pipeline", "--config", str(config), "warehouse", "ingest",
+                                   "--run", str(late)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+        for line in ingest.stderr:           # (it waits for the rebuild: an event, not a time)
+            if "locked by another process; waiting" in line:
+                break
+        checkpoints.release(hold, "rebuild.ingested")
+        out, err = rebuild.communicate(timeout=300)
+        assert rebuild.returncode == 0, err[-2000:]
+        i_out, i_err = ingest.communicate(timeout=300)
+        assert ingest.returncode == 0, i_err[-2000:]
+    finally:
+        rebuild.kill()
+        if ingest is not None:
+            ingest.kill()
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        runs = con.execute("SELECT list(run_id ORDER BY run_id) FROM runs").fetchone()[0]
+    finally:
+        con.close()
+    assert runs == ["nightly-1", "nightly-2", "nightly-4"], runs
+    assert '"run_id": "nightly-4"' in db.with_name(db.name + ".journal.jsonl").read_text()
+    assert not list(tmp_path.glob("*.rebuild-*"))
+    verified = bootprof("--config", str(config), "warehouse", "verify")
+    assert verified.returncode == 0 and "no problem found" in verified.stdout, verified.stdout

@@ -201,7 +201,7 @@ def html_page(c: Comparison, baseline_folded: list[tuple[str, int]], run_folded:
             intro.append(f"<p><b>{esc(c['reason'])}</b></p>")
         changed = [f for f in c["families"] if f["verdict"] != "noise"][:limit]
         if changed:
-            intro.append(table([_family_line(f, plain=True) for f in changed], list(FAMILY_HEAD)))
+            intro.append(table([_family_line(f, str) for f in changed], list(FAMILY_HEAD)))
         for crate, queries in c.get("explanations", {}).items():
             if queries:
                 intro.append(f"<p>Queries of {esc(crate)} that grew:</p>" + table(

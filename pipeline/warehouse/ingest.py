@@ -16,7 +16,7 @@ from pipeline.mirror import location
 from pipeline.runs import MANIFEST, parquet_glob, read_manifest, sql_path, stage_dir
 from pipeline.stages import DECODED
 from pipeline.warehouse import comparison, journal
-from pipeline.warehouse.store import NOT_INGESTED, connect, rollback, workload_of, write_metrics
+from pipeline.warehouse.store import NOT_INGESTED, connect, rollback, workload_of, write_metrics, writing
 
 if TYPE_CHECKING:
     from pipeline.contracts import IngestSummary
@@ -87,11 +87,18 @@ def holds(db: Path, run_dir: Path, labels: dict[str, str], lock_timeout_s: float
 
 def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: str | None = None,
            lock_timeout_s: float = 300.0, after: Callable[[], Any] | None = None) -> IngestSummary:
-    """Put one run into the warehouse (replacing an earlier ingestion of the same run_id).
+    """Put one run into the warehouse (replacing an earlier ingestion of the same run_id), as its one writer
+    (:func:`~pipeline.warehouse.store.writing`).
 
     ``after``: the report stage still runs (a job started this beside it, ``stages``); the aggregated tables go
     in meanwhile, and ``after()`` returns once it has ended (or raises its error: nothing is then written), before
     the stages' manifests are read for the ``runs`` and ``stage_manifests`` rows."""
+    with writing(db, lock_timeout_s):
+        return _ingest(db, run_dir, labels, job, lock_timeout_s, after)
+
+
+def _ingest(db: Path, run_dir: Path, labels: dict[str, str] | None, job: str | None, lock_timeout_s: float,
+            after: Callable[[], Any] | None) -> IngestSummary:
     run_dir = Path(run_dir).resolve()
     # (the report's manifest, when the report still runs, is read once it has ended: the one there now may be an
     # earlier run's, made from other upstream outputs)

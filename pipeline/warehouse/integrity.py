@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.checkpoints import checkpoint
 from pipeline.errors import BootprofError, InputError
 from pipeline.runs import MANIFEST, stage_dir
 from pipeline.warehouse.journal import one_line, damage_hint, journal, journal_path
@@ -118,10 +119,17 @@ def rebuild(db: Path, run_dirs: list[Path] | None = None, out: Path | None = Non
     """Ingest ``run_dirs`` (default: the journal's runs whose directories are still there, in the journal's
     order) into a new file. With ``out``: that file (which must not exist yet). Without: the new file takes the
     warehouse's place and the old one is kept as ``<warehouse>.damaged``. Returns what was done."""
+    from pipeline.warehouse.store import writing
+
+    db = Path(db).expanduser()
+    with writing(db, lock_timeout_s):       # (an ingest meanwhile would go into the file being replaced)
+        return _rebuild(db, run_dirs, out, lock_timeout_s)
+
+
+def _rebuild(db: Path, run_dirs: list[Path] | None, out: Path | None, lock_timeout_s: float) -> dict:
     from pipeline import warehouse
     from pipeline.portable import rename
 
-    db = Path(db).expanduser()
     known = journal(db)
     labels_of = {Path(str(e.get("run_dir"))): e.get("labels") or {} for e in known.values()}
     jobs_of = {Path(str(e.get("run_dir"))): e.get("job") for e in known.values()}
@@ -149,6 +157,7 @@ def rebuild(db: Path, run_dirs: list[Path] | None = None, out: Path | None = Non
                 failed.append(f"{run_dir}: {exc}")
         if not ingested:
             raise InputError(f"{db}: no run could be ingested again; first: {failed[0] if failed else '?'}")
+        checkpoint("rebuild.ingested")
         if not out:
             damaged = kept_name(db)
             if db.exists():
@@ -164,6 +173,8 @@ def rebuild(db: Path, run_dirs: list[Path] | None = None, out: Path | None = Non
             for leftover in (target, journal_path(target), target.with_name(target.name + ".wal")):
                 leftover.unlink(missing_ok=True)
         raise
+    finally:
+        Path(str(target) + ".lock").unlink(missing_ok=True)      # (the new file's writers' lock, under its first name)
     return {"db": str(out or db), "ingested": ingested, "failed": failed, "missing": missing,
             "damaged": None if out else str(damaged)}
 

@@ -3,8 +3,10 @@ connection that waits for another process's lock and upgrades an older file, and
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
+from typing import Iterator
 
 from pipeline.errors import InputError, is_interrupt
 from pipeline.warehouse import comparison, journal
@@ -112,6 +114,34 @@ STORAGE_COMPATIBILITY = "v1.0.0"
 
 #: How often a connection blocked by another process's lock is tried again.
 LOCK_RETRY_S = 0.2
+
+
+@contextlib.contextmanager
+def writing(path: Path, lock_timeout_s: float = 300.0) -> Iterator[None]:
+    """One bootprof command writes a warehouse at a time: an ingest, a prune, or a rebuild for its whole length (an
+    ingest that went into the file a rebuild was replacing was lost with it). A lock file beside the warehouse
+    (``<warehouse>.lock``, filelock's: the same on every system), waited for up to ``lock_timeout_s``."""
+    from filelock import FileLock, Timeout
+
+    path = Path(path).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(path) + ".lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        import logging
+
+        logging.getLogger("bootprof").warning("%s: locked by another process; waiting for it (up to %g s, "
+                                              "warehouse.lock_timeout_s)", path, lock_timeout_s)
+        try:
+            lock.acquire(timeout=lock_timeout_s)
+        except Timeout:
+            raise InputError(f"{path}: the warehouse is locked by another process for more than {lock_timeout_s:g} s "
+                             "(warehouse.lock_timeout_s): another bootprof command writes it") from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def connect(path: Path, read_only: bool = False, lock_timeout_s: float = 300.0):
@@ -239,6 +269,11 @@ def prune(db: Path, keep: int, lock_timeout_s: float = 300.0) -> dict[str, int]:
     """Retention: of each job and workload, the newest ``keep`` runs keep their detail (the aggregated tables);
     older runs keep only their summary (``SUMMARY_TABLES``), so their metrics still count as history and
     compare as baselines. Returns the runs pruned and the rows deleted."""
+    with writing(db, lock_timeout_s):
+        return _prune(db, keep, lock_timeout_s)
+
+
+def _prune(db: Path, keep: int, lock_timeout_s: float) -> dict[str, int]:
     con = connect(db, lock_timeout_s=lock_timeout_s)
     try:
         con.execute("BEGIN TRANSACTION")
