@@ -9,6 +9,10 @@ import pytest
 
 from tests.synth_traces import VARIANTS, Synth
 
+#: A command the tests start that crashes in native code says where (seen once: a SIGSEGV of `bootprof run` on a
+#: loaded machine, not seen again in 60 tries).
+os.environ.setdefault("PYTHONFAULTHANDLER", "1")
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 FIXTURES = SHARED / "fixtures"
