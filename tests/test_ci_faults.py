@@ -331,23 +331,19 @@ def test_an_input_replaced_while_it_is_decoded_is_one_error(tmp_path, how, synth
     from tests.helpers import checkpoints
 
     a, b = synth_traces["plain64"].path, synth_traces["xpress64"].path
-    trace, run, hold = tmp_path / "t.etl", tmp_path / "run", tmp_path / "hold"
+    trace, run = tmp_path / "t.etl", tmp_path / "run"
     trace.write_bytes(a.read_bytes())
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "--config", str(_sync(tmp_path)), "decode",
-                             str(trace), "--run", str(run)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=checkpoints.env(hold, "decode.started"))
-    try:
-        checkpoints.reached(hold, "decode.started", proc)
+
+    def replace(_proc):
         if how == "copied over":
             trace.write_bytes(b.read_bytes())
         else:
             (tmp_path / "b.etl").write_bytes(b.read_bytes())
             os.replace(tmp_path / "b.etl", trace)
-        checkpoints.release(hold, "decode.started")
-        out, err = proc.communicate(timeout=300)
-    finally:
-        proc.kill()
-    line = one_line_error(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+
+    done = checkpoints.run_held([sys.executable, "-m", "pipeline", "--config", str(_sync(tmp_path)), "decode", str(trace),
+                                 "--run", str(run)], tmp_path / "hold", "decode.started", replace, ROOT)
+    line = one_line_error(done)
     assert f"{trace}: changed while it was decoded" in line
     assert not (run / "decoded").exists()
 
@@ -359,20 +355,13 @@ def test_a_self_profile_removed_while_it_is_decoded_is_one_error(tmp_path):
 
     from tests.helpers import checkpoints
 
-    profiles, run, hold = tmp_path / "profiles", tmp_path / "run", tmp_path / "hold"
+    profiles, run = tmp_path / "profiles", tmp_path / "run"
     shutil.copytree(fixture_path("selfprofile/workspace-clean"), profiles, copy_function=shutil.copyfile)
     gone = next(profiles.glob("util-*.mm_profdata"))
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "--config", str(_sync(tmp_path)), "decode",
-                             str(profiles), "--run", str(run)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=checkpoints.env(hold, "decode.started"))
-    try:
-        checkpoints.reached(hold, "decode.started", proc)
-        gone.unlink()
-        checkpoints.release(hold, "decode.started")
-        out, err = proc.communicate(timeout=300)
-    finally:
-        proc.kill()
-    line = one_line_error(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    done = checkpoints.run_held([sys.executable, "-m", "pipeline", "--config", str(_sync(tmp_path)), "decode",
+                                 str(profiles), "--run", str(run)], tmp_path / "hold", "decode.started",
+                                lambda _proc: gone.unlink(), ROOT)
+    line = one_line_error(done)
     assert f"{gone}: changed while it was decoded" in line
     assert not (run / "decoded").exists()
 
@@ -504,21 +493,15 @@ def test_a_ctrl_c_at_any_moment_of_an_ingest_says_whether_the_run_went_in(tmp_pa
     from tests.helpers import checkpoints
 
     config, db = _warehouse_copy(nightlies, tmp_path)
-    run, hold = tmp_path / "nightly-c", tmp_path / "hold"
+    run = tmp_path / "nightly-c"
     shutil.copytree(nightlies / "nightly-1", run)
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "--config", str(config), "warehouse", "ingest",
-                             "--run", str(run)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=checkpoints.env(hold, moment))
-    try:
-        checkpoints.reached(hold, moment, proc)
-        proc.send_signal(signal.SIGINT)
-        if moment == "ingest.committed":        # (held: the signal waits for the journal line)
-            checkpoints.release(hold, moment)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
+    # (at "ingest.committed" the signal is held: it comes once the journal line is written, after the release)
+    done = checkpoints.run_held([sys.executable, "-m", "pipeline", "--config", str(config), "warehouse", "ingest",
+                                 "--run", str(run)], tmp_path / "hold", moment,
+                                lambda proc: proc.send_signal(signal.SIGINT), ROOT, timeout=120)
+    err = done.stderr
     assert "Traceback" not in err, err[-3000:]
-    assert proc.returncode == 130, (proc.returncode, err)
+    assert done.returncode == 130, (done.returncode, err)
     con = duckdb.connect(str(db), read_only=True)
     try:
         held = con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run.name]).fetchone()[0]

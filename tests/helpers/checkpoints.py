@@ -29,3 +29,18 @@ def reached(where: Path, name: str, proc: subprocess.Popen, timeout: float = 300
 
 def release(where: Path, name: str) -> None:
     (where / f"{name}.go").write_text("go", encoding="utf-8")
+
+
+def run_held(args: list[str], where: Path, name: str, at, cwd: Path, timeout: float = 300.0) -> subprocess.CompletedProcess:
+    """Run ``args`` held at checkpoint ``name``; there, call ``at(proc)``; let it go on; its result. ``at`` may
+    release it itself (a signal held until a moment is over)."""
+    proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env(where, name))
+    try:
+        reached(where, name, proc)
+        at(proc)
+        release(where, name)
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
