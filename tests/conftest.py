@@ -10,13 +10,6 @@ import pytest
 
 from tests.synth_traces import VARIANTS, Synth
 
-# A test run started in the background by a shell without job control (`make test &` in a script, `nohup`, some CI
-# runners) inherits SIGINT ignored, and so would every command it starts: no Ctrl-C would reach them, and the tests
-# that send one (and `signals_held`'s, in this process) would wait in vain. Handled here, it is the default again in
-# the commands (an exec resets a handled signal, not an ignored one).
-if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-
 #: A command the tests start that crashes in native code says where (seen once: a SIGSEGV of `bootprof run` on a
 #: loaded machine, not seen again in 60 tries).
 os.environ.setdefault("PYTHONFAULTHANDLER", "1")
@@ -31,6 +24,16 @@ def run_dir_of_all_workers(tmp_path_factory) -> Path:
     below it)."""
     base = tmp_path_factory.getbasetemp()
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def pytest_configure(config):
+    """A test run started in the background by a shell without job control (`make test &` in a script, `nohup`,
+    some CI runners) inherits SIGINT ignored, and so would every command it starts: no Ctrl-C would reach them, and
+    the tests that send one (and ``signals_held``'s, in this process) would wait in vain. Handled here, it is the
+    default again in the commands (an exec resets a handled signal, not an ignored one). (A hook, not code at import:
+    a dask worker that imports a test module for its task function must keep ignoring it.)"""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_sessionstart(session):
