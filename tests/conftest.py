@@ -36,6 +36,19 @@ def pytest_configure(config):
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+#: The modules that take longest (under `make test` on the 2-core VM), first: pytest-xdist hands whole modules out in
+#: collection order, and a long one handed out last keeps one process busy while the other has nothing left to do.
+LONGEST_FIRST = ("test_warehouse_history", "test_jobs", "test_portable", "test_ci_faults", "test_run_at_url",
+                 "test_nightly_real", "test_report_etl", "test_capture_etw", "test_report_queries", "test_warehouse",
+                 "test_decode_etl", "test_kernels_nojit")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: k for k, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.module.__name__.rsplit(".", 1)[-1], len(rank)))   # (stable: within a
+    # module, and among the rest, the order stays)
+
+
 def pytest_sessionstart(session):
     import tempfile
 
