@@ -130,7 +130,8 @@ def xperf(trace: Path) -> Recording:
 def version(exe: str) -> str:
     """The tool's banner line with its version (from ``-?``), or what went wrong."""
     try:
-        proc = subprocess.run([exe, "-?"], capture_output=True, text=True, timeout=60)
+        proc = subprocess.run([exe, "-?"], capture_output=True, text=True, encoding="utf-8", errors="replace",
+                              timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"unknown ({exc})"
     lines = [line.strip() for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]

@@ -37,7 +37,7 @@ PARTIAL_TRACE = Path("input") / "trace.partial.etl"
 def _call(cmd: list[str], log: list[dict]) -> subprocess.CompletedProcess:
     """Run one ETW tool command; its line, exit code and output go to the manifest's log."""
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(cmd, capture_output=True, text=True, encoding="utf-8", errors="replace", timeout=900)
     except (OSError, subprocess.TimeoutExpired) as exc:
         proc = subprocess.CompletedProcess(cmd, 127 if isinstance(exc, OSError) else 124, "", str(exc))
     log.append({"command": cmd, "exit_code": proc.returncode,

@@ -26,7 +26,8 @@ def rustc_command(env: dict[str, str], build: list[str] | None = None) -> list[s
 def toolchain(rustc: list[str], env: dict[str, str]) -> dict[str, str]:
     """``rustc -vV`` as a dict (release, commit-hash, host, LLVM version, ...) plus the raw text."""
     try:
-        proc = subprocess.run([*rustc, "-vV"], env=env, capture_output=True, text=True, timeout=60)
+        proc = subprocess.run([*rustc, "-vV"], env=env, capture_output=True, text=True, encoding="utf-8",
+                              errors="replace", timeout=60)
     except OSError as exc:
         raise InputError(f"cannot run {' '.join(rustc)} -vV: {exc.strerror or exc} (is a Rust toolchain on PATH?)") from exc
     if proc.returncode != 0:
@@ -43,7 +44,8 @@ def check_self_profile(rustc: list[str], env: dict[str, str], events: str) -> li
     """Run rustc once with the -Z flags; BootprofError if it refuses them, else its warnings."""
     with tempfile.TemporaryDirectory(prefix="bootprof-probe-") as tmp:
         cmd = [*rustc, f"-Zself-profile={tmp}", f"-Zself-profile-events={events}", "--print", "sysroot"]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=tmp)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, encoding="utf-8", errors="replace",
+                              timeout=120, cwd=tmp)
     if proc.returncode != 0:
         if "only accepted on the nightly compiler" in proc.stderr:
             raise BootprofError(
@@ -92,7 +94,7 @@ def checkout_commit(checkout: Path) -> str | None:
     """``git rev-parse HEAD`` of the directory the build runs in, None when it is not a git checkout."""
     try:
         proc = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=30)
+                              encoding="utf-8", errors="replace", timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return proc.stdout.strip() if proc.returncode == 0 else None
