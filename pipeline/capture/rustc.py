@@ -93,8 +93,8 @@ def debuginfo_warning(checkout: Path) -> str | None:
 def checkout_commit(checkout: Path) -> str | None:
     """``git rev-parse HEAD`` of the directory the build runs in, None when it is not a git checkout."""
     try:
-        proc = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              encoding="utf-8", errors="replace", timeout=30)
+        proc = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, encoding="utf-8", errors="replace", timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return proc.stdout.strip() if proc.returncode == 0 else None

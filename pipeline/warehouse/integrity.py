@@ -129,6 +129,7 @@ def rebuild(db: Path, run_dirs: list[Path] | None = None, out: Path | None = Non
 def _rebuild(db: Path, run_dirs: list[Path] | None, out: Path | None, lock_timeout_s: float) -> dict:
     from pipeline import warehouse
     from pipeline.portable import rename
+    from pipeline.warehouse.store import lock_path
 
     known = journal(db)
     labels_of = {Path(str(e.get("run_dir"))): e.get("labels") or {} for e in known.values()}
@@ -174,7 +175,7 @@ def _rebuild(db: Path, run_dirs: list[Path] | None, out: Path | None, lock_timeo
                 leftover.unlink(missing_ok=True)
         raise
     finally:
-        Path(str(target) + ".lock").unlink(missing_ok=True)      # (the new file's writers' lock, under its first name)
+        lock_path(target).unlink(missing_ok=True)        # (the new file's writers' lock, under its first name)
     return {"db": str(out or db), "ingested": ingested, "failed": failed, "missing": missing,
             "damaged": None if out else str(damaged)}
 

@@ -116,28 +116,41 @@ STORAGE_COMPATIBILITY = "v1.0.0"
 LOCK_RETRY_S = 0.2
 
 
+def lock_path(db: Path) -> Path:
+    """The writers' lock beside a warehouse file (:func:`writing`)."""
+    return Path(str(Path(db).expanduser()) + ".lock")
+
+
+def _waiting(path: Path, lock_timeout_s: float) -> None:
+    import logging
+
+    logging.getLogger("bootprof").warning("%s: locked by another process; waiting for it (up to %g s, "
+                                          "warehouse.lock_timeout_s)", path, lock_timeout_s)
+
+
+def _locked(path: Path, lock_timeout_s: float, holder: str) -> InputError:
+    return InputError(f"{path}: the warehouse is locked by another process for more than {lock_timeout_s:g} s "
+                      f"(warehouse.lock_timeout_s): {holder}")
+
+
 @contextlib.contextmanager
 def writing(path: Path, lock_timeout_s: float = 300.0) -> Iterator[None]:
     """One bootprof command writes a warehouse at a time: an ingest, a prune, or a rebuild for its whole length (an
     ingest that went into the file a rebuild was replacing was lost with it). A lock file beside the warehouse
-    (``<warehouse>.lock``, filelock's: the same on every system), waited for up to ``lock_timeout_s``."""
+    (:func:`lock_path`, filelock's: the same on every system), waited for up to ``lock_timeout_s``."""
     from filelock import FileLock, Timeout
 
     path = Path(path).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(path) + ".lock")
+    lock = FileLock(str(lock_path(path)))
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        import logging
-
-        logging.getLogger("bootprof").warning("%s: locked by another process; waiting for it (up to %g s, "
-                                              "warehouse.lock_timeout_s)", path, lock_timeout_s)
+        _waiting(path, lock_timeout_s)
         try:
             lock.acquire(timeout=lock_timeout_s)
         except Timeout:
-            raise InputError(f"{path}: the warehouse is locked by another process for more than {lock_timeout_s:g} s "
-                             "(warehouse.lock_timeout_s): another bootprof command writes it") from None
+            raise _locked(path, lock_timeout_s, "another bootprof command writes it") from None
     try:
         yield
     finally:
@@ -171,14 +184,10 @@ def connect(path: Path, read_only: bool = False, lock_timeout_s: float = 300.0):
                 raise InputError(f"{path}: cannot open the warehouse: {' '.join(str(exc).split())[:300]}"
                                  f"{journal.damage_hint(path)}") from None
             if time.monotonic() >= deadline:
-                raise InputError(f"{path}: the warehouse is locked by another process for more than "
-                                 f"{lock_timeout_s:g} s (warehouse.lock_timeout_s): {' '.join(str(exc).split())}") from None
+                raise _locked(path, lock_timeout_s, " ".join(str(exc).split())) from None
             if not waited:
                 waited = True
-                import logging
-
-                logging.getLogger("bootprof").warning("%s: locked by another process; waiting for it (up to %g s, "
-                                                      "warehouse.lock_timeout_s)", path, lock_timeout_s)
+                _waiting(path, lock_timeout_s)
             time.sleep(LOCK_RETRY_S)
         except duckdb.Error as exc:
             raise InputError(f"{path}: cannot open the warehouse: {' '.join(str(exc).split())[:300]}"
