@@ -5,7 +5,8 @@ and fails on a platform API used elsewhere).
 - Read-only maps of a file (``mmap.ACCESS_READ``: the one form every system has).
 - Reads at an offset (``os.pread`` where it exists; elsewhere a seek and read under a lock per descriptor).
 - Stopping a child as Ctrl-C would: SIGINT on POSIX; on Windows, where there is no SIGINT to send, a child
-  started in a process group of its own is sent ``CTRL_BREAK_EVENT``.
+  started in a process group of its own is sent ``CTRL_BREAK_EVENT``; then the rest of its process tree, read with
+  psutil, which no console signal may reach. Waits on a child in steps, which Ctrl-C can break on every system.
 - Renames of directories: Windows refuses to rename a directory over another, and to rename or remove one
   while a file in it is open (a virus scanner or an indexer may hold one for a moment): tried again for a while.
 """
@@ -95,6 +96,82 @@ def interrupt(proc: subprocess.Popen) -> None:
             proc.send_signal(signal.SIGINT)
     except OSError:             # (ended meanwhile)
         pass
+
+
+def shielded() -> dict:
+    """``subprocess.Popen`` arguments for a helper that must finish even when the user presses Ctrl-C (a recording
+    tool's stop and merge): outside the terminal's process group, so the console's Ctrl-C does not reach it (on
+    Windows a process group of its own, which also ignores Ctrl-C; on POSIX a session of its own)."""
+    if sys.platform == "win32":
+        return {"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP}
+    return {"start_new_session": True}
+
+
+#: How often a wait on a child looks up: Ctrl-C reaches a wait with no timeout only when it ends (on Windows a
+#: documented CPython limit), and a wait in steps raises ``KeyboardInterrupt`` within one.
+WAIT_STEP_S = 0.25
+
+
+def wait(proc: subprocess.Popen, timeout: float | None = None) -> int | None:
+    """Wait for ``proc`` in steps of :data:`WAIT_STEP_S`, so that Ctrl-C and SIGTERM interrupt the wait on every
+    system; its exit code, or None when ``timeout`` passed first."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        step = WAIT_STEP_S if deadline is None else min(WAIT_STEP_S, deadline - time.monotonic())
+        if step <= 0:
+            return proc.poll()
+        try:
+            return proc.wait(step)
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def end_tree(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """End a child and every process it started, as a build's Ctrl-C would: first :func:`interrupt` (SIGINT, or
+    ``CTRL_BREAK_EVENT`` to its group on Windows), then after ``grace_s`` ``terminate`` and then ``kill`` for
+    whatever of the tree is left. The tree is read with psutil before the top is signalled and again before
+    each step, so a build script that its cargo left behind (re-parented when cargo ended) is still ended, and
+    so is a tree that no console signal reaches (a service, Task Scheduler, a CI runner without a console)."""
+    import psutil
+
+    def family(roots: list[psutil.Process]) -> list[psutil.Process]:
+        found: dict[int, psutil.Process] = {}
+        for root in roots:
+            try:
+                if root.is_running():
+                    found.setdefault(root.pid, root)
+                for child in root.children(recursive=True):
+                    found.setdefault(child.pid, child)
+            except psutil.Error:
+                continue
+        return list(found.values())
+
+    def running(p: psutil.Process) -> bool:
+        try:
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    try:
+        top = psutil.Process(proc.pid)
+    except psutil.Error:
+        return
+    known = family([top])
+    if proc.poll() is None:
+        interrupt(proc)
+        wait(proc, grace_s)
+    for action in ("terminate", "kill"):
+        known = [p for p in family(known) if running(p)]
+        if not known:
+            break
+        for p in known:
+            try:
+                getattr(p, action)()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(known, timeout=grace_s)
+    if proc.poll() is None:
+        wait(proc, grace_s)
 
 
 def pid_alive(pid: int) -> bool:

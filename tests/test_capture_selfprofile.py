@@ -30,6 +30,8 @@ def captured(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("capture")
     ws = workspace_copy(tmp)
+    # (a run directory as a user folder may name it: a space, a non-ASCII letter; cargo must get one flag)
+    tmp = tmp / "John Smith é"
     mp = pytest.MonkeyPatch()
     mp.setenv("PATH", rust_path())
     mp.setenv("RUSTC_BOOTSTRAP", "1")
@@ -54,7 +56,10 @@ def test_capture_manifest_and_files(captured):
     assert manifest["command"] == ["cargo", "build", "--offline", "--quiet"]
     assert manifest["toolchain"]["release"] and manifest["toolchain"]["host"]
     assert manifest["toolchain"]["version"].startswith("rustc ")
-    assert manifest["rustflags_added"].startswith("-Zthreads=2 -Zself-profile=")
+    assert manifest["rustflags_variable"] == "CARGO_ENCODED_RUSTFLAGS"
+    assert manifest["rustflags_added"] == [f"-Zself-profile={run / 'selfprofile'}",
+                                           "-Zself-profile-events=default,query-cache-hit"]
+    assert " " in str(run)
     assert manifest["elapsed_s"] > 0 and manifest["exit_code"] == 0
     names = sorted(f["name"].rsplit("-", 1)[0] for f in manifest["files"])
     assert names == ["___", "app", "mathx", "util"]  # one per rustc process, cargo's probe included
@@ -106,3 +111,79 @@ def test_stable_rustc_without_bootstrap_is_refused_clearly(tmp_path):
     assert proc.returncode == 2
     assert "rustc refuses -Z self-profile" in proc.stderr and "RUSTC_BOOTSTRAP=1" in proc.stderr
     assert "Traceback" not in proc.stderr and not marker.exists()
+
+
+def test_flags_already_set_go_with_ours_and_x_py_gets_rustflags(tmp_path):
+    """cargo ignores RUSTFLAGS once CARGO_ENCODED_RUSTFLAGS is set: the flags a user set are carried over, split as
+    cargo splits them. A checkout's x.py reads RUSTFLAGS itself (split at every space), so it gets them there, and a
+    directory with a space is refused before the build."""
+    from pipeline.capture.rustc import is_bootstrap, profile_env
+    from pipeline.errors import InputError
+
+    spaced = tmp_path / "a b" / "selfprofile"
+    env, var, added = profile_env({"RUSTFLAGS": "  -Zthreads=2   -Cdebuginfo=1 "}, spaced, "default")
+    assert var == "CARGO_ENCODED_RUSTFLAGS"
+    assert env["CARGO_ENCODED_RUSTFLAGS"].split("\x1f") == ["-Zthreads=2", "-Cdebuginfo=1", *added]
+    env, _, added = profile_env({"CARGO_ENCODED_RUSTFLAGS": "--cfg\x1ffoo bar", "RUSTFLAGS": "-Cignored"}, spaced, "all")
+    assert env["CARGO_ENCODED_RUSTFLAGS"].split("\x1f") == ["--cfg", "foo bar", *added]
+
+    checkout = tmp_path / "rust"
+    (checkout / "src" / "bootstrap").mkdir(parents=True)
+    assert is_bootstrap(["python", "x.py", "build"], checkout) and is_bootstrap(["./x", "build"], checkout)
+    assert not is_bootstrap(["cargo", "build"], checkout) and not is_bootstrap(["./x", "build"], tmp_path)
+    env, var, added = profile_env({"RUSTFLAGS": "-Zthreads=2"}, tmp_path / "run" / "selfprofile", "default", True)
+    assert var == "RUSTFLAGS" and env["RUSTFLAGS"] == " ".join(["-Zthreads=2", *added])
+    assert "CARGO_ENCODED_RUSTFLAGS" not in env
+    with pytest.raises(InputError, match="x.py splits RUSTFLAGS at spaces.*a b"):
+        profile_env({}, spaced, "default", True)
+
+
+BUILD_SCRIPT = """
+fn main() {
+    let pid_file = std::env::var("BUILD_SCRIPT_PID").unwrap();
+    std::fs::write(format!("{pid_file}.tmp"), std::process::id().to_string()).unwrap();
+    std::fs::rename(format!("{pid_file}.tmp"), &pid_file).unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(600));
+}
+"""
+
+
+def test_sigint_to_bootprof_ends_the_whole_build_tree(tmp_path):
+    """SIGINT to bootprof's own pid (not the terminal's group, as `kill` or a CI runner sends it): cargo ends, and
+    so does the build script it was running, which would otherwise be left behind under init."""
+    import signal
+
+    from pipeline.portable import pid_alive
+    from pipeline.runs import read_manifest
+
+    crate = tmp_path / "slow-build"
+    (crate / "src").mkdir(parents=True)
+    (crate / "Cargo.toml").write_text('[package]\nname = "slow"\nversion = "0.1.0"\nedition = "2021"\n')
+    (crate / "src" / "lib.rs").write_text("pub fn f() {}\n")
+    (crate / "build.rs").write_text(BUILD_SCRIPT)
+    pid_file = tmp_path / "build-script.pid"
+    env = {k: v for k, v in os.environ.items() if k not in ("RUSTC", "CARGO_TARGET_DIR", "CARGO_ENCODED_RUSTFLAGS")}
+    env.update(PATH=f"{Path(sys.executable).parent}{os.pathsep}{rust_path()}", RUSTC_BOOTSTRAP="1",
+               BUILD_SCRIPT_PID=str(pid_file))
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "capture", "--self-profile", "--run", str(run), "--",
+                             "cargo", "build", "--offline", "--quiet"], env=env, cwd=crate, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        while not pid_file.exists():
+            assert proc.poll() is None, proc.communicate()[1]
+            try:
+                proc.wait(0.1)
+            except subprocess.TimeoutExpired:
+                pass
+        script_pid = int(pid_file.read_text())
+        assert pid_alive(script_pid)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted by SIGINT" in err and "Traceback" not in err
+    assert not pid_alive(script_pid), "the build script outlived the capture"
+    assert read_manifest(run, "capture")["interrupted"] == "SIGINT"

@@ -14,7 +14,7 @@ from typing import Any
 
 from pipeline import portable
 from pipeline.capture.rustc import (DEFAULT_EVENTS, check_self_profile, checkout_commit, debuginfo_warning,
-                                    profile_env, rustc_command, toolchain)
+                                    is_bootstrap, profile_env, rustc_command, toolchain)
 from pipeline.errors import BootprofError, InputError
 from pipeline.runs import stage_output
 from pipeline.sources import fingerprint
@@ -37,7 +37,9 @@ PARTIAL_TRACE = Path("input") / "trace.partial.etl"
 def _call(cmd: list[str], log: list[dict]) -> subprocess.CompletedProcess:
     """Run one ETW tool command; its line, exit code and output go to the manifest's log."""
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, encoding="utf-8", errors="replace", timeout=900)
+        # (in a process group of its own: a Ctrl-C meant for the build must not cut a stop's merge short)
+        proc = subprocess.run(cmd, capture_output=True, text=True, encoding="utf-8", errors="replace", timeout=900,
+                              **portable.shielded())
     except (OSError, subprocess.TimeoutExpired) as exc:
         proc = subprocess.CompletedProcess(cmd, 127 if isinstance(exc, OSError) else 124, "", str(exc))
     log.append({"command": cmd, "exit_code": proc.returncode,
@@ -90,19 +92,6 @@ def _copy_symbols(run_dir: Path, trace: Path, checkout: Path, config) -> list[di
     return collect_symbols(run_dir, checkout)
 
 
-def _end_build(proc: subprocess.Popen) -> None:
-    """Stop an interrupted build: as Ctrl-C would (SIGINT; Windows: CTRL_BREAK_EVENT to its process group), then
-    terminate, then kill."""
-    for action, wait in ((lambda: portable.interrupt(proc), 10), (proc.terminate, 10), (proc.kill, 10)):
-        if proc.poll() is not None:
-            return
-        action()
-        try:
-            proc.wait(wait)
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def run(run_dir: Path, config, pool=None, inputs: list[str] | None = None, events: str | None = None,
         cwd: Path | None = None, *, self_profile: bool = True, etw_tool: str | None = None,
         profiles: list[str] | None = None, heap_period_s: float | None = None,
@@ -146,8 +135,8 @@ def run(run_dir: Path, config, pool=None, inputs: list[str] | None = None, event
         events = events or DEFAULT_EVENTS
         profile_dir.mkdir(parents=True, exist_ok=True)
         files_before = {p.name for p in profile_dir.glob("*.mm_profdata")}
-        env = profile_env(base_env, profile_dir, events)
-        manifest.update({"rustflags_added": env.get("CARGO_ENCODED_RUSTFLAGS", env.get("RUSTFLAGS")),
+        env, carrier, added = profile_env(base_env, profile_dir, events, is_bootstrap(list(inputs), cwd))
+        manifest.update({"rustflags_added": added, "rustflags_variable": carrier,
                          "events": events, "rustc_bootstrap": base_env.get("RUSTC_BOOTSTRAP"),
                          "profile_dir": str(profile_dir)})
     manifest.update({"checkout": {"path": str(cwd), "commit": checkout_commit(cwd)},
@@ -180,11 +169,11 @@ def run(run_dir: Path, config, pool=None, inputs: list[str] | None = None, event
         if recording is not None and recording.heap_period_s is not None:
             snapshots = _Snapshots(recording, proc.pid, log)
             snapshots.start()
-        proc.wait()
+        portable.wait(proc)
     except KeyboardInterrupt as exc:
         interrupted = "SIGTERM" if isinstance(exc, _Terminated) else "SIGINT"
         if proc is not None:
-            _end_build(proc)
+            portable.end_tree(proc)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -56,16 +56,44 @@ def check_self_profile(rustc: list[str], env: dict[str, str], events: str) -> li
     return [line for line in proc.stderr.splitlines() if "WARN" in line or "warning" in line]
 
 
-def profile_env(env: dict[str, str], profile_dir: Path, events: str) -> dict[str, str]:
-    """The build's environment with the self-profile flags added to the rustc flags cargo passes on."""
-    flags = [f"-Zself-profile={profile_dir}", f"-Zself-profile-events={events}"]
-    env = dict(env)
+#: The names a rust checkout's bootstrap is started by (``x.py build``, ``./x build``, ``x.ps1 build``).
+BOOTSTRAP_NAMES = {"x.py", "x", "x.ps1", "x.exe", "x.sh"}
+
+
+def is_bootstrap(build: list[str], cwd: Path) -> bool:
+    """Whether the build is a rust checkout's ``x.py`` (bootstrap), which reads ``RUSTFLAGS`` itself."""
+    return any(Path(arg).name in BOOTSTRAP_NAMES for arg in build[:3]) and (cwd / "src" / "bootstrap").is_dir()
+
+
+def cargo_rustflags(env: dict[str, str]) -> list[str]:
+    """The rustc flags cargo takes from the environment: ``CARGO_ENCODED_RUSTFLAGS`` (split at 0x1f) when it is
+    set, else ``RUSTFLAGS`` split at spaces, as cargo splits them."""
     if "CARGO_ENCODED_RUSTFLAGS" in env:
         encoded = env["CARGO_ENCODED_RUSTFLAGS"]
-        env["CARGO_ENCODED_RUSTFLAGS"] = "\x1f".join(([encoded] if encoded else []) + flags)
-    else:
-        env["RUSTFLAGS"] = " ".join(([env["RUSTFLAGS"]] if env.get("RUSTFLAGS") else []) + flags)
-    return env
+        return encoded.split("\x1f") if encoded else []
+    return [part for part in (p.strip() for p in env.get("RUSTFLAGS", "").split(" ")) if part]
+
+
+def profile_env(env: dict[str, str], profile_dir: Path, events: str,
+                bootstrap: bool = False) -> tuple[dict[str, str], str, list[str]]:
+    """The build's environment with the self-profile flags added to the rustc flags it passes on; also the
+    variable that carries them and the flags added.
+
+    cargo gets them in ``CARGO_ENCODED_RUSTFLAGS`` (flags separated by 0x1f), so a directory whose path holds a
+    space (``C:\\Users\\John Smith``, OneDrive) stays one flag; the flags already in ``RUSTFLAGS`` go with them, since
+    cargo then ignores ``RUSTFLAGS``. A checkout's ``x.py`` reads ``RUSTFLAGS`` itself, split at every space, and
+    passes its own to cargo there, so for it they go into ``RUSTFLAGS``, and a path with a space is refused
+    before anything runs."""
+    flags = [f"-Zself-profile={profile_dir}", f"-Zself-profile-events={events}"]
+    env = dict(env)
+    if bootstrap:
+        if any(c.isspace() for c in str(profile_dir)):
+            raise InputError(f"capture: x.py splits RUSTFLAGS at spaces, and the self-profile directory "
+                             f"{profile_dir} holds one: give --run a path without spaces")
+        env["RUSTFLAGS"] = " ".join(([env["RUSTFLAGS"]] if env.get("RUSTFLAGS", "").strip() else []) + flags)
+        return env, "RUSTFLAGS", flags
+    env["CARGO_ENCODED_RUSTFLAGS"] = "\x1f".join(cargo_rustflags(env) + flags)
+    return env, "CARGO_ENCODED_RUSTFLAGS", flags
 
 
 def debuginfo_warning(checkout: Path) -> str | None:

@@ -8,6 +8,7 @@ the pipeline's tables with it on every self-profile fixture; other tests read th
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import struct
@@ -23,7 +24,6 @@ INVALID = 100_000_002
 
 def read_events(path: Path) -> tuple[dict, list[dict]]:
     """(metadata, events) of one file; each event has kind, label, args, tid, payload, start, end, value."""
-    import json
 
     raw = Path(path).read_bytes()
     assert raw[:4] == b"MMPD"
@@ -69,7 +69,7 @@ def read_events(path: Path) -> tuple[dict, list[dict]]:
         memo[addr] = "".join(out)
         return memo[addr]
 
-    metadata = json.loads(string(index[100_000_001]))
+    metadata = json.loads(json_of_rust_escapes(string(index[100_000_001])))
     rec = "<QQIIII" if wide else "<IIIIII"
     events = []
     for kind, eid, tid, p1, p2, upper in struct.iter_unpack(rec, bytes(streams[0][8:])):
@@ -85,6 +85,30 @@ def read_events(path: Path) -> tuple[dict, list[dict]]:
             ev.update(payload="interval", start=v1, end=v2, value=None)
         events.append(ev)
     return metadata, events
+
+
+def json_of_rust_escapes(text: str) -> str:
+    """rustc writes METADATA's command line with Rust's ``escape_default``: ``\\u{e9}`` and ``\\'`` are not JSON.
+    Walked escape by escape, so that an escaped backslash before ``u{`` stays what it is."""
+    out, i = [], 0
+    while i < len(text):
+        c = text[i]
+        if c != "\\" or i + 1 == len(text):
+            out.append(c)
+            i += 1
+            continue
+        nxt = text[i + 1]
+        if nxt == "'":
+            out.append("'")
+            i += 2
+        elif nxt == "u" and text.startswith("{", i + 2):
+            end = text.index("}", i + 3)
+            out.append(json.dumps(chr(int(text[i + 3:end], 16)))[1:-1])
+            i = end + 1
+        else:
+            out.append(text[i:i + 2])
+            i += 2
+    return "".join(out)
 
 
 def summarize(events: list[dict]) -> tuple[dict[str, list[int]], int, dict[str, int]]:
