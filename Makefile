@@ -28,7 +28,7 @@ system-deps:
 	@bash scripts/system-deps.sh
 
 pipeline: install
-	$(PY) -m pipeline run $(JOB) $(if $(TRACE),--trace $(TRACE)) $(if $(RUN),--run $(RUN)) $(if $(SYMBOL_PATH),--symbol-path '$(SYMBOL_PATH)')
+	$(PY) -m pipeline run $(JOB) $(if $(TRACE),--trace $(TRACE),$(if $(RUN),,--demo)) $(if $(RUN),--run $(RUN)) $(if $(SYMBOL_PATH),--symbol-path '$(SYMBOL_PATH)')
 
 # The newest DuckDB 1.x, beside the project's own DuckDB: the tests open the warehouse with it (a file that
 # DuckDB 1.x cannot read is no use to a CI that has its CLI). Installed once, into .venv/duckdb1.

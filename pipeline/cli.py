@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--trace", type=sources.parse, action="append", help="ETL trace or self-profile directory, a path or an "
                      "fsspec URL (https://, s3://, ... : the workers read it there); repeatable "
                      "(one run holds one ETL trace and its self-profiles; a backfill job runs each one). Default: "
-                     "what `bootprof capture` left in --run, else the synthesized demo trace")
+                     "what `bootprof capture` left in --run, else what the run's decode was made from")
     run.add_argument("--run", dest="run_dir", type=sources.run_dir,
                      help="run directory, or a store's URL (s3://...) the run is kept at (default: <runs_dir>/<job>-<time>)")
     run.add_argument("--symbol-path", dest="symbol_path", help="symbol path for the symbolize stage "
@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override a config value (read as YAML), e.g. --set synth.size=20MB or "
                      "--set warehouse.labels.workload=stage2; repeatable")
     run.add_argument("--force", action="store_true", help="run every stage, even those that are up to date")
+    run.add_argument("--demo", action="store_true", help="analyse a synthesized demo trace (made in the run by the "
+                     "job's synth stage); without it, a run with no input is an error")
     run.set_defaults(_module=None)
     return parser
 
@@ -89,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             from pipeline.jobs import run_job
 
-            return run_job(args.job, args.trace, args.run_dir, args.config, args.symbol_path, args.sets, args.force)
+            return run_job(args.job, args.trace, args.run_dir, args.config, args.symbol_path, args.sets, args.force,
+                           args.demo)
         config: Config = load_config(args.config)
         from pipeline.mirror import mirrored
         from pipeline.runs import RunLocation

@@ -266,7 +266,7 @@ class Job(Section):
     config: Path | None = Field(None, description="Config file; a relative path is relative to the working directory "
                                 "(the project root, for the jobs in jobs/); `--config` overrides it.")
     stages: list[str] = Field(
-        description="Stages in order. 'synth' makes the demo trace when no TRACE is given; 'compare' (after "
+        description="Stages in order. 'synth' makes the demo trace for `bootprof run --demo`; 'compare' (after "
         "'warehouse') compares the run with its baseline and fails the job on a regression past the budget."
     )
     runs_dir: str = Field("runs", description="Where run directories are created: a path (relative to the working "

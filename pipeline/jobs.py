@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline import __version__, sources, stages, steps
 from pipeline.config import Config, Job, load_config, load_job, parse_yaml
-from pipeline.errors import BootprofError, ConfigError, ManifestError
+from pipeline.errors import BootprofError, ConfigError, InputError, ManifestError
 from pipeline.mirror import mirrored
 from pipeline.progress import Status, print_line
 from pipeline.runs import MANIFEST, RunLocation, canonical_hash, fresh_dir, owned, read_manifest, stage_dir
@@ -266,9 +266,15 @@ def _synth_demo(config: Config, run_dir: Path) -> list[Path]:
 
 
 def run_job(job_path: Path, traces: list[Path] | None, run_dir: RunLocation | None, config_path: Path | None,
-            symbol_path: str | None = None, sets: list[str] | None = None, force: bool = False) -> int:
-    """``bootprof run``: the job on its inputs; the exit status (1: a regression past budget or a failed trace)."""
+            symbol_path: str | None = None, sets: list[str] | None = None, force: bool = False,
+            demo: bool = False) -> int:
+    """``bootprof run``: the job on its inputs; the exit status (1: a regression past budget or a failed trace).
+    ``demo``: on the synthesized demo trace, which is never taken in place of an input that is missing."""
     job = load_job(job_path)
+    if demo and traces:
+        raise InputError("bootprof run: --demo analyses the synthesized demo trace; it does not go with --trace")
+    if demo and "synth" not in job.stages:
+        raise BootprofError(f"{job_path}: job has no 'synth' stage, so it cannot make the --demo trace")
     if config_path is None and job.config is not None and not job.config.is_absolute() and not job.config.exists():
         raise ConfigError(f"{job_path}: config: {job.config} is not in the working directory {Path.cwd()} (a job's "
                           "config path is relative to it): run bootprof from the project root, or name one with --config")
@@ -286,16 +292,20 @@ def run_job(job_path: Path, traces: list[Path] | None, run_dir: RunLocation | No
             run_dir = RunLocation(path=fresh_dir(run_dir.path))
     with mirrored(run_dir, config.runs) as local, \
             owned(Path(local), f"bootprof run {job_path}", config.runs.lock_timeout_s):
-        return _run_in(job, job_path, config, traces, Path(local), force, shown=str(run_dir))
+        return _run_in(job, job_path, config, traces, Path(local), force, shown=str(run_dir), demo=demo)
 
 
 def _run_in(job: Job, job_path: Path, config: Config, traces: list[sources.Input], run_dir: Path, force: bool,
-            shown: str) -> int:
+            shown: str, demo: bool = False) -> int:
     """``run_job`` in ``run_dir`` (``shown``: what the user named, a path or the URL it is a working copy of)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     print(f"run directory: {shown}")
     traces = unpacked(traces, run_dir)
-    if traces:
+    if demo:
+        if captured_inputs(run_dir):
+            raise InputError(f"{shown} holds a capture: analyse it without --demo, or give --demo a run of its own")
+        inputs = Inputs(tuple(_synth_demo(config, run_dir)), "synth")
+    elif traces:
         inputs = Inputs(tuple(traces))
     elif captured := captured_inputs(run_dir):
         inputs = Inputs(tuple(captured), "captured")
@@ -305,10 +315,10 @@ def _run_in(job: Job, job_path: Path, config: Config, traces: list[sources.Input
     if inputs.origin == "decoded" and n:
         print(f"inputs: those of the run's decode ({n} file{'' if n == 1 else 's'})")
     if not inputs.files:
-        if "synth" not in job.stages:
-            raise BootprofError(f"{job_path}: job has no 'synth' stage and {shown} holds no capture, "
-                                "so --trace is required")
-        inputs = Inputs(tuple(_synth_demo(config, run_dir)), "synth")
+        # (a CI job whose capture was lost must not go green on made-up data)
+        raise InputError(f"{shown}: nothing to analyse: no --trace was given and the run holds no capture and no "
+                         "decode. Name a trace (--trace build.etl), capture into the run first (bootprof capture "
+                         f"... --run {shown}), or ask for the synthesized demo trace (--demo)")
     summaries = run_stages(job, config, inputs, run_dir, force)
     index = run_dir / REPORTED / "index.html"
     if "report" in job.stages and index.exists():

@@ -542,7 +542,7 @@ def test_sigterm_ends_the_command_with_its_workers(tmp_path, stage):
     import psutil
 
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "run", "jobs/single-trace.yaml", "--run", str(run),
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "run", "jobs/single-trace.yaml", "--demo", "--run", str(run),
                              "--set", "synth.size=30MB", "--set", "cluster.inline_below=1KB"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300

@@ -156,7 +156,7 @@ def test_a_job_on_a_terminal_shows_the_stage_that_runs(tmp_path):
     cfg = tmp_path / "job.yaml"
     cfg.write_text(json.dumps({"cluster": {"mode": "synchronous"}, "symbolize": {"cache_dir": str(tmp_path / "c")},
                                "warehouse": {"path": str(tmp_path / "wh.duckdb")}}))
-    lines, out = _on_a_terminal(["--config", str(cfg), "run", str(ROOT / "jobs" / "single-trace.yaml"), "--run",
+    lines, out = _on_a_terminal(["--config", str(cfg), "run", str(ROOT / "jobs" / "single-trace.yaml"), "--demo", "--run",
                                  str(tmp_path / "run")])
     shown = [line.strip() for line in lines if line.strip()]
     stages = ["decode", "symbolize", "aggregate", "report", "warehouse"]
@@ -182,7 +182,7 @@ def test_a_job_whose_output_shares_the_terminal_prints_its_lines_above_the_statu
     cfg = tmp_path / "job.yaml"
     cfg.write_text(json.dumps({"cluster": {"mode": "synchronous"}, "symbolize": {"cache_dir": str(tmp_path / "c")},
                                "warehouse": {"path": str(tmp_path / "wh.duckdb")}}))
-    lines, _ = _on_a_terminal(["--config", str(cfg), "run", str(ROOT / "jobs" / "single-trace.yaml"), "--run",
+    lines, _ = _on_a_terminal(["--config", str(cfg), "run", str(ROOT / "jobs" / "single-trace.yaml"), "--demo", "--run",
                                str(tmp_path / "run")], stdout_too=True)
     rows = [row for row in _screen("\r".join(lines)) if row]
     assert [row.split()[0] for row in rows] == ["run", "synth", "decode", "symbolize", "aggregate", "report",

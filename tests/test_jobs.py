@@ -26,7 +26,7 @@ def _config(tmp_path) -> str:
 
 def test_demo_job_without_trace_runs_every_stage(tmp_path, capsys):
     run = tmp_path / "demo-run"
-    assert cli_main(["--config", _config(tmp_path), "run", str(ROOT / "jobs" / "single-trace.yaml"), "--run", str(run)]) == 0
+    assert cli_main(["--config", _config(tmp_path), "run", str(ROOT / "jobs" / "single-trace.yaml"), "--demo", "--run", str(run)]) == 0
     out = capsys.readouterr().out
     assert f"report: {run / 'report' / 'index.html'}" in out
     # (aggregate starts beside symbolize; each stage's line comes as it ends, in the job's order)
@@ -71,10 +71,37 @@ def test_run_takes_a_symbol_path(tmp_path, capsys):
     empty = tmp_path / "no-symbols"
     empty.mkdir()
     # (a small demo trace in this process: what is proven is where the setting goes)
-    assert cli_main(["--config", _sync_config(tmp_path), "run", str(ROOT / "jobs" / "single-trace.yaml"), "--run",
-                     str(run), "--symbol-path", str(empty), "--set", "synth.size=2MB"]) == 0
+    assert cli_main(["--config", _sync_config(tmp_path), "run", str(ROOT / "jobs" / "single-trace.yaml"), "--demo",
+                     "--run", str(run), "--symbol-path", str(empty), "--set", "synth.size=2MB"]) == 0
     m = read_manifest(run, "symbolized")
     assert m["symbol_path"] == str(empty) and m["resolution_rate"] == 0.0
+
+
+def test_a_run_with_no_input_is_an_error_and_the_demo_comes_only_when_asked(tmp_path, capsys):
+    """A CI job whose capture was lost once went green on the synthesized demo trace. Now a run with nothing to
+    analyse is one line and exit 2, with nothing made; ``--demo`` asks for the demo, never beside an input."""
+    job = str(ROOT / "jobs" / "single-trace.yaml")
+    run = tmp_path / "lost-capture"
+    assert cli_main(["--config", _sync_config(tmp_path), "run", job, "--run", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert f"{run}: nothing to analyse: no --trace was given and the run holds no capture" in err
+    assert "--demo" in err and len(err.strip().splitlines()) == 1
+    assert not (run / "input").exists() and not (run / "decoded").exists()
+
+    trace = fixture_path("etl/perfview-net45-x86/PerfViewData.etl")
+    assert cli_main(["run", job, "--demo", "--trace", str(trace), "--run", str(tmp_path / "both")]) == 2
+    assert "--demo analyses the synthesized demo trace; it does not go with --trace" in capsys.readouterr().err
+
+    from pipeline.capture import PROFILE_DIR, STAGE
+    from pipeline.runs import stage_output
+
+    captured = tmp_path / "captured"
+    (captured / PROFILE_DIR).mkdir(parents=True)
+    with stage_output(captured, STAGE, inputs=[], config={}) as out:
+        out.manifest.update(files=[{"name": "x.mm_profdata", "size": 1}], profile_dir=str(captured / PROFILE_DIR))
+    assert cli_main(["--config", _sync_config(tmp_path), "run", job, "--demo", "--run", str(captured)]) == 2
+    assert f"{captured} holds a capture: analyse it without --demo" in capsys.readouterr().err
+    assert not (captured / "input").exists()
 
 
 def _sync_config(tmp_path, **extra) -> str:
