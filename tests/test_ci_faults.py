@@ -681,3 +681,52 @@ def test_an_ingest_during_a_rebuild_waits_for_it_and_lands_in_the_new_file(tmp_p
     assert not list(tmp_path.glob("*.rebuild-*"))
     verified = bootprof("--config", str(config), "warehouse", "verify")
     assert verified.returncode == 0 and "no problem found" in verified.stdout, verified.stdout
+
+
+def test_rebuild_prunes_again_and_keeps_a_run_its_journal_missed(tmp_path, nightlies):
+    """A rebuild re-ingests runs whole from their directories: it once brought back the detail a prune had taken,
+    and dropped a run committed by an ingest killed (kill -9) before its journal line. Now a prune writes a journal
+    line of the runs it took, which the rebuild prunes again, and the rebuild also takes the runs the old file holds
+    that the journal does not name."""
+    import shutil
+    import signal
+
+    import duckdb
+
+    from tests.helpers import checkpoints
+
+    config, db = _warehouse_copy(nightlies, tmp_path)
+    late, hold = tmp_path / "nightly-5", tmp_path / "hold"
+    shutil.copytree(nightlies / "nightly-2", late)
+    ingest = subprocess.Popen([sys.executable, "-m", "pipeline", "--config", str(config), "warehouse", "ingest",
+                               "--run", str(late), "--job", "nightly"], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=checkpoints.env(hold, "ingest.committed"))
+    try:
+        checkpoints.reached(hold, "ingest.committed", ingest)
+        ingest.send_signal(signal.SIGKILL)
+        ingest.communicate(timeout=60)
+    finally:
+        ingest.kill()
+    assert '"nightly-5"' not in db.with_name(db.name + ".journal.jsonl").read_text()
+    # (nightly-5 is nightly-2's input again, so of that workload nightly-2 is the older run: its detail goes)
+    pruned = bootprof("--config", str(config), "warehouse", "prune", "--keep", "1")
+    assert pruned.returncode == 0 and "pruned the detail of 1 runs" in pruned.stdout, pruned.stdout + pruned.stderr
+
+    def detail():
+        con = duckdb.connect(str(db), read_only=True)
+        try:
+            return dict(con.execute("SELECT r.run_id, count(q.run_id) FROM runs r LEFT JOIN query_summary q "
+                                    "USING (run_id) GROUP BY 1 ORDER BY 1").fetchall())
+        finally:
+            con.close()
+
+    before = detail()
+    assert sorted(before) == ["nightly-1", "nightly-2", "nightly-5"] and before["nightly-2"] == 0, before
+    assert before["nightly-1"] > 0 and before["nightly-5"] > 0
+    rebuilt = bootprof("--config", str(config), "warehouse", "rebuild")
+    assert rebuilt.returncode == 0, rebuilt.stderr[-2000:]
+    assert "pruned again (as the old file was): 1 runs" in rebuilt.stdout, rebuilt.stdout
+    assert detail() == before
+    assert '"nightly-5"' in db.with_name(db.name + ".journal.jsonl").read_text()
+    again = bootprof("--config", str(config), "warehouse", "rebuild")      # (the new journal remembers the prune)
+    assert again.returncode == 0 and "pruned again" in again.stdout and detail() == before, again.stdout

@@ -128,6 +128,8 @@ def main(args, config) -> int:
         if done["missing"]:
             print(f"{len(done['missing'])} runs of the journal have no directory here any more: "
                   f"{', '.join(done['missing'][:5])}", file=sys.stderr)
+        if done["pruned_again"]:
+            print(f"pruned again (as the old file was): {len(done['pruned_again'])} runs keep their summary only")
         print(f"rebuilt {done['db']} from {len(done['ingested'])} runs"
               + (f"; the old file is {done['damaged']}" if done["damaged"] else ""))
         return 1 if done["failed"] else 0

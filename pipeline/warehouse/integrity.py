@@ -131,7 +131,7 @@ def _rebuild(db: Path, run_dirs: list[Path] | None, out: Path | None, lock_timeo
     from pipeline.portable import rename
     from pipeline.warehouse.store import lock_path
 
-    known = journal(db)
+    known = {**journal(db), **_unjournaled(db, lock_timeout_s)}
     labels_of = {Path(str(e.get("run_dir"))): e.get("labels") or {} for e in known.values()}
     jobs_of = {Path(str(e.get("run_dir"))): e.get("job") for e in known.values()}
     missing: list[str] = []
@@ -158,6 +158,7 @@ def _rebuild(db: Path, run_dirs: list[Path] | None, out: Path | None, lock_timeo
                 failed.append(f"{run_dir}: {exc}")
         if not ingested:
             raise InputError(f"{db}: no run could be ingested again; first: {failed[0] if failed else '?'}")
+        pruned_again = _prune_again(db, target, ingested, lock_timeout_s)
         checkpoint("rebuild.ingested")
         if not out:
             damaged = kept_name(db)
@@ -177,7 +178,50 @@ def _rebuild(db: Path, run_dirs: list[Path] | None, out: Path | None, lock_timeo
     finally:
         lock_path(target).unlink(missing_ok=True)        # (the new file's writers' lock, under its first name)
     return {"db": str(out or db), "ingested": ingested, "failed": failed, "missing": missing,
-            "damaged": None if out else str(damaged)}
+            "pruned_again": pruned_again, "damaged": None if out else str(damaged)}
+
+
+def _unjournaled(db: Path, lock_timeout_s: float) -> dict[str, dict]:
+    """The runs the warehouse holds that its journal does not name (a command killed between an ingest's COMMIT and
+    its journal line), as journal lines, where the file can still be read; none where it cannot."""
+    import duckdb
+
+    from pipeline.warehouse.store import connect
+
+    if not db.exists():
+        return {}
+    try:
+        con = connect(db, read_only=True, lock_timeout_s=lock_timeout_s)
+    except (BootprofError, duckdb.Error):
+        return {}
+    try:
+        rows = con.execute("SELECT run_id, run_dir, job, labels FROM runs ORDER BY ingested_utc, run_id").fetchall()
+    except duckdb.Error:
+        return {}
+    finally:
+        con.close()
+    known = journal(db)
+    return {run_id: {"run_id": run_id, "run_dir": run_dir, "job": job, "labels": dict(labels or {})}
+            for run_id, run_dir, job, labels in rows if run_id not in known and isinstance(run_dir, str)}
+
+
+def _prune_again(db: Path, target: Path, ingested: list[str], lock_timeout_s: float) -> list[str]:
+    """Take again from ``target`` the detail that a prune of ``db`` had taken (a rebuild re-ingests runs whole from
+    their directories), and say so in the new journal."""
+    from pipeline.warehouse.journal import pruned, record_prune
+    from pipeline.warehouse.store import connect, drop_detail
+
+    again = sorted(pruned(db) & set(ingested))
+    if not again:
+        return []
+    con = connect(target, lock_timeout_s=lock_timeout_s)
+    try:
+        drop_detail(con, again)
+        con.execute("CHECKPOINT")
+    finally:
+        con.close()
+    record_prune(target, again)
+    return again
 
 
 def kept_name(db: Path) -> Path:

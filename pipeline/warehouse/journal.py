@@ -1,5 +1,5 @@
 """The journal beside a warehouse file (``<warehouse>.journal.jsonl``): one JSON line per ingest that committed, with
-the run, its run directory, job and labels. A separate, append-only text file, so a damaged warehouse still says
+the run, its run directory, job and labels, and one per prune, with the runs it took the detail of. A separate, append-only text file, so a damaged warehouse still says
 which runs it held and where they are (:mod:`.integrity` verifies and rebuilds from it)."""
 
 from __future__ import annotations
@@ -25,6 +25,39 @@ def record(db: Path, run_id: str, run_dir: str, job: str, labels: dict[str, str]
         os.fsync(f.fileno())
 
 
+def record_prune(db: Path, run_ids: list[str]) -> None:
+    """Append the line of a prune that committed: the runs whose detail it removed (a rebuild, which ingests them
+    again from their directories, removes it again)."""
+    line = json.dumps({"pruned": sorted(run_ids), "pruned_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+                      sort_keys=True)
+    with open(journal_path(db), "a", encoding="utf-8") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def pruned(db: Path) -> set[str]:
+    """The runs whose detail a prune removed after they were last ingested."""
+    out: set[str] = set()
+    for entry in _lines(db):
+        if well_formed(entry):
+            out.discard(entry["run_id"])
+        elif isinstance(entry, dict) and isinstance(entry.get("pruned"), list):
+            out.update(r for r in entry["pruned"] if isinstance(r, str))
+    return out
+
+
+def _lines(db: Path):
+    path = journal_path(db)
+    if not path.exists():
+        return
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            yield json.loads(line)
+        except ValueError:
+            continue
+
+
 def well_formed(entry) -> bool:
     """A journal line as :func:`record` writes it: a run id, a run directory, a job and labels (text to text)."""
     return (isinstance(entry, dict) and isinstance(entry.get("run_id"), str) and isinstance(entry.get("run_dir"), str)
@@ -35,15 +68,8 @@ def well_formed(entry) -> bool:
 def journal(db: Path) -> dict[str, dict]:
     """run_id -> the newest journal line of it (lines that are not JSON or not of a journal's shape, a line cut by a
     crash or written by hand, are left out)."""
-    path = journal_path(db)
     out: dict[str, dict] = {}
-    if not path.exists():
-        return out
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
+    for entry in _lines(db):
         if well_formed(entry):
             out[entry["run_id"]] = entry
     return out

@@ -286,17 +286,17 @@ def _prune(db: Path, keep: int, lock_timeout_s: float) -> dict[str, int]:
     con = connect(db, lock_timeout_s=lock_timeout_s)
     try:
         con.execute("BEGIN TRANSACTION")
-        con.execute("""CREATE TEMP TABLE old AS SELECT run_id FROM (
+        old = [r[0] for r in con.execute("""SELECT run_id FROM (
             SELECT run_id, row_number() OVER (PARTITION BY job, workload ORDER BY run_time DESC, run_id DESC) AS k
-            FROM runs) WHERE k > ?""", [keep])
-        tables = [r[0] for r in con.execute(
-            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main' AND table_type = 'BASE TABLE'"
-        ).fetchall() if r[0] not in SUMMARY_TABLES]
-        deleted = 0
-        for table in tables:
-            deleted += con.execute(f'DELETE FROM "{table}" WHERE run_id IN (SELECT run_id FROM old)').fetchone()[0]
-        runs = con.execute("SELECT count(*) FROM old").fetchone()[0]
-        con.execute("COMMIT")
+            FROM runs) WHERE k > ? ORDER BY run_id""", [keep]).fetchall()]
+        deleted = drop_detail(con, old)
+        runs = len(old)
+        from pipeline.portable import signals_held
+
+        with signals_held():    # (the prune and its journal line, which a rebuild reads to prune again)
+            con.execute("COMMIT")
+            if old:
+                journal.record_prune(db, old)
         con.execute("CHECKPOINT")
     except BaseException:
         rollback(con)
@@ -304,6 +304,17 @@ def _prune(db: Path, keep: int, lock_timeout_s: float) -> dict[str, int]:
     finally:
         con.close()
     return {"runs_pruned": int(runs), "rows_deleted": int(deleted)}
+
+
+def drop_detail(con, run_ids: list[str]) -> int:
+    """Delete the detail (every table but ``SUMMARY_TABLES``) of ``run_ids``; the rows deleted."""
+    if not run_ids:
+        return 0
+    tables = [r[0] for r in con.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main' AND table_type = 'BASE TABLE'"
+    ).fetchall() if r[0] not in SUMMARY_TABLES]
+    return sum(con.execute(f'DELETE FROM "{table}" WHERE run_id IN (SELECT unnest(?::VARCHAR[]))', [run_ids]).fetchone()[0]
+               for table in tables)
 
 
 def run_id_of(con, ref: str) -> str:
