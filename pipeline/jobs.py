@@ -369,6 +369,8 @@ def localize_capture(run_dir: Path) -> None:
     if not isinstance(manifest, dict):
         raise BootprofError(f"{path}: the pack's capture manifest is not a JSON object")
     recording = manifest.get("recording")
+    if not isinstance(recording, dict) and (run_dir / TRACE).is_file():     # (a trace the manifest did not name)
+        recording = manifest["recording"] = {}
     if isinstance(recording, dict):
         recording["path"] = str(run_dir / TRACE) if (run_dir / TRACE).is_file() else None
     if manifest.get("profile_dir") is not None:

@@ -168,3 +168,17 @@ def test_a_pack_is_analyzed_from_its_own_files_alone(tmp_path):
     assert read == {(run / "selfprofile" / mine.name).resolve()}, read
     kept = json.loads((run / "capture" / "_manifest.json").read_text())
     assert kept["profile_dir"] == str(run / "selfprofile") and kept["recording"]["path"] is None
+
+
+def test_a_packed_trace_the_capture_manifest_does_not_name_is_still_the_runs(tmp_path):
+    """A pack whose capture manifest has no recording (a self-profile capture) but holds ``input/trace.etl``: the
+    trace is one of the run's inputs now, and a later run of the directory without ``--trace`` finds it too."""
+    from pipeline.capture import TRACE
+    from pipeline.jobs import captured_inputs, unpacked
+
+    trace = fixture_path("etl/perfview-small/gcevents.etl")
+    pack = make_pack(tmp_path / "p.zip", {"capture/_manifest.json": json.dumps(CAPTURE).encode(),
+                                          TRACE.as_posix(): trace.read_bytes()})
+    run = tmp_path / "run"
+    assert unpacked([pack], run) == [run / TRACE]
+    assert captured_inputs(run) == [run / TRACE]
