@@ -50,13 +50,11 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def pytest_sessionstart(session):
-    import tempfile
-
     from tests.helpers import quiet
 
-    # (one file for the test run: pytest-xdist gives its workers one id of the run; a run without it, its own)
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
-    quiet.open_lock(Path(tempfile.gettempdir()) / f"bootprof-tests-{run}.lock")
+    # (one file for the test run, in its temporary directory, which pytest's workers share and pytest removes in
+    # time: the session fixture `tmp_path_factory` is not there yet, its factory is)
+    quiet.open_lock(run_dir_of_all_workers(session.config._tmp_path_factory) / "quiet.lock")
 
 
 @pytest.hookimpl(hookwrapper=True)

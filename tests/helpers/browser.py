@@ -11,6 +11,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -125,7 +126,9 @@ class Browser:
         self.proc = subprocess.Popen([chromium(), *CHROME_FLAGS, f"--user-data-dir={self.profile}",
                                       "--remote-debugging-port=0", "--remote-debugging-address=127.0.0.1",
                                       "about:blank"], stderr=subprocess.PIPE, text=True, encoding="utf-8",
-                                     errors="replace")
+                                     errors="replace",
+                                     # (its own temporary files go with the profile, not into the machine's /tmp)
+                                     env=dict(os.environ, TMPDIR=self.profile))
         port = None
         for line in self.proc.stderr:
             m = re.search(r"DevTools listening on ws://127\.0\.0\.1:(\d+)/", line)
