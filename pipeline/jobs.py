@@ -22,9 +22,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 
-from pipeline import __version__, sources, stages, steps
+from pipeline import __version__, portable, sources, stages, steps
 from pipeline.config import Config, Job, load_config, load_job, parse_yaml
 from pipeline.errors import BootprofError, ConfigError, InputError, ManifestError
 from pipeline.mirror import mirrored
@@ -398,6 +399,7 @@ def backfill(job: Job, config: Config, traces: list[sources.Input], force: bool 
     failed = []
     for n, trace in enumerate(inputs, 1):
         stem = sources.name(trace) if sources.exists(trace) and sources.is_dir(trace) else sources.stem(trace)
+        stem = portable.file_name(unquote(stem))       # (a URL's %3A or a time's ':' are no names on Windows)
         names[stem] = names.get(stem, 0) + 1
         run_dir = job.run_dir(f"{job.name}-{stem}" + ("" if names[stem] == 1 else f"-{names[stem]}"))
         print(f"[{n}/{len(inputs)}] {trace} -> {run_dir}")

@@ -17,6 +17,7 @@ import contextlib
 import errno
 import mmap
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -96,6 +97,16 @@ def interrupt(proc: subprocess.Popen) -> None:
             proc.send_signal(signal.SIGINT)
     except OSError:             # (ended meanwhile)
         pass
+
+
+#: What Windows refuses in a file name (NTFS, and every name through the Win32 API), besides control characters.
+_NOT_IN_NAMES = re.compile(r'[<>:"/\\|?*\x00-\x1f]')
+
+
+def file_name(text: str) -> str:
+    """``text`` as a file name every system takes: what Windows refuses in one (``:`` of a time, ``?`` of a URL's
+    query, ...) as ``_``, and no dot or space at its end (Windows drops them)."""
+    return _NOT_IN_NAMES.sub("_", text).rstrip(". ") or "_"
 
 
 def shielded() -> dict:

@@ -49,8 +49,31 @@ def parse(raw: str | os.PathLike) -> Input:
         raise argparse.ArgumentTypeError("an empty path (an unset variable?): name a trace, a directory of "
                                          ".mm_profdata files, or a URL")
     if isinstance(raw, str) and URL.match(text):
-        return Path(urlparse(text).path) if text.lower().startswith("file://") else text
+        return Path(file_url_path(text)) if text.lower().startswith("file://") else text
     return Path(text)
+
+
+def file_url_path(url: str, windows: bool = os.name == "nt") -> str:
+    """The local path of a ``file://`` URL, as the system reads one: ``%20`` decoded, ``file:///C:/x`` as ``C:\\x``
+    and ``file://host/share/x`` as the UNC path ``\\\\host\\share\\x`` on Windows; a host other than ``localhost``
+    elsewhere is refused (no path reaches it)."""
+    import argparse
+    from urllib.request import url2pathname
+
+    parts = urlparse(url)
+    host = parts.netloc if parts.netloc.lower() != "localhost" else ""
+    if windows:
+        if os.name != "nt":     # (Windows' reading, elsewhere: its module, which 3.14 deprecates as a public one)
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                from nturl2path import url2pathname
+        return url2pathname(f"//{host}{parts.path}" if host else parts.path)
+    if host:
+        raise argparse.ArgumentTypeError(f"{url}: a file:// URL of another host ({host}) names no path here: "
+                                         "mount it and give the path")
+    return url2pathname(parts.path)
 
 
 def run_dir(text: str) -> RunLocation:
@@ -66,7 +89,7 @@ def run_dir(text: str) -> RunLocation:
             raise argparse.ArgumentTypeError(f"{text}: a run directory is written to, and HTTP(S) is read-only here; "
                                              "give a path or a store's URL (s3://, gs://, abfs://, ...)")
         return RunLocation(url=text)
-    path = (Path(urlparse(text).path) if text.lower().startswith("file://") else Path(text)).absolute()
+    path = (Path(file_url_path(text)) if text.lower().startswith("file://") else Path(text)).absolute()
     if os.sep != "\\" and "\\" in str(path):
         # (DuckDB reads a stage's tables by a glob below the run directory, and there a backslash escapes)
         raise argparse.ArgumentTypeError(f"{path}: a run directory's path cannot hold a backslash here (DuckDB "

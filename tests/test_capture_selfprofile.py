@@ -138,6 +138,14 @@ def test_flags_already_set_go_with_ours_and_x_py_gets_rustflags(tmp_path):
         profile_env({}, spaced, "default", True)
 
 
+def test_the_toolchain_of_cargo_plus_is_probed_under_any_name():
+    from pipeline.capture.rustc import rustc_command
+
+    assert rustc_command({}, ["cargo", "+nightly", "build"]) == ["rustc", "+nightly"]
+    assert rustc_command({}, ["C:/Users/x/.cargo/bin/cargo.exe", "+nightly", "build"]) == ["rustc", "+nightly"]
+    assert rustc_command({"RUSTC": "/r/rustc"}, ["cargo", "+nightly"]) == ["/r/rustc"]
+
+
 BUILD_SCRIPT = """
 fn main() {
     let pid_file = std::env::var("BUILD_SCRIPT_PID").unwrap();

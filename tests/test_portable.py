@@ -228,3 +228,10 @@ def test_symbolize_without_symbolic_says_how_to_get_it_and_goes_on(tmp_path):
     assert manifest["resolved_frames"] == 0 and manifest["frames"] > 0
     assert manifest["symbolic_missing"].startswith("the `symbolic` package is not installed")
     assert "Frames are unresolved: the `symbolic` package is not installed" in (run / "report" / "index.html").read_text()
+
+
+def test_names_made_from_urls_and_times_are_names_on_windows():
+    """A backfill names a run after its trace: a URL's ``%3A`` or a time's ``:`` gave a name NTFS refuses."""
+    assert portable.file_name("2026-11-28T01:00:00") == "2026-11-28T01_00_00"
+    assert portable.file_name('a<b>c"d|e?f*g\x01') == "a_b_c_d_e_f_g_"
+    assert portable.file_name("trace. ") == "trace" and portable.file_name("..") == "_"

@@ -133,6 +133,23 @@ def test_parse_keeps_urls_and_makes_paths():
     assert sources.stem("https://h/a/nightly.etl?sig=1") == "nightly"
 
 
+def test_file_urls_are_read_as_the_system_reads_them(tmp_path):
+    """``urlparse(...).path`` once kept ``%20`` encoded, and on Windows made ``file:///C:/x`` into ``\\C:\\x`` and
+    dropped a UNC host."""
+    import argparse
+    from pathlib import Path
+
+    spaced = tmp_path / "John Smith é" / "t.etl"
+    assert sources.parse(spaced.as_uri()) == spaced
+    assert sources.run_dir((tmp_path / "a run").as_uri()).path == tmp_path / "a run"
+    assert sources.parse("file://localhost/tmp/a%20b.etl") == Path("/tmp/a b.etl")
+    with pytest.raises(argparse.ArgumentTypeError, match="another host"):
+        sources.parse("file://server/share/x.etl")
+    # (Windows' reading, checked here with its own module)
+    assert sources.file_url_path("file:///C:/Users/John%20Smith/t.etl", windows=True) == r"C:\Users\John Smith\t.etl"
+    assert sources.file_url_path("file://server/share/a%20b.etl", windows=True) == r"\\server\share\a b.etl"
+
+
 def test_a_local_input_is_hashed_once_per_version(tmp_path, monkeypatch):
     """``fingerprint`` hashes a file once per version in a process (a job's up-to-date check, then its decode),
     and again once the file changed."""

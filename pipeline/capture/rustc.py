@@ -18,7 +18,8 @@ def rustc_command(env: dict[str, str], build: list[str] | None = None) -> list[s
     """The rustc the build will run: ``$RUSTC``, else ``rustc`` with the build's ``+toolchain``."""
     if env.get("RUSTC"):
         return [env["RUSTC"]]
-    if build and len(build) > 1 and Path(build[0]).name in ("cargo", "rustc") and build[1].startswith("+"):
+    # (``cargo.exe`` on Windows, as a shell or a script may name it)
+    if build and len(build) > 1 and Path(build[0]).stem.lower() in ("cargo", "rustc") and build[1].startswith("+"):
         return ["rustc", build[1]]
     return ["rustc"]
 
