@@ -74,6 +74,31 @@ def test_two_ingests_at_once_both_land_and_a_long_lock_is_a_clear_error(etl_run,
     assert f"{db}: the warehouse is locked by another process for more than 0.5 s (warehouse.lock_timeout_s)" in err
 
 
+def test_a_file_held_elsewhere_is_recognised_in_each_systems_words(tmp_path):
+    """A reader (query, compare) that finds the file held waits for it. The wait was recognised by the word "lock"
+    in DuckDB's message, which on Windows is the system's sharing violation, with no such word: a second command
+    failed at once and suggested a rebuild. Here the message this system gives, and Windows' text."""
+    import duckdb
+
+    from pipeline.warehouse.store import held_elsewhere
+
+    db = tmp_path / "wh.duckdb"
+    warehouse.connect(db).close()
+    holder = hold_lock(db)
+    try:
+        with pytest.raises(duckdb.IOException) as caught:
+            duckdb.connect(str(db), read_only=True)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert held_elsewhere(str(caught.value)), caught.value
+    windows = ('IO Error: Cannot open file "C:\\runs\\warehouse.duckdb": The process cannot access the file '
+               "because it is being used by another process.")
+    assert held_elsewhere(windows)
+    assert not held_elsewhere('IO Error: Cannot open file "x.duckdb": Permission denied')
+    assert not held_elsewhere("IO Error: The file is not a valid DuckDB database file!")
+
+
 def test_queries_are_read_only_and_touch_no_file(etl_run, tmp_path):
     db = tmp_path / "wh.duckdb"
     warehouse.ingest(db, shutil.copytree(etl_run, tmp_path / "nightly-20260101-010000"))

@@ -157,6 +157,14 @@ def writing(path: Path, lock_timeout_s: float = 300.0) -> Iterator[None]:
         lock.release()
 
 
+def held_elsewhere(message: str) -> bool:
+    """Whether DuckDB's error on opening a file says another process holds it: "Could not set lock on file ...
+    Conflicting lock is held in ..." on POSIX; on Windows, which locks the whole file, the system's sharing violation,
+    "The process cannot access the file because it is being used by another process"."""
+    text = " ".join(message.split()).lower()
+    return "lock" in text or "being used by another process" in text
+
+
 def connect(path: Path, read_only: bool = False, lock_timeout_s: float = 300.0):
     """Open (creating if needed) the warehouse file with its tables, views and macros in place.
 
@@ -180,7 +188,7 @@ def connect(path: Path, read_only: bool = False, lock_timeout_s: float = 300.0):
             con = duckdb.connect(str(path), read_only=read_only, config=config)
             break
         except duckdb.IOException as exc:
-            if "lock" not in str(exc).lower():
+            if not held_elsewhere(str(exc)):
                 raise InputError(f"{path}: cannot open the warehouse: {' '.join(str(exc).split())[:300]}"
                                  f"{journal.damage_hint(path)}") from None
             if time.monotonic() >= deadline:
