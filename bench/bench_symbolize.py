@@ -39,7 +39,7 @@ def write_sym(path: Path, debug_key: str, pdb_name: str, starts: np.ndarray, siz
         lines.append(f"{a:x} {half:x} {10 + k % 5000} 0")
         lines.append(f"{a + half:x} {n - half:x} {11 + k % 5000} 0")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def build_inputs(work: Path, n_frames: int, n_functions: int, n_images: int = 4):

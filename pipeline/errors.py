@@ -54,8 +54,15 @@ def is_interrupt(exc: BaseException) -> bool:
 #: What a full or read-only disk, or a place this user may not write, is called by the OS, Arrow and DuckDB.
 _PLACE_ERRNOS = {28: "no space left on the device", 122: "the disk quota is exceeded", 30: "the file system is read-only",
                  13: "permission denied"}
+_HELD = "the file is open in another process (a virus scanner, an indexer, an editor?)"
+#: Windows' own codes, before the errno Python maps them to (a sharing violation is EACCES there).
+_PLACE_WINERRORS = {32: _HELD, 33: _HELD, 112: "no space left on the device", 39: "no space left on the device",
+                    5: "permission denied"}
 _PLACE_WORDS = {"No space left on device": "no space left on the device", "Disk quota exceeded": "the disk quota is exceeded",
-                "Read-only file system": "the file system is read-only", "Permission denied": "permission denied"}
+                "Read-only file system": "the file system is read-only", "Permission denied": "permission denied",
+                # (Windows' words, as Arrow and DuckDB pass them on)
+                "There is not enough space on the disk": "no space left on the device",
+                "being used by another process": _HELD, "Access is denied": "permission denied"}
 
 
 def place_error(exc: BaseException) -> str | None:
@@ -65,7 +72,8 @@ def place_error(exc: BaseException) -> str | None:
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        what = _PLACE_ERRNOS.get(getattr(exc, "errno", None) or -1)
+        what = _PLACE_WINERRORS.get(getattr(exc, "winerror", None) or -1) or \
+            _PLACE_ERRNOS.get(getattr(exc, "errno", None) or -1)
         text = str(exc)
         if what is None:
             what = next((v for k, v in _PLACE_WORDS.items() if k in text), None)
@@ -74,7 +82,7 @@ def place_error(exc: BaseException) -> str | None:
             if not where:
                 import re
 
-                m = re.search(r"""(?:["'])(/[^"']+)(?:["'])""", text)
+                m = re.search(r"""(?:["'])((?:/|[A-Za-z]:\\|\\\\)[^"']+)(?:["'])""", text)
                 where = m.group(1) if m else None
             return f"{where}: {what}" if where else f"{what}: {' '.join(text.split())[:300]}"
         exc = exc.__cause__ or exc.__context__

@@ -30,13 +30,13 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
 import sys
 import time
 import uuid
 from pathlib import Path, PurePosixPath
 from typing import Iterator
 
+from pipeline import portable
 from pipeline.errors import InputError
 from pipeline.runs import MANIFEST, RunLocation, atomic_write_json, clean_leftovers, stage_dir, swap_into_place
 
@@ -149,7 +149,7 @@ class Mirror:
                 pass        # (changed here only: put back at the end)
             elif there is None:
                 if h_here == synced:     # (removed there, unchanged here)
-                    shutil.rmtree(stage_dir(self.path, stage), ignore_errors=True)
+                    portable.remove_tree(stage_dir(self.path, stage))
                 self._mark(stage, None)
             else:
                 if here is not None and h_here != synced:
@@ -193,7 +193,7 @@ class Mirror:
                 pass        # (a file went while it was fetched: a push rewrites the stage; try again)
             finally:
                 if tmp.exists():
-                    shutil.rmtree(tmp, ignore_errors=True)
+                    portable.remove_tree(tmp)
         raise InputError(f"{self.url}/{stage}/: rewritten while it was fetched, {PULL_TRIES} times "
                          "(another command writes this run); try again once it has ended")
 
@@ -268,7 +268,7 @@ def prune(mirror_dir: str | os.PathLike, max_bytes: int, keep: Path) -> tuple[li
             break
         if copy == keep or not put_back or time.time() - used < IN_USE_S:
             continue
-        shutil.rmtree(copy.parent, ignore_errors=True)        # (its URL's directory, ``working_copy``)
+        portable.remove_tree(copy.parent)        # (its URL's directory, ``working_copy``)
         removed.append(copy)
         freed += size
         total -= size

@@ -7,8 +7,9 @@ and fails on a platform API used elsewhere).
 - Stopping a child as Ctrl-C would: SIGINT on POSIX; on Windows, where there is no SIGINT to send, a child
   started in a process group of its own is sent ``CTRL_BREAK_EVENT``; then the rest of its process tree, read with
   psutil, which no console signal may reach. Waits on a child in steps, which Ctrl-C can break on every system.
-- Renames of directories: Windows refuses to rename a directory over another, and to rename or remove one
-  while a file in it is open (a virus scanner or an indexer may hold one for a moment): tried again for a while.
+- Renames, replaces and removals: Windows refuses to rename a directory over another, and to rename, replace or
+  remove a file (or a directory holding one) while another process holds it open (a virus scanner or an indexer may,
+  for a moment): tried again for a while.
 """
 
 from __future__ import annotations
@@ -202,7 +203,7 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     try:
-        with open(f"/proc/{pid}/stat") as f:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
             return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
     except (OSError, IndexError):
         return True
@@ -232,6 +233,26 @@ def _retrying(action, *args) -> None:
             if exc.errno not in (errno.EACCES, errno.EPERM, None) and getattr(exc, "winerror", 5) not in (5, 32):
                 raise
             time.sleep(0.1)
+
+
+def replace(src, dst) -> None:
+    """``os.replace``, tried again for a while where Windows refuses it because another process holds one of the
+    files open (a virus scanner or an indexer, for a moment)."""
+    _retrying(os.replace, src, dst)
+
+
+def remove_tree(path, must: bool = False) -> None:
+    """Remove a directory and all it holds, tried again for a while where Windows refuses (a file held open a
+    moment); what is still there then stays, or with ``must`` is an error. Gone already is no error."""
+    import shutil
+
+    try:
+        _retrying(shutil.rmtree, path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        if must:
+            raise
 
 
 def rename(src: Path, dst: Path) -> None:

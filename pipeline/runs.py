@@ -25,7 +25,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import tempfile
 import time
 import uuid
@@ -106,7 +105,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        portable.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -200,7 +199,7 @@ def clean_leftovers(run_dir: Path) -> list[Path]:
         if aside and not (entry.parent / aside).exists():
             portable.rename(entry, entry.parent / aside)
             continue
-        shutil.rmtree(entry, ignore_errors=True)
+        portable.remove_tree(entry)
         removed.append(entry)
     return removed
 
@@ -358,7 +357,7 @@ def stage_output(
                                 f"{stage} read it; {stage} is not kept: run it again")
         swap_into_place(tmp, stage_dir(run_dir, stage))
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        portable.remove_tree(tmp)
         raise
 
 
@@ -378,7 +377,7 @@ def swap_into_place(tmp: Path, final: Path) -> None:
             portable.rename(old, final)         # (the new output could not go in place: the old one stays)
         raise
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        portable.remove_tree(old)
 
 
 def read_manifest(run_dir: Path, stage: str) -> Manifest:

@@ -83,7 +83,7 @@ def fit(db: Path, history: Path) -> int:
 
     from pipeline.warehouse.significance import FLOOR_ABSOLUTE, log_change, reference, robust_variance
 
-    nights = json.loads(history.read_text())
+    nights = json.loads(history.read_text(encoding="utf-8"))
     quiet = [f"nightly-{r['night']:03d}" for r in nights if not r["changes"]]
     con = duckdb.connect(str(db), read_only=True)
     fits = {}

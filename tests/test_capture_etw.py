@@ -60,7 +60,7 @@ def tools(tmp_path):
 
 
 def calls(log: Path) -> list[list[str]]:
-    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()] if log.exists() else []
 
 
 def capture(args, env, cwd, timeout=120):

@@ -57,7 +57,7 @@ def test_a_run_named_like_sql_and_globs_with_hostile_process_names(tmp_path, bro
     index = (run / "report" / "index.html").read_text()
     assert HOSTILE_IMAGE not in index and "&lt;!--&lt;script&gt;rustc.exe" in index
     assert "<script>alert(1)" not in index
-    with open(run / "report" / "cpu_by_process.csv", newline="") as f:
+    with open(run / "report" / "cpu_by_process.csv", encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f))
     cells = [r["command_line"] for r in rows if r["image_name"] == HOSTILE_IMAGE]
     assert cells == ["'" + HOSTILE_COMMAND]

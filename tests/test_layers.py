@@ -127,7 +127,8 @@ def test_a_new_stage_is_one_module_and_one_registry_row(tmp_path, capsys):
 
 
 def test_lint():
-    """ruff's pyflakes rules (unused imports and variables, undefined names) and syntax errors, on everything."""
+    """ruff's pyflakes rules (unused imports and variables, undefined names), syntax errors, and text files opened
+    without their encoding (the ANSI code page on Windows), on everything."""
     proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--output-format", "concise", "pipeline", "scripts",
                            "bench", "tests"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]

@@ -235,3 +235,50 @@ def test_names_made_from_urls_and_times_are_names_on_windows():
     assert portable.file_name("2026-11-28T01:00:00") == "2026-11-28T01_00_00"
     assert portable.file_name('a<b>c"d|e?f*g\x01') == "a_b_c_d_e_f_g_"
     assert portable.file_name("trace. ") == "trace" and portable.file_name("..") == "_"
+
+
+def test_windows_words_for_a_full_disk_and_a_held_file_are_one_line():
+    """Windows' disk-full text was not recognised (a traceback), and a sharing violation, which Python maps to
+    EACCES, was called "permission denied"."""
+    from pipeline.errors import place_error
+
+    full = RuntimeError('IO Error: Could not write file "C:\\runs\\r\\wh.duckdb": There is not enough space on the disk.')
+    assert place_error(full) == "C:\\runs\\r\\wh.duckdb: no space left on the device"
+    held = PermissionError(13, "The process cannot access the file because it is being used by another process",
+                           "C:\\runs\\r\\decoded\\x.parquet")
+    held.winerror = 32          # (as Windows' OSError carries it)
+    assert place_error(held) == "C:\\runs\\r\\decoded\\x.parquet: the file is open in another process (a virus " \
+                                "scanner, an indexer, an editor?)"
+    assert place_error(PermissionError(13, "Permission denied", "/r/x")) == "/r/x: permission denied"
+
+
+def test_replace_and_remove_try_again_while_windows_refuses(tmp_path, monkeypatch):
+    """A scanner holding a file a moment: Windows refuses a replace or a removal with a sharing violation (a
+    PermissionError, winerror 32); both are tried again until it lets go (here the refusal is given twice, by the
+    system call's stand-in, then the real call runs)."""
+    import shutil
+
+    monkeypatch.setattr(portable, "WINDOWS", True)
+    refusals = {"replace": 2, "rmtree": 2}
+
+    def refusing(name, real):
+        def call(*args, **kwargs):
+            if refusals[name]:
+                refusals[name] -= 1
+                exc = PermissionError(13, "The process cannot access the file because it is being used by another "
+                                      "process")
+                exc.winerror = 32
+                raise exc
+            return real(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(portable.os, "replace", refusing("replace", os.replace))
+    monkeypatch.setattr(shutil, "rmtree", refusing("rmtree", shutil.rmtree))
+    (tmp_path / "a").write_text("new", encoding="utf-8")
+    (tmp_path / "b").write_text("old", encoding="utf-8")
+    portable.replace(tmp_path / "a", tmp_path / "b")
+    assert (tmp_path / "b").read_text(encoding="utf-8") == "new" and refusals["replace"] == 0
+    (tmp_path / "d" / "e").mkdir(parents=True)
+    portable.remove_tree(tmp_path / "d")
+    assert not (tmp_path / "d").exists() and refusals["rmtree"] == 0
+    portable.remove_tree(tmp_path / "gone")         # (gone already: no error)

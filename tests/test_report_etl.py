@@ -136,7 +136,7 @@ def test_exports_hold_every_sample(report_run):
     first = lines[0].rsplit(" ", 1)[0].split(";")
     assert [frames[i]["name"] for i in prof["samples"][0]] == first
     for table in ("cpu_by_function", "cpu_by_process", "commit_by_stack", "process_tree"):
-        with open(out / f"{table}.csv", newline="") as f:
+        with open(out / f"{table}.csv", encoding="utf-8", newline="") as f:
             assert sum(1 for _ in csv.DictReader(f)) == read_table(report_run, "aggregated", table).num_rows
     data = flame_data(out / "flamegraph_cpu.html")
     assert data["w"][0] == total and sum(data["s"]) == total

@@ -168,8 +168,8 @@ def test_chrome_trace_minimum_duration(report_run, tmp_path):
 
     files = {r["file_id"]: r for r in read_table(report_run, "aggregated", "self_profile_processes").to_pylist()}
     part = sorted((report_run / "decoded" / "query_events.parquet").glob("*.parquet"))[0]
-    every = json.loads("[" + Path(chrome_events_of_part(str(part), str(tmp_path / "a"), files)).read_text() + "]")
-    long = json.loads("[" + Path(chrome_events_of_part(str(part), str(tmp_path / "b"), files, 100_000)).read_text() + "]")
+    every = json.loads("[" + Path(chrome_events_of_part(str(part), str(tmp_path / "a"), files)).read_text(encoding="utf-8") + "]")
+    long = json.loads("[" + Path(chrome_events_of_part(str(part), str(tmp_path / "b"), files, 100_000)).read_text(encoding="utf-8") + "]")
     assert long and len(long) == sum(e["dur"] >= 100 for e in every) < len(every)
 
 

@@ -21,6 +21,7 @@ import zipfile
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from pipeline import portable
 from pipeline.errors import InputError
 from pipeline.stages import CAPTURED, DECODED
 
@@ -89,7 +90,7 @@ def collect_symbols(run_dir: Path, checkout: Path) -> list[dict[str, Any]]:
             dest.parent.mkdir(parents=True, exist_ok=True)
             tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
             shutil.copyfile(source, tmp)
-            os.replace(tmp, dest)
+            portable.replace(tmp, dest)
             copied.append({"name": source.name, "debug_id": f"{guid}-{age:x}", "size": dest.stat().st_size,
                            "source": str(source), "path": str(dest.relative_to(run_dir))})
     return copied
@@ -117,7 +118,7 @@ def pack(run_dir: Path, out: Path) -> dict[str, Any]:
             z.writestr(PACK_MANIFEST, json.dumps({"format": 1, "run": run_dir.name, "files": listing}, indent=1))
             for p, item in zip(files, listing):
                 z.write(p, item["path"])
-        os.replace(tmp, out)
+        portable.replace(tmp, out)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -244,6 +245,6 @@ def _unpack_member(z: zipfile.ZipFile, info: zipfile.ZipInfo, target: Path, pack
                     raise InputError(f"{pack_path}: member {info.filename!r} holds more than the "
                                      f"{info.file_size:,} bytes it declares")
                 dst.write(chunk)
-        os.replace(tmp, target)
+        portable.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)

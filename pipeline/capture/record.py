@@ -256,7 +256,7 @@ def _stop(recording, run_dir: Path, log: list[dict]) -> dict[str, Any]:
     if kind != ETL:
         info["error"] = f"{partial}: the stopped recording is not an ETL trace"
         return info
-    os.replace(partial, final)
+    portable.replace(partial, final)
     info.update(path=str(final), size=final.stat().st_size)
     return info
 

@@ -187,13 +187,13 @@ def chrome_events_of_part(part: str, out: str, files: dict[int, dict], min_ns: i
         for li, ki, s, d, p, th, a in zip(label.indices.to_pylist(), kind.indices.to_pylist(), ts, dur, pid,
                                            t["thread"].to_pylist(), args)
     ]
-    Path(out).write_text(",\n".join(lines))
+    Path(out).write_text(",\n".join(lines), encoding="utf-8")
     return out
 
 
 def write_chrome_trace(ctx, parts: list[str], files: dict[int, dict]) -> Path:
     path = ctx.out.path / "chrome_trace.json"
-    with open(path, "w") as f:
+    with open(path, "w", encoding="utf-8") as f:
         f.write("[\n")
         first = True
         for fid, meta in sorted(files.items()):
@@ -211,7 +211,7 @@ def write_chrome_trace(ctx, parts: list[str], files: dict[int, dict]) -> Path:
         for fragment in ctx.pool.map(_chrome_task, list(zip(parts, outs)), files=files, min_ns=min_ns):
             if fragment:
                 f.write("" if first else ",\n")
-                with open(fragment) as src:
+                with open(fragment, encoding="utf-8") as src:
                     shutil.copyfileobj(src, f)
                 first = False
         f.write("\n]\n")
@@ -277,7 +277,7 @@ def trace_js_of_part(part: str, out_dir: str, files: dict[int, dict], max_events
         }
         name = f"trace-{fid}.js"
         text = "bootprofTrace(" + json.dumps(data, separators=(",", ":")) + ");\n"
-        Path(out_dir, name).write_text(text)
+        Path(out_dir, name).write_text(text, encoding="utf-8")
         written.append({"file_id": fid, "path": f"{TRACE_DIR}/{name}", "shown": len(idx), "cut_ns": cut})
     return written
 

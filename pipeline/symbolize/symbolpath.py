@@ -42,6 +42,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline import portable
 from pipeline.errors import ConfigError
 from pipeline.runs import atomic_write_bytes
 
@@ -179,7 +180,7 @@ def _store_copy(cache: Path, pdb_name: str, key: str, found: Path) -> Path:
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
         shutil.copyfile(found, tmp)
-        os.replace(tmp, dest)
+        portable.replace(tmp, dest)
     return dest
 
 
@@ -256,7 +257,7 @@ def _fetch(url: str, dest: Path, fetch: Fetch) -> None:
                     out.write(chunk)
             if size is not None and got != size:
                 raise ValueError(f"body cut short: {got} of {size} bytes")
-            os.replace(tmp, dest)
+            portable.replace(tmp, dest)
         finally:
             tmp.unlink(missing_ok=True)
 
@@ -303,14 +304,14 @@ def _download(url: str, cache: Path, pdb_name: str, key: str, fetch: Fetch, out:
             atomic_write_bytes(dest, data)
             return dest
         dest = keyed / target
-        os.replace(part, dest)
+        portable.replace(part, dest)
         return dest
     if errors:
         # (one line, whatever a server sent: a garbage status line carries its own line breaks)
         out.reason = "download failed: " + "; ".join(" ".join(e.split()) for e in errors)
     else:
         keyed.mkdir(parents=True, exist_ok=True)
-        with open(keyed / MISSING_MARK, "a") as f:
+        with open(keyed / MISSING_MARK, "a", encoding="utf-8") as f:
             f.write(url + "\n")
     return None
 

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from pipeline import portable
 
 NONE = 0xFFFFFFFF
 #: Bump when the on-disk layout of a table or the name cleaning changes.
@@ -184,9 +185,9 @@ class AddressTable:
             except OSError:
                 if not (directory / "meta.json").exists():
                     raise
-                shutil.rmtree(tmp, ignore_errors=True)  # another worker stored the same table first
+                portable.remove_tree(tmp)  # another worker stored the same table first
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            portable.remove_tree(tmp)
             raise
         return directory
 

@@ -193,4 +193,4 @@ def write_symbols(w: Workload, root: Path) -> int:
 
 
 def write_truth(path: Path, truth: dict) -> None:
-    path.write_text(json.dumps(truth, indent=1, sort_keys=True) + "\n")
+    path.write_text(json.dumps(truth, indent=1, sort_keys=True) + "\n", encoding="utf-8")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime as _dt
-import shutil
 import threading
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from pipeline import sources
+from pipeline import portable, sources
 from pipeline.decode.etl import layout as L
 from pipeline.decode.etl.buffers import walk
 from pipeline.errors import out_of_memory
@@ -145,7 +144,7 @@ def _decode_etl(path: sources.Input, out, cfg, pool, status: Status) -> EtlCount
             # (the stage fails, nothing written, with the setting to change)
             raise out_of_memory(path, "the whole-trace joins", "decode.join_memory_limit", cfg.join_memory_limit,
                                 exc) from None
-    shutil.rmtree(scratch, ignore_errors=True)
+    portable.remove_tree(scratch)
 
     skipped = sum(r.buffers_skipped for r in results) + len(header.walk_errors)
     write_errors(out, errors, cfg.max_error_rows)

@@ -272,7 +272,7 @@ def write_part(table: pa.Table, target: Path, **options) -> None:
     tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         pq.write_table(table, tmp, **options)
-        os.replace(tmp, target)
+        portable.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
 
