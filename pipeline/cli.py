@@ -78,9 +78,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _text_out() -> None:
+    """What is printed never fails on a character the output's encoding lacks: a pipe or a file on Windows takes
+    the ANSI code page (cp1252, ...), where a crate, a path or a unit (μs) may have none; such a character is
+    written as its escape (``\\u03a9``) instead of ending the command."""
+    for stream in (sys.stdout, sys.stderr):
+        encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
+        if encoding and not encoding.startswith("utf") and hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):       # (a stream that cannot be reconfigured: left as it is)
+                pass
+
+
 def main(argv: list[str] | None = None) -> int:
     for var, value in ENV_DEFAULTS.items():       # (before numpy is first imported)
         os.environ.setdefault(var, value)
+    _text_out()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)
         sys.unraisablehook = _interrupt_again

@@ -263,3 +263,14 @@ def test_a_signal_dropped_inside_a_callback_still_ends_the_command():
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 143 and "went on" not in proc.stdout, (proc.returncode, proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr and "bootprof: terminated" in proc.stderr, proc.stderr
+
+
+def test_output_in_a_code_page_without_the_characters_is_escaped_not_a_crash(tmp_path):
+    """A pipe on Windows takes the ANSI code page: a path or a name it cannot write (here Ω in cp1252) once ended the
+    command with a UnicodeEncodeError traceback, in the middle of its error line."""
+    run = tmp_path / "Ωrun"
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "run", "jobs/single-trace.yaml", "--run", str(run)],
+                          cwd=ROOT, capture_output=True, env=dict(os.environ, PYTHONIOENCODING="cp1252"), timeout=120)
+    err = proc.stderr.decode("cp1252")
+    assert proc.returncode == 2 and "Traceback" not in err, err
+    assert f"{str(run).replace('Ω', chr(92) + 'u03a9')}: nothing to analyse" in err
