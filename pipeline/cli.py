@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a job from jobs/ (all its stages) on a trace, or on each of many",
                          description="Run a job file's stages in order. A stage whose output is up to date (same "
                          "inputs by content hash, same settings) is skipped.")
-    run.add_argument("job", type=Path, help="job file, e.g. jobs/single-trace.yaml")
+    run.add_argument("job", type=Path, help="job file (jobs/single-trace.yaml) or a job's name (single-trace, nightly, "
+                     "backfill: jobs/NAME.yaml of the working directory, else bootprof's own)")
     run.add_argument("--trace", type=sources.parse, action="append", help="ETL trace or self-profile directory, a path or an "
                      "fsspec URL (https://, s3://, ... : the workers read it there); repeatable "
                      "(one run holds one ETL trace and its self-profiles; a backfill job runs each one). Default: "

@@ -263,8 +263,9 @@ class Job(Section):
     name: str = Field(description="Job name, used in run directory names: letters, digits, '.', '_' and '-', not "
                       "starting with '.' (a run directory stays inside runs_dir).", pattern=r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$",
                       max_length=100)
-    config: Path | None = Field(None, description="Config file; a relative path is relative to the working directory "
-                                "(the project root, for the jobs in jobs/); `--config` overrides it.")
+    config: Path | None = Field(None, description="Config file; a relative path is relative to the working directory, "
+                                "else to the directory above the job file's (`configs/` beside `jobs/`); `--config` "
+                                "overrides it.")
     stages: list[str] = Field(
         description="Stages in order. 'synth' makes the demo trace for `bootprof run --demo`; 'compare' (after "
         "'warehouse') compares the run with its baseline and fails the job on a regression past the budget."

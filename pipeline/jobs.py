@@ -271,15 +271,17 @@ def run_job(job_path: Path, traces: list[Path] | None, run_dir: RunLocation | No
             demo: bool = False) -> int:
     """``bootprof run``: the job on its inputs; the exit status (1: a regression past budget or a failed trace).
     ``demo``: on the synthesized demo trace, which is never taken in place of an input that is missing."""
+    from pipeline import resources
+
+    job_path = resources.job_path(job_path)
     job = load_job(job_path)
     if demo and traces:
         raise InputError("bootprof run: --demo analyses the synthesized demo trace; it does not go with --trace")
     if demo and "synth" not in job.stages:
         raise BootprofError(f"{job_path}: job has no 'synth' stage, so it cannot make the --demo trace")
-    if config_path is None and job.config is not None and not job.config.is_absolute() and not job.config.exists():
-        raise ConfigError(f"{job_path}: config: {job.config} is not in the working directory {Path.cwd()} (a job's "
-                          "config path is relative to it): run bootprof from the project root, or name one with --config")
-    config = apply_sets(load_config(config_path or job.config), sets or [])
+    if config_path is None and job.config is not None:
+        config_path = resources.job_config(job_path, job.config)
+    config = apply_sets(load_config(config_path), sets or [])
     if symbol_path is not None:
         config.symbolize.symbol_path = symbol_path
     # Runs of one job are compared with each other in the warehouse, whatever their directory is called.

@@ -13,11 +13,11 @@ from tests.conftest import ROOT, fixture_path
 PACKAGE = ROOT / "pipeline"
 #: What every stage stands on: configuration, run directories, the cluster, inputs and stores, progress, errors, the
 #: platform, the stage registry (which names stages, and imports none), the typed contracts between them, and the
-#: named moments where a test can hold a command.
+#: named moments where a test can hold a command, and the files shipped beside the code (jobs, configs).
 RUNTIME = {"pipeline", "pipeline.config", "pipeline.runs", "pipeline.sources", "pipeline.mirror", "pipeline.cluster",
            "pipeline.progress", "pipeline.errors", "pipeline.portable", "pipeline.warmup", "pipeline.prefork",
            "pipeline.units", "pipeline.stages", "pipeline.contracts", "pipeline.steps", "pipeline.checkpoints",
-           "pipeline.escape"}
+           "pipeline.escape", "pipeline.resources"}
 #: A stage's module may import another stage's only along the registry's ``upstream`` or here, each with its reason.
 ACROSS = {
     ("pipeline.capture.record", "pipeline.decode"): "a capture decodes the trace it recorded, so `bootprof run` finds it done",
