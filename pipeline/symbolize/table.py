@@ -35,10 +35,14 @@ TABLE_VERSION = 1
 LOCATION = np.dtype([("function", "<u4"), ("file", "<u4"), ("line", "<u4"), ("parent", "<u4")])
 
 
-def symbolic_version() -> str:
-    from importlib.metadata import version
+def symbolic_version() -> str | None:
+    """The installed symbolic's version (part of a table's identity); None without it (tables of PDB publics)."""
+    from importlib.metadata import PackageNotFoundError, version
 
-    return version("symbolic")
+    try:
+        return version("symbolic")
+    except PackageNotFoundError:
+        return None
 
 
 @dataclass
@@ -164,7 +168,9 @@ class AddressTable:
     # -- storage -------------------------------------------------------------------------------
 
     def save(self, directory: Path) -> Path:
-        """Write the table as ``directory`` (atomically: temp dir + rename; a concurrent writer wins)."""
+        """Write the table as ``directory`` (atomically: temp dir + rename). A table there already stays when it
+        was built by this version (another worker stored the same one first); one built by another version is
+        replaced."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -183,9 +189,23 @@ class AddressTable:
             try:
                 os.replace(tmp, directory)
             except OSError:
-                if not (directory / "meta.json").exists():
+                if not directory.exists():
                     raise
-                portable.remove_tree(tmp)  # another worker stored the same table first
+                if _built_as(directory, self.meta):
+                    portable.remove_tree(tmp)       # (another worker stored the same table first)
+                else:                               # (a table of another version, or half of one: put aside)
+                    stale = directory.with_name(f".{directory.name}.stale-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+                    try:
+                        portable.rename(directory, stale)
+                    except FileNotFoundError:       # (another worker put it aside first)
+                        pass
+                    try:
+                        os.replace(tmp, directory)
+                    except OSError:                 # (and stored its new table first)
+                        if not _built_as(directory, self.meta):
+                            raise
+                        portable.remove_tree(tmp)
+                    portable.remove_tree(stale)
         except BaseException:
             portable.remove_tree(tmp)
             raise
@@ -207,6 +227,15 @@ class AddressTable:
             files=pq.read_table(directory / "files.parquet").column("path"),
             meta=meta,
         )
+
+
+def _built_as(directory: Path, meta: dict) -> bool:
+    """Whether the table in ``directory`` was built by the version that made ``meta``."""
+    try:
+        there = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return all(there.get(k) == meta.get(k) for k in ("table_version", "symbolic"))
 
 
 def table_dir(cache_dir: Path, debug_id: str) -> Path:
