@@ -103,3 +103,34 @@ def test_other_images_are_reported_once_with_a_reason(symbolized):
     resolved = sum(r["resolved"] for r in frames if r["inline_depth"] == 0)
     assert manifest["resolved_frames"] == resolved == sum(NGEN.values())
     assert manifest["resolution_rate"] == round(resolved / manifest["frames"], 6)
+
+
+def test_without_symbolic_the_pdbs_give_the_same_names(symbolized, tmp_path):
+    """Without ``symbolic`` (Windows' default: it has no wheel there) nothing was symbolized, though a PDB's public
+    symbols need no symbolic. In a process where it cannot be imported, the same run is symbolized by the publics
+    reader alone, and every frame gets the name it gets with symbolic (these PDBs hold publics only)."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    _, _, frames, run_dir = symbolized
+    run = tmp_path / "run"
+    shutil.copytree(run_dir / "decoded", run / "decoded")
+    config = tmp_path / "c.yaml"
+    config.write_text(json.dumps({"cluster": {"mode": "synchronous"},
+                                  "symbolize": {"cache_dir": str(tmp_path / "cache"),
+                                                "symbol_path": str(fixture_path("etl/perfview-net45-x86/symbols"))}}),
+                      encoding="utf-8")
+    code = ("import sys\nsys.modules['symbolic'] = None\nfrom pipeline.cli import main\n"
+            f"sys.exit(main(['--config', {str(config)!r}, 'symbolize', '--run', {str(run)!r}]))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "PDBs give function names from their public symbols only" in proc.stderr
+    manifest = json.loads((run / "symbolized" / "_manifest.json").read_text(encoding="utf-8"))
+    assert manifest["symbolic_missing"] and manifest["resolved_frames"] > 0
+    alone = read_table(run, "symbolized", "frames").to_pylist()
+    key = lambda r: (r["pid"], r["address"])      # noqa: E731
+    assert sorted(alone, key=key) == sorted(frames, key=key)

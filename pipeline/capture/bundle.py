@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import uuid
 import zipfile
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -36,20 +35,9 @@ SKIP_DIRS = {".git", ".hg", "node_modules", "__pycache__"}
 
 def pdb_guid(path: Path) -> str | None:
     """The GUID a PDB carries (its info stream), as lowercase canonical text; None when it is not a PDB 7."""
-    from pipeline import portable
-    from pipeline.symbolize.pdbpublics import Msf
+    from pipeline.symbolize.pdbpublics import pdb_guid as guid_of
 
-    try:
-        with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size == 0:
-                return None
-            # (a compiler's PDB is GBs: only the blocks read are paged in; the map goes with its last view)
-            info = bytes(Msf(portable.map_read(f.fileno()), str(path)).stream(1))
-    except (InputError, OSError, IndexError, ValueError):
-        return None
-    if len(info) < 28:
-        return None
-    return str(uuid.UUID(bytes_le=info[12:28]))
+    return guid_of(path)
 
 
 def store_dir(name: str, guid: str, age: int) -> PurePosixPath:

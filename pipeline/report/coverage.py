@@ -45,7 +45,8 @@ def section(ctx):
         m = read_manifest(ctx.run_dir, SYMBOLIZED)
         rate = m.get("resolution_rate")
         if m.get("symbolic_missing") and m.get("frames"):
-            notes.append(f"<li><b>Frames are unresolved: {html.escape(m['symbolic_missing'])}</b>; then run "
+            what = "Frames are unresolved" if not m.get("resolved_frames") else "Function names only, no lines"
+            notes.append(f"<li><b>{what}: {html.escape(m['symbolic_missing'])}</b>; then run "
                          "<code>bootprof symbolize --run RUN_DIR</code> again.</li>")
         elif rate is not None and m.get("frames") and rate < POOR_RESOLUTION:
             missing = sorted(m.get("images_without_symbols", []), key=lambda e: -e.get("frames", 0))[:10]

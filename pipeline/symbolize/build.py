@@ -34,10 +34,24 @@ def _guid_part(debug_id: str) -> str:
     return debug_id.lower().replace("-", "")[:32]
 
 
+def have_symbolic() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("symbolic") is not None
+
+
 def identity_check(debug_id: str):
     """``check`` for :func:`locate`: None when a symbol file holds ``debug_id``'s GUID, else the reason."""
 
     def check(path: Path) -> str | None:
+        if not have_symbolic():         # (a PDB's GUID, from its info stream; nothing else is readable)
+            from pipeline.symbolize.pdbpublics import pdb_guid
+
+            guid = pdb_guid(path)
+            if guid is None:
+                return f"{path} is not a PDB (other symbol files need the `symbolic` package)"
+            return None if _guid_part(guid) == _guid_part(debug_id) else \
+                f"GUID mismatch: {path} has GUID {guid}, the trace wants {debug_id}"
         from symbolic import Archive
 
         try:
@@ -52,7 +66,10 @@ def identity_check(debug_id: str):
 
 
 def build_table(symbol_file: Path, debug_id: str, cache_dir: Path) -> tuple[AddressTable | None, str | None]:
-    """Make the address table of ``debug_id`` from a PDB or Breakpad file (None + reason on failure)."""
+    """Make the address table of ``debug_id`` from a PDB or Breakpad file (None + reason on failure). Without
+    symbolic, a PDB's public symbols: function names, no lines or inlines."""
+    if not have_symbolic():
+        return _publics_table(symbol_file, debug_id)
     from symbolic import Archive
 
     from pipeline.symbolize.symc import SymcFile
@@ -94,6 +111,22 @@ def build_table(symbol_file: Path, debug_id: str, cache_dir: Path) -> tuple[Addr
         rvas, names, _ = read_publics(Path(symbol_file))
         publics = dict(zip(rvas.tolist(), names))
     return AddressTable.from_symc(symc, meta, publics), None
+
+
+def _publics_table(symbol_file: Path, debug_id: str) -> tuple[AddressTable | None, str | None]:
+    """The table of a PDB's public symbols, read without symbolic (:mod:`.pdbpublics`)."""
+    from pipeline.errors import InputError
+    from pipeline.symbolize.pdbpublics import is_pdb, read_publics
+
+    if not is_pdb(symbol_file):
+        return None, f"{symbol_file} is not a PDB; other symbol files need the `symbolic` package"
+    try:
+        rvas, names, facts = read_publics(Path(symbol_file))
+    except (InputError, OSError, IndexError, ValueError) as exc:
+        return None, f"unreadable symbol file {symbol_file}: {exc}"
+    meta: dict[str, Any] = {"table_version": TABLE_VERSION, "symbolic": None, "debug_id": debug_id,
+                            "source_file": str(symbol_file), "file_format": "pdb", "kind": "pdb-publics", **facts}
+    return AddressTable.from_publics(rvas, names, meta), None
 
 
 def _table_result(result: SymbolLookup, table: AddressTable, directory: Path) -> SymbolLookup:
@@ -150,6 +183,10 @@ def _resolve_binary(desc: ImageIdentity, entries: list[Entry], cache: Path, fetc
 
     Without a PDB, the binary's own export table (symbolic reads it) is the symbol source.
     """
+    if not have_symbolic():
+        result.update(status="missing", reason=f"no debug id in the trace for {desc['code_file']}, and finding its "
+                                               "PDB through the binary needs the `symbolic` package")
+        return result
     from symbolic import Archive
 
     from pipeline.symbolize.pe import read_codeview

@@ -191,6 +191,35 @@ def section_rvas(msf: Msf, dbi: bytes, head) -> tuple[np.ndarray, int, str]:
     return np.array(rvas, dtype=np.uint64), rva, "section map (0x1000-aligned layout)"
 
 
+def pdb_guid(path: Path) -> str | None:
+    """The GUID a PDB carries (its info stream: version, signature, age, GUID), as lowercase canonical text; None
+    when it is not a PDB 7."""
+    import os
+    import uuid
+
+    from pipeline import portable
+
+    try:
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                return None
+            # (a compiler's PDB is GBs: only the blocks read are paged in; the map goes with its last view)
+            info = bytes(Msf(portable.map_read(f.fileno()), str(path)).stream(1))
+    except (InputError, OSError, IndexError, ValueError):
+        return None
+    if len(info) < 28:
+        return None
+    return str(uuid.UUID(bytes_le=info[12:28]))
+
+
+def is_pdb(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(MSF_MAGIC)) == MSF_MAGIC
+    except OSError:
+        return False
+
+
 def read_publics(path: Path) -> tuple[np.ndarray, list[str], dict]:
     """Function publics of a PDB: sorted RVAs, their names, and facts about the layout used."""
     where = str(path)

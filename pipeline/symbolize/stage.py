@@ -76,16 +76,13 @@ def run(run_dir: Path, config, pool, inputs: list[Path] | None = None) -> Symbol
         pool.require_shared(cache_dir, "symbolize.cache_dir")
     missing_reader = symbolic_missing()
     if missing_reader:
-        # (no symbol file can be read: every image stays unresolved, and the run goes on)
+        # (PDBs still give their public symbols; the run goes on)
         print(f"bootprof: symbolize: {missing_reader}", file=sys.stderr)
-        results = [{"key": d["key"], "status": "missing", "reason": missing_reader} for d in descs]
-        todo = here = []
     with Status("symbolize", len(descs), unit="symbol files") as shown:
         shared = dict(on_result=lambda _: shown.advance(1), entries=entries, cache_dir=str(cache_dir),
                       fetch=fetch_limits(cfg))
         # (a map of nothing starts no cluster)
-        results = (results if missing_reader else []) + Pool(None).map(resolve_debug_id, here, **shared) \
-            + pool.map(resolve_debug_id, todo, **shared)
+        results = Pool(None).map(resolve_debug_id, here, **shared) + pool.map(resolve_debug_id, todo, **shared)
     status = {r["key"]: r for r in results}
     t_symbols = time.perf_counter()
 
@@ -125,11 +122,11 @@ def run(run_dir: Path, config, pool, inputs: list[Path] | None = None) -> Symbol
     }
 
 
-#: What symbolize says when it cannot read symbol files: ``symbolic`` has wheels for Linux and macOS, not for
-#: Windows, where pip builds it from its sdist with a Rust toolchain.
-SYMBOLIC_MISSING = ("the `symbolic` package is not installed, so no symbol file can be read and frames stay "
-                    "unresolved (module+0xoffset); with a Rust toolchain (https://rustup.rs), `pip install symbolic` "
-                    "builds it from its sdist")
+#: What symbolize says without ``symbolic``, which has wheels for Linux and macOS, not for Windows, where pip builds it
+#: from its sdist with a Rust toolchain.
+SYMBOLIC_MISSING = ("the `symbolic` package is not installed: PDBs give function names from their public symbols "
+                    "only (no source lines, no inlined frames), and other symbol files are not read; with a Rust "
+                    "toolchain (https://rustup.rs), `pip install symbolic` builds it from its sdist")
 
 
 def symbolic_missing() -> str | None:
