@@ -112,6 +112,13 @@ class Pool:
                 f"machines need {what} on a filesystem they share, at the same path")
         self._shared.add(str(directory))
 
+    def everywhere(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn()`` in this process and, when the pool has started a cluster, in each of its workers (what a
+        stage's tasks keep between them, let go of before its output is swapped into place)."""
+        fn()
+        if self._client is not None:
+            self._client.run(fn)
+
     def map(self, fn: Callable[..., Any], items: Iterable[Any], on_result: Callable[[Any], None] | None = None,
             **kwargs) -> list[Any]:
         """``[fn(item, **kwargs) for item in items]``, in order, on the cluster when there is one.

@@ -355,6 +355,7 @@ def stage_output(
         if moved or set(recorded) - set(now):
             raise ManifestError(f"{run_dir}: {', '.join(moved) or 'an upstream output'} was written again while "
                                 f"{stage} read it; {stage} is not kept: run it again")
+        checkpoint(f"{stage}.swap")
         swap_into_place(tmp, stage_dir(run_dir, stage))
     except BaseException:
         portable.remove_tree(tmp)

@@ -282,3 +282,36 @@ def test_replace_and_remove_try_again_while_windows_refuses(tmp_path, monkeypatc
     portable.remove_tree(tmp_path / "d")
     assert not (tmp_path / "d").exists() and refusals["rmtree"] == 0
     portable.remove_tree(tmp_path / "gone")         # (gone already: no error)
+
+
+def test_nothing_holds_a_file_of_the_decode_when_it_is_swapped_into_place(synth_traces, tmp_path):
+    """Windows renames and removes no file a process holds: the workers kept the stack definitions' ``.npy`` files
+    of the decode's scratch mapped until their cluster closed (only glibc's idle trim let go of them), so the swap
+    of the stage's directory would have been refused, and the decode thrown away. Held at the swap, no process of
+    the command (the command, its fork server, its workers) maps or opens a file of the stage's directory."""
+    import psutil
+
+    from tests.helpers import checkpoints
+
+    trace = synth_traces["plain64_cached"].path        # (stack caching: the decode maps its stack definitions)
+    config = tmp_path / "c.yaml"
+    config.write_text(json.dumps({"cluster": {"mode": "local", "n_workers": 2, "memory_limit": "2GiB",
+                                              "inline_below": 0}}), encoding="utf-8")
+    run, held = tmp_path / "run", {}
+
+    def look(proc):
+        family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        tmp = [p for p in run.iterdir() if p.name.startswith(".decoded.tmp-")]
+        assert len(tmp) == 1, tmp
+        for p in family:
+            try:
+                paths = [m.path for m in p.memory_maps()] + [f.path for f in p.open_files()]
+            except psutil.NoSuchProcess:
+                continue
+            held[p.pid] = [x for x in paths if x.startswith(str(tmp[0]))]
+        assert len(held) >= 3, held        # (the command and at least its two workers were looked at)
+
+    done = checkpoints.run_held([sys.executable, "-m", "pipeline", "--config", str(config), "decode", str(trace),
+                                 "--run", str(run)], tmp_path / "hold", "decoded.swap", look, ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not any(held.values()), held

@@ -74,7 +74,7 @@ def _decode_etl(path: sources.Input, out, cfg, pool, status: Status) -> EtlCount
     from pipeline.decode.etl import heapsnap, joins
     from pipeline.decode.etl.partition import InlineScratch, decode_partition
     from pipeline.decode.etl.tasks import PartitionResult, PartitionTask
-    from pipeline.decode.etl.workerstate import release_freed_memory
+    from pipeline.decode.etl.workerstate import let_go, release_freed_memory
     from pipeline.mirror import placed_by
 
     pool.set_aside()
@@ -144,6 +144,7 @@ def _decode_etl(path: sources.Input, out, cfg, pool, status: Status) -> EtlCount
             # (the stage fails, nothing written, with the setting to change)
             raise out_of_memory(path, "the whole-trace joins", "decode.join_memory_limit", cfg.join_memory_limit,
                                 exc) from None
+    pool.everywhere(let_go)     # (the maps of scratch files, which Windows would not let the swap move)
     portable.remove_tree(scratch)
 
     skipped = sum(r.buffers_skipped for r in results) + len(header.walk_errors)

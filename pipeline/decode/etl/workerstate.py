@@ -105,6 +105,16 @@ def _reuse_freed_memory(libc):
             _trim_timer.start()
 
 
+def let_go() -> None:
+    """Before the decode's output is swapped into place: no map or handle of a file in it stays open here (the
+    stack definitions' ``.npy`` maps): Windows renames and removes no file that a process holds, and the idle trim
+    that drops them runs only where glibc is, and only once the process has been idle a while."""
+    import gc
+
+    release_freed_memory()
+    gc.collect()
+
+
 def release_freed_memory() -> None:
     """Free memory back to the kernel: glibc's heap and Arrow's own allocator (which keeps freed buffers
     of concat_tables and the parquet writer for reuse)."""
