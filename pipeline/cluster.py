@@ -117,7 +117,7 @@ class Pool:
         stage's tasks keep between them, let go of before its output is swapped into place)."""
         fn()
         if self._client is not None:
-            self._client.run(fn)
+            self._client.run(fn, on_error="return")     # (a worker that cannot: nothing to undo there)
 
     def map(self, fn: Callable[..., Any], items: Iterable[Any], on_result: Callable[[Any], None] | None = None,
             **kwargs) -> list[Any]:

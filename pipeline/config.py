@@ -263,8 +263,8 @@ class Job(Section):
     name: str = Field(description="Job name, used in run directory names: letters, digits, '.', '_' and '-', not "
                       "starting with '.' (a run directory stays inside runs_dir).", pattern=r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$",
                       max_length=100)
-    config: Path | None = Field(None, description="Config file; a relative path is relative to the working directory, "
-                                "else to the directory above the job file's (`configs/` beside `jobs/`); `--config` "
+    config: Path | None = Field(None, description="Config file; a relative path is relative to the directory above the "
+                                "job file's (`configs/` beside `jobs/`), else to the working directory; `--config` "
                                 "overrides it.")
     stages: list[str] = Field(
         description="Stages in order. 'synth' makes the demo trace for `bootprof run --demo`; 'compare' (after "

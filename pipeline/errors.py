@@ -82,7 +82,7 @@ def place_error(exc: BaseException) -> str | None:
             if not where:
                 import re
 
-                m = re.search(r"""(?:["'])((?:/|[A-Za-z]:\\|\\\\)[^"']+)(?:["'])""", text)
+                m = re.search(r"""(?:["'])((?:/|[A-Za-z]:[\\/]|\\\\)[^"']+)(?:["'])""", text)
                 where = m.group(1) if m else None
             return f"{where}: {what}" if where else f"{what}: {' '.join(text.split())[:300]}"
         exc = exc.__cause__ or exc.__context__

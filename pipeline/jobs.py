@@ -402,8 +402,8 @@ def backfill(job: Job, config: Config, traces: list[sources.Input], force: bool 
     for n, trace in enumerate(inputs, 1):
         stem = sources.name(trace) if sources.exists(trace) and sources.is_dir(trace) else sources.stem(trace)
         stem = portable.file_name(unquote(stem))       # (a URL's %3A or a time's ':' are no names on Windows)
-        names[stem] = names.get(stem, 0) + 1
-        run_dir = job.run_dir(f"{job.name}-{stem}" + ("" if names[stem] == 1 else f"-{names[stem]}"))
+        seen = names[stem.casefold()] = names.get(stem.casefold(), 0) + 1       # (NTFS: Trace.etl is trace.etl)
+        run_dir = job.run_dir(f"{job.name}-{stem}" + ("" if seen == 1 else f"-{seen}"))
         print(f"[{n}/{len(inputs)}] {trace} -> {run_dir}")
         try:
             if not sources.exists(trace):

@@ -173,17 +173,21 @@ def end_tree(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
         interrupt(proc)
         wait(proc, grace_s)
     for action in ("terminate", "kill"):
+        # (the top through its Popen, which must reap it itself to keep its exit code; psutil would take it)
         known = [p for p in family(known) if running(p)]
-        if not known:
+        rest = [p for p in known if p.pid != proc.pid]
+        if proc.poll() is None:
+            getattr(proc, action)()
+        elif not rest:
             break
-        for p in known:
+        for p in rest:
             try:
                 getattr(p, action)()
             except psutil.Error:
                 pass
-        psutil.wait_procs(known, timeout=grace_s)
-    if proc.poll() is None:
-        wait(proc, grace_s)
+        psutil.wait_procs(rest, timeout=grace_s)
+        if proc.poll() is None:
+            wait(proc, grace_s)
 
 
 def pid_alive(pid: int) -> bool:
@@ -231,6 +235,10 @@ def _retrying(action, *args) -> None:
             if not WINDOWS or time.monotonic() >= deadline:
                 raise
             if exc.errno not in (errno.EACCES, errno.EPERM, None) and getattr(exc, "winerror", 5) not in (5, 32):
+                raise
+            time.sleep(0.1)
+        except OSError as exc:      # (a directory whose files a scanner still holds, deleted but pending: 145)
+            if not WINDOWS or getattr(exc, "winerror", None) != 145 or time.monotonic() >= deadline:
                 raise
             time.sleep(0.1)
 

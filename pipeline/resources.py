@@ -39,12 +39,15 @@ def job_path(given: Path | str) -> Path:
 
 
 def job_config(job_file: Path, config: Path) -> Path:
-    """A job's ``config:``: as written when absolute, else relative to the working directory, else to the project the
-    job file is in (``jobs/x.yaml`` -> ``configs/...`` beside ``jobs/``), so a job runs from any directory."""
-    if config.is_absolute() or config.exists():
+    """A job's ``config:``: as written when absolute, else relative to the project the job file is in (``jobs/x.yaml``
+    -> ``configs/...`` beside ``jobs/``), so a job runs from any directory with its own config (not a file of that
+    name in another project's working directory), else relative to the working directory."""
+    if config.is_absolute():
         return config
     beside = job_file.resolve().parent.parent / config
     if beside.exists():
         return beside
+    if config.exists():
+        return config
     raise ConfigError(f"{job_file}: config: {config} is neither in the working directory {Path.cwd()} nor in "
                       f"{job_file.resolve().parent.parent}: name one with --config")

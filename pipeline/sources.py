@@ -61,19 +61,27 @@ def file_url_path(url: str, windows: bool = os.name == "nt") -> str:
     from urllib.request import url2pathname
 
     parts = urlparse(url)
-    host = parts.netloc if parts.netloc.lower() != "localhost" else ""
+    host, path = (parts.netloc if parts.netloc.lower() != "localhost" else ""), parts.path
+    if not host and path.startswith("///"):         # (file://///host/share/x: a UNC path, as some tools write it)
+        host, _, rest = path.lstrip("/").partition("/")
+        path = "/" + rest
     if windows:
+        if host and re.match(r"/[A-Za-z][:|]", path):
+            raise argparse.ArgumentTypeError(f"{url}: a host ({host}) and a drive letter: name one of them")
         if os.name != "nt":     # (Windows' reading, elsewhere: its module, which 3.14 deprecates as a public one)
             import warnings
 
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)
                 from nturl2path import url2pathname
-        return url2pathname(f"//{host}{parts.path}" if host else parts.path)
+        try:
+            return url2pathname(f"//{host}{path}" if host else path)
+        except OSError as exc:      # (nturl2path: a second ':' in the path)
+            raise argparse.ArgumentTypeError(f"{url}: not a Windows path: {exc}") from None
     if host:
         raise argparse.ArgumentTypeError(f"{url}: a file:// URL of another host ({host}) names no path here: "
                                          "mount it and give the path")
-    return url2pathname(parts.path)
+    return url2pathname(path)
 
 
 def run_dir(text: str) -> RunLocation:

@@ -5,6 +5,7 @@ The workspace source is copied to tmp_path so that cargo's target/ is never writ
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -131,6 +132,11 @@ def test_flags_already_set_go_with_ours_and_x_py_gets_rustflags(tmp_path):
     (checkout / "src" / "bootstrap").mkdir(parents=True)
     assert is_bootstrap(["python", "x.py", "build"], checkout) and is_bootstrap(["./x", "build"], checkout)
     assert not is_bootstrap(["cargo", "build"], checkout) and not is_bootstrap(["./x", "build"], tmp_path)
+    # (run from elsewhere, with interpreter options, or as `x` from a directory below the checkout)
+    assert is_bootstrap(["python", str(checkout / "x.py"), "build"], tmp_path)
+    assert is_bootstrap(["python", "-X", "utf8", "x.py", "build"], checkout)
+    (checkout / "library" / "std").mkdir(parents=True)
+    assert is_bootstrap(["x", "build"], checkout / "library" / "std")
     env, var, added = profile_env({"RUSTFLAGS": "-Zthreads=2"}, tmp_path / "run" / "selfprofile", "default", True)
     assert var == "RUSTFLAGS" and env["RUSTFLAGS"] == " ".join(["-Zthreads=2", *added])
     assert "CARGO_ENCODED_RUSTFLAGS" not in env
@@ -194,4 +200,37 @@ def test_sigint_to_bootprof_ends_the_whole_build_tree(tmp_path):
     assert proc.returncode == 130, err
     assert "interrupted by SIGINT" in err and "Traceback" not in err
     assert not pid_alive(script_pid), "the build script outlived the capture"
-    assert read_manifest(run, "capture")["interrupted"] == "SIGINT"
+    manifest = read_manifest(run, "capture")
+    assert manifest["interrupted"] == "SIGINT" and manifest["exit_code"] != 0, manifest["exit_code"]
+
+
+X_PY = """import json, os, sys
+with open(os.environ["X_PY_SAW"], "w", encoding="utf-8") as f:
+    json.dump({k: os.environ.get(k) for k in ("RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS")}, f)
+"""
+
+
+def test_an_x_py_build_gets_rustflags_and_no_probe_of_the_rustc_on_path(tmp_path):
+    """x.py builds with its own compilers: the rustc on PATH (none here, or a stable one) is not probed for -Z, and
+    the flags go into RUSTFLAGS, which x.py reads; a run directory whose path holds a space is one line, exit 2."""
+    checkout = tmp_path / "rust"
+    (checkout / "src" / "bootstrap").mkdir(parents=True)
+    (checkout / "x.py").write_text(X_PY, encoding="utf-8")
+    saw = tmp_path / "saw.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("RUSTC", "RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS",
+                                                              "RUSTC_BOOTSTRAP")}
+    env.update(PATH=str(Path(sys.executable).parent), X_PY_SAW=str(saw))       # (no rustc on it)
+    run = tmp_path / "runs" / "tonight"
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "capture", "--self-profile", "--run", str(run), "--",
+                           sys.executable, "x.py", "build"], env=env, cwd=checkout, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    flags = json.loads(saw.read_text(encoding="utf-8"))
+    assert flags["CARGO_ENCODED_RUSTFLAGS"] is None
+    assert flags["RUSTFLAGS"] == f"-Zself-profile={run / 'selfprofile'} -Zself-profile-events=default"
+    spaced = tmp_path / "John Smith" / "run"
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "capture", "--self-profile", "--run", str(spaced), "--",
+                           sys.executable, "x.py", "build"], env=env, cwd=checkout, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2 and "x.py splits RUSTFLAGS at spaces" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -33,7 +33,7 @@ def test_written_scratch_tables_have_their_registry_schema(source, tmp_path, mon
     else:
         trace = fixture_path(source)
     # (the decode's scratch stays: it moves with the stage's output into decoded/)
-    monkeypatch.setattr(etl.shutil, "rmtree", lambda path, ignore_errors=False: None)
+    monkeypatch.setattr(etl.portable, "remove_tree", lambda path, must=False: None)
     decode.run(tmp_path / "run", Config(), Pool(None), inputs=[trace])
     scratch = tmp_path / "run" / "decoded" / ".scratch"
     checked = set()

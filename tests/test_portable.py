@@ -315,3 +315,34 @@ def test_nothing_holds_a_file_of_the_decode_when_it_is_swapped_into_place(synth_
                                  "--run", str(run)], tmp_path / "hold", "decoded.swap", look, ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     assert not any(held.values()), held
+
+
+def test_a_tree_that_ignores_ctrl_c_is_ended_and_its_exit_code_kept(tmp_path):
+    """A build that ignores SIGINT (or, on Windows, CTRL_BREAK with no console) is terminated with its children; its
+    exit code is the one its Popen reaped (psutil's wait, which reaped it first, once left 0 there)."""
+    import signal
+
+    from pipeline.portable import end_tree, pid_alive
+
+    pid_file = tmp_path / "grandchild.pid"
+    code = ("import signal, subprocess, sys, time\n"
+            "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+            f"child = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+            f"signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(600)'])\n"
+            f"open({str(pid_file)!r} + '.tmp', 'w').write(str(child.pid))\n"
+            f"import os; os.replace({str(pid_file)!r} + '.tmp', {str(pid_file)!r})\n"
+            "time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        while not pid_file.exists():
+            assert proc.poll() is None
+            try:
+                proc.wait(0.05)
+            except subprocess.TimeoutExpired:
+                pass
+        grandchild = int(pid_file.read_text())
+        end_tree(proc, grace_s=1.0)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGTERM
+    assert not pid_alive(grandchild)

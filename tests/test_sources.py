@@ -148,6 +148,11 @@ def test_file_urls_are_read_as_the_system_reads_them(tmp_path):
     # (Windows' reading, checked here with its own module)
     assert sources.file_url_path("file:///C:/Users/John%20Smith/t.etl", windows=True) == r"C:\Users\John Smith\t.etl"
     assert sources.file_url_path("file://server/share/a%20b.etl", windows=True) == r"\\server\share\a b.etl"
+    assert sources.file_url_path("file://///server/share/x.etl", windows=True) == r"\\server\share\x.etl"
+    for bad, says in [("file://server/C:/x.etl", r"a host \(server\) and a drive letter"),
+                      ("file:///C:/a:b.etl", "not a Windows path")]:
+        with pytest.raises(argparse.ArgumentTypeError, match=says):
+            sources.file_url_path(bad, windows=True)
 
 
 def test_a_local_input_is_hashed_once_per_version(tmp_path, monkeypatch):

@@ -178,28 +178,34 @@ def test_resolve_task_caches_by_debug_id_and_reports_missing(tmp_path):
     assert nothing["status"] == "missing" and nothing["reason"].startswith("not found")
 
 
-def test_a_table_of_another_version_is_replaced(tmp_path):
+def test_a_table_of_another_version_is_neither_read_nor_replaced(tmp_path):
     """A table built by an older version was never replaced: each run built it again, the save kept the old one
-    (taken for a concurrent worker's), and the lookup read the old one from its directory."""
+    (taken for a concurrent worker's), and the lookup read the old one. Each version now has its own directory:
+    the old table (of the old layout, or of another version beside this one) is not read, and stays as it was
+    (another install sharing the cache may have it mapped)."""
     import json
+    import shutil
 
-    from pipeline.symbolize.table import TABLE_VERSION, table_dir
+    from pipeline.symbolize.table import table_dir
 
     root = built_images() / "full"
     ident = pe_identity(root / "rustlib.dll")
-    entries = parse_symbol_path(str(root), tmp_path / "cache")
+    entries = parse_symbol_path(str(root), tmp_path / "fresh")
     desc = dict({k: ident[k] for k in ("debug_id", "guid", "age", "pdb_name")}, key=ident["debug_id"])
-    assert resolve_debug_id(desc, entries, str(tmp_path / "cache"), 5.0)["status"] == "ok"
-    where = table_dir(tmp_path / "cache", ident["debug_id"])
-    good = np.load(where / "starts.npy").copy()
-    meta = json.loads((where / "meta.json").read_text(encoding="utf-8"))
-    (where / "meta.json").write_text(json.dumps(dict(meta, table_version=TABLE_VERSION - 1)), encoding="utf-8")
-    np.save(where / "starts.npy", good[:1])             # (what an older version wrote there)
-    again = resolve_debug_id(desc, entries, str(tmp_path / "cache"), 5.0)
-    assert again["status"] == "ok" and not again["cached"]
-    assert json.loads((where / "meta.json").read_text(encoding="utf-8"))["table_version"] == TABLE_VERSION
-    assert np.array_equal(AddressTable.load(where).starts, good)
-    assert [p.name for p in where.parent.iterdir()] == [where.name]     # (nothing put aside is left)
+    assert resolve_debug_id(desc, entries, str(tmp_path / "fresh"), 5.0)["status"] == "ok"
+    good = np.load(table_dir(tmp_path / "fresh", ident["debug_id"]) / "starts.npy").copy()
+    # (what older versions left: the old layout, and a table of another version)
+    here = tmp_path / "cache" / "tables" / ident["debug_id"]
+    for old in (here, here / "v0-0.0.1"):
+        shutil.copytree(table_dir(tmp_path / "fresh", ident["debug_id"]), old, dirs_exist_ok=True)
+        np.save(old / "starts.npy", good[:1])
+        meta = json.loads((old / "meta.json").read_text(encoding="utf-8"))
+        (old / "meta.json").write_text(json.dumps(dict(meta, table_version=0)), encoding="utf-8")
+    found = resolve_debug_id(desc, entries, str(tmp_path / "cache"), 5.0)
+    assert found["status"] == "ok" and not found["cached"]
+    assert np.array_equal(AddressTable.load(found["table_dir"]).starts, good)
+    for old in (here, here / "v0-0.0.1"):
+        assert len(np.load(old / "starts.npy")) == 1        # (left as they were)
 
 
 def test_batched_strings_equal_one_by_one_including_long_and_unicode_names(tmp_path):

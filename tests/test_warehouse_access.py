@@ -97,6 +97,8 @@ def test_a_file_held_elsewhere_is_recognised_in_each_systems_words(tmp_path):
     assert held_elsewhere(windows)
     assert not held_elsewhere('IO Error: Cannot open file "x.duckdb": Permission denied')
     assert not held_elsewhere("IO Error: The file is not a valid DuckDB database file!")
+    assert not held_elsewhere("IO Error: Corrupt database file: computed checksum 1 does not match stored checksum 2 "
+                              "in block at location 262144")
 
 
 def test_queries_are_read_only_and_touch_no_file(etl_run, tmp_path):

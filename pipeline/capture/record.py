@@ -124,7 +124,11 @@ def run(run_dir: Path, config, pool=None, inputs: list[str] | None = None, event
                                 "run this from an elevated (administrator) prompt")
         if (warning := debuginfo_warning(cwd)) is not None:
             warnings.append(warning)
-    if self_profile:
+    bootstrap = is_bootstrap(list(inputs), cwd)
+    if self_profile and bootstrap:
+        # (x.py builds with its own compilers, which take -Z: the rustc on PATH, if any, is not the build's)
+        manifest["toolchain"], manifest["probe_warnings"] = None, []
+    elif self_profile:
         rustc = rustc_command(base_env, list(inputs))
         manifest["toolchain"] = toolchain(rustc, base_env)
         manifest["probe_warnings"] = probe = check_self_profile(rustc, base_env, events or DEFAULT_EVENTS)
@@ -135,7 +139,7 @@ def run(run_dir: Path, config, pool=None, inputs: list[str] | None = None, event
         events = events or DEFAULT_EVENTS
         profile_dir.mkdir(parents=True, exist_ok=True)
         files_before = {p.name for p in profile_dir.glob("*.mm_profdata")}
-        env, carrier, added = profile_env(base_env, profile_dir, events, is_bootstrap(list(inputs), cwd))
+        env, carrier, added = profile_env(base_env, profile_dir, events, bootstrap)
         manifest.update({"rustflags_added": added, "rustflags_variable": carrier,
                          "events": events, "rustc_bootstrap": base_env.get("RUSTC_BOOTSTRAP"),
                          "profile_dir": str(profile_dir)})
@@ -173,7 +177,8 @@ def run(run_dir: Path, config, pool=None, inputs: list[str] | None = None, event
     except KeyboardInterrupt as exc:
         interrupted = "SIGTERM" if isinstance(exc, _Terminated) else "SIGINT"
         if proc is not None:
-            portable.end_tree(proc)
+            with _deferred_sigint():        # (a second Ctrl-C must not cut the ending of the tree short)
+                portable.end_tree(proc)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -62,8 +62,16 @@ BOOTSTRAP_NAMES = {"x.py", "x", "x.ps1", "x.exe", "x.sh"}
 
 
 def is_bootstrap(build: list[str], cwd: Path) -> bool:
-    """Whether the build is a rust checkout's ``x.py`` (bootstrap), which reads ``RUSTFLAGS`` itself."""
-    return any(Path(arg).name in BOOTSTRAP_NAMES for arg in build[:3]) and (cwd / "src" / "bootstrap").is_dir()
+    """Whether the build is a rust checkout's ``x.py`` (bootstrap), which reads ``RUSTFLAGS`` itself: an argument
+    among the first few named as its entry points, in a rust checkout or below one (``python C:\\src\\rust\\x.py``
+    from elsewhere, ``python -X utf8 x.py``, ``x`` from a subdirectory of the checkout)."""
+    for arg in build[:5]:
+        if Path(arg).name.lower() not in BOOTSTRAP_NAMES:
+            continue
+        where = (cwd / arg).parent.resolve()
+        if any((d / "src" / "bootstrap").is_dir() for d in (where, *where.parents)):
+            return True
+    return False
 
 
 def cargo_rustflags(env: dict[str, str]) -> list[str]:

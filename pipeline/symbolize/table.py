@@ -11,9 +11,10 @@ with one ``np.searchsorted`` and a few gathers, no Python per address:
     files          path of each file index (files.parquet)
 
 Tables are built once per debug id from symbolic's SymCache (PDB or Breakpad) or, for PDBs symbolic
-cannot place, from the PDB's publics, and stored under ``<cache>/tables/<debug_id>/`` (written to a
-temporary directory, then renamed, so a reader sees a whole table or none). ``TABLE_VERSION`` and
-the symbolic version are part of ``meta.json``; a table built by another version is rebuilt.
+cannot place, from the PDB's publics, and stored under ``<cache>/tables/<debug_id>/v<TABLE_VERSION>-<symbolic
+version>/`` (written to a temporary directory, then renamed, so a reader sees a whole table or none). Each version
+has its own directory: a table built by another version is never read, and never replaced (another install sharing
+the cache may have it mapped).
 """
 
 from __future__ import annotations
@@ -168,9 +169,9 @@ class AddressTable:
     # -- storage -------------------------------------------------------------------------------
 
     def save(self, directory: Path) -> Path:
-        """Write the table as ``directory`` (atomically: temp dir + rename). A table there already stays when it
-        was built by this version (another worker stored the same one first); one built by another version is
-        replaced."""
+        """Write the table as ``directory`` (atomically: temp dir + rename; a concurrent writer wins). A directory is
+        one version's (:func:`table_dir`), so no table is ever renamed over or aside: on Windows, another process
+        may hold its files mapped."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -185,27 +186,13 @@ class AddressTable:
             pq.write_table(pa.table({"raw_name": pa.array(self.raw_names, pa.string()),
                                      "function": pa.array(self.names, pa.string())}), tmp / "functions.parquet")
             pq.write_table(pa.table({"path": pa.array(self.files, pa.string())}), tmp / "files.parquet")
-            (tmp / "meta.json").write_text(json.dumps(self.meta, indent=2, sort_keys=True) + "\n")
+            (tmp / "meta.json").write_text(json.dumps(self.meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
             try:
-                os.replace(tmp, directory)
+                portable.rename(tmp, directory)
             except OSError:
-                if not directory.exists():
+                if not (directory / "meta.json").exists():
                     raise
-                if _built_as(directory, self.meta):
-                    portable.remove_tree(tmp)       # (another worker stored the same table first)
-                else:                               # (a table of another version, or half of one: put aside)
-                    stale = directory.with_name(f".{directory.name}.stale-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-                    try:
-                        portable.rename(directory, stale)
-                    except FileNotFoundError:       # (another worker put it aside first)
-                        pass
-                    try:
-                        os.replace(tmp, directory)
-                    except OSError:                 # (and stored its new table first)
-                        if not _built_as(directory, self.meta):
-                            raise
-                        portable.remove_tree(tmp)
-                    portable.remove_tree(stale)
+                portable.remove_tree(tmp)  # another worker stored the same table first
         except BaseException:
             portable.remove_tree(tmp)
             raise
@@ -229,17 +216,11 @@ class AddressTable:
         )
 
 
-def _built_as(directory: Path, meta: dict) -> bool:
-    """Whether the table in ``directory`` was built by the version that made ``meta``."""
-    try:
-        there = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return all(there.get(k) == meta.get(k) for k in ("table_version", "symbolic"))
-
-
 def table_dir(cache_dir: Path, debug_id: str) -> Path:
-    return Path(cache_dir) / "tables" / debug_id
+    """Where the table of ``debug_id`` built by this version is: ``tables/<debug id>/v<TABLE_VERSION>-<symbolic's
+    version, or 'publics' without it>``. Each version has its own, so two installs sharing a cache never replace
+    each other's tables, and a table is never loaded by a version that did not build it."""
+    return Path(cache_dir) / "tables" / debug_id / f"v{TABLE_VERSION}-{symbolic_version() or 'publics'}"
 
 
 def is_cached(cache_dir: Path, debug_id: str) -> bool:

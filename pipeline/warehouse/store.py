@@ -162,7 +162,8 @@ def held_elsewhere(message: str) -> bool:
     Conflicting lock is held in ..." on POSIX; on Windows, which locks the whole file, the system's sharing violation,
     "The process cannot access the file because it is being used by another process"."""
     text = " ".join(message.split()).lower()
-    return "lock" in text or "being used by another process" in text
+    # (not the word "lock" alone: a damaged file's "... in block at location ..." holds it)
+    return any(words in text for words in ("could not set lock", "conflicting lock", "being used by another process"))
 
 
 def connect(path: Path, read_only: bool = False, lock_timeout_s: float = 300.0):

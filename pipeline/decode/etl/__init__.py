@@ -68,13 +68,22 @@ def decode_etl(path: sources.Input, out, cfg, pool) -> EtlCounts:
         return _decode_etl(path, out, cfg, pool, status)
 
 
+def _let_go_everywhere(pool) -> None:
+    from pipeline.decode.etl.workerstate import let_go
+
+    try:
+        pool.everywhere(let_go)
+    except Exception:       # noqa: BLE001 - (a cluster that failed with the decode: its workers hold nothing to drop)
+        let_go()
+
+
 def _decode_etl(path: sources.Input, out, cfg, pool, status: Status) -> EtlCounts:
     import duckdb  # (imported here, so that set_aside keeps its objects out of the collector)
 
     from pipeline.decode.etl import heapsnap, joins
     from pipeline.decode.etl.partition import InlineScratch, decode_partition
     from pipeline.decode.etl.tasks import PartitionResult, PartitionTask
-    from pipeline.decode.etl.workerstate import let_go, release_freed_memory
+    from pipeline.decode.etl.workerstate import release_freed_memory
     from pipeline.mirror import placed_by
 
     pool.set_aside()
@@ -111,40 +120,45 @@ def _decode_etl(path: sources.Input, out, cfg, pool, status: Status) -> EtlCount
         status.advance(result.bytes)
 
     pool.require_shared(out.path, placed_by(out.run_dir))       # (the tasks write their parts there)
-    results = pool.map(decode_partition, tasks, on_result=take)
-    small.close()
-    t_parts = time.time()
-    status.say(f"{status.done / 1e9:.2f} GB in {t_parts - t0:.1f} s; joining stacks, processes and heap snapshots")
+    try:
+        results = pool.map(decode_partition, tasks, on_result=take)
+        small.close()
+        t_parts = time.time()
+        status.say(f"{status.done / 1e9:.2f} GB in {t_parts - t0:.1f} s; joining stacks, processes and heap snapshots")
 
-    errors = list(header.walk_errors) + header.field_errors
-    for r in results:
-        errors.extend(r.errors)
-    write_event_counts(out, results)
-    # Heap snapshots are assembled here, on a thread, while the workers run the bucket joins; the stacks
-    # table needs them, so ``finish`` waits for them before building it.
-    snap_errors: list[ErrorRow] = []
+        errors = list(header.walk_errors) + header.field_errors
+        for r in results:
+            errors.extend(r.errors)
+        write_event_counts(out, results)
+        # Heap snapshots are assembled here, on a thread, while the workers run the bucket joins; the stacks
+        # table needs them, so ``finish`` waits for them before building it.
+        snap_errors: list[ErrorRow] = []
 
-    def snapshots_beside() -> dict[str, int]:
-        for thread in preloading:
-            thread.join()
-        return heapsnap.assemble(scratch, out, snap_errors, str(path), cfg.join_memory_limit)
+        def snapshots_beside() -> dict[str, int]:
+            for thread in preloading:
+                thread.join()
+            return heapsnap.assemble(scratch, out, snap_errors, str(path), cfg.join_memory_limit)
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as beside:
-        snapshots = beside.submit(snapshots_beside)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as beside:
+            snapshots = beside.submit(snapshots_beside)
 
-        def snapshots_done() -> dict[str, int]:
-            done = snapshots.result()
-            errors.extend(snap_errors)
-            release_freed_memory()
-            return done
+            def snapshots_done() -> dict[str, int]:
+                done = snapshots.result()
+                errors.extend(snap_errors)
+                release_freed_memory()
+                return done
 
-        try:
-            joined = joins.finish(con.result(), out, scratch, header, cfg, pool, results, errors, snapshots_done)
-        except duckdb.OutOfMemoryException as exc:
-            # (the stage fails, nothing written, with the setting to change)
-            raise out_of_memory(path, "the whole-trace joins", "decode.join_memory_limit", cfg.join_memory_limit,
-                                exc) from None
-    pool.everywhere(let_go)     # (the maps of scratch files, which Windows would not let the swap move)
+            try:
+                joined = joins.finish(con.result(), out, scratch, header, cfg, pool, results, errors, snapshots_done)
+            except duckdb.OutOfMemoryException as exc:
+                # (the stage fails, nothing written, with the setting to change)
+                raise out_of_memory(path, "the whole-trace joins", "decode.join_memory_limit", cfg.join_memory_limit,
+                                    exc) from None
+    except Exception:
+        _let_go_everywhere(pool)    # (a failed decode's directory is removed: Windows removes no mapped file)
+        raise
+    # (the maps of scratch files, which Windows would not let the swap move; an interrupt ends the workers anyway)
+    _let_go_everywhere(pool)
     portable.remove_tree(scratch)
 
     skipped = sum(r.buffers_skipped for r in results) + len(header.walk_errors)
