@@ -184,6 +184,30 @@ class ReportConfig(Section):
     )
 
 
+class VerdictConfig(Section):
+    window: int = Field(14, ge=1, description="Nights before the judged one whose median is its baseline.")
+    z_confident: float = Field(4.0, gt=0, description="|z| from which a change past the floors is a regression or "
+                               "an improvement (one night).")
+    z_suspect: float = Field(3.0, gt=0, description="|z| from which a change past the floors is a suspect.")
+    z_each: float = Field(1.5, ge=0, description="A lasting change: each of two nights past this |z| the same way...")
+    z_lasting: float = Field(3.75, gt=0, description="... and their z together (sum over sqrt(2), less the shared "
+                             "baseline) past this: a regression seen twice.")
+    floor_relative: float = Field(0.05, ge=0, description="Smallest relative change worth a verdict.")
+    min_nights: int = Field(2, ge=1, description="Nights of an item's history before a change of it can be a "
+                            "regression or an improvement (before: a suspect at most).")
+    prior: dict[str, list[float]] = Field(
+        default_factory=lambda: {"build time": [0.106, 0.0], "build memory": [0.071, 0.0],
+                                 "crate time": [0.106, 16e6], "crate memory": [0.071, float(6 << 20)]},
+        description="Per family, the noise of one night when no history says otherwise: [a, b], the standard "
+        "deviation of a log value sqrt(a^2 + (b / size)^2) (b in the metric's unit: ns, bytes). `bootprof warehouse "
+        "calibrate` fits them to a warehouse's history.")
+    prior_weight: float = Field(2.0, ge=0, description="How many nights of history the prior is worth.")
+    pool_weight: float = Field(12.0, ge=0, description="The most the residuals of items of similar size are worth.")
+    drift_lags: list[int] = Field([7, 14, 21, 28], description="A drift: the last `drift_nights` nights against as "
+                                  "many this many nights back.")
+    drift_nights: int = Field(5, ge=2, description="Nights on each side of a drift comparison.")
+
+
 class WarehouseConfig(Section):
     path: Path = Field(Path("runs/warehouse.duckdb"), description="DuckDB file that holds every ingested run "
                        "(relative paths are relative to the working directory).")
@@ -196,6 +220,8 @@ class WarehouseConfig(Section):
                                   "lock on the warehouse (an ingest beside another) before it fails.")
     budget_pct: float = Field(5.0, ge=0, description="`warehouse compare` exits 1 when a significant regression is "
                               "at least this many percent (a nightly job fails on it).")
+    verdict: VerdictConfig = Field(default_factory=VerdictConfig, description="What a night's verdict rests on "
+                                   "(pipeline/warehouse/history.py); `bootprof warehouse calibrate` fits it.")
 
 
 class RunsConfig(Section):

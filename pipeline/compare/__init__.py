@@ -35,7 +35,8 @@ def run(run_dir: Path, config, pool, inputs=None) -> CompareSummary:
 
     run_dir = Path(run_dir)
     db, timeout = config.warehouse.path, config.warehouse.lock_timeout_s
-    c = warehouse.compare(db, run_dir.resolve().name, lock_timeout_s=timeout)
+    c = warehouse.compare(db, run_dir.resolve().name, lock_timeout_s=timeout,
+                          settings=config.warehouse.verdict.model_dump())
     base = c["baseline_run_id"]
     failing = verdict.exceeds_budget(c, config.warehouse.budget_pct) if base else []
     markdown = verdict.markdown(c)

@@ -13,7 +13,8 @@ if TYPE_CHECKING:
     from pipeline.contracts import Comparison
 
 
-def compare(db: Path, run: str, baseline: str | None = None, lock_timeout_s: float = 300.0) -> Comparison:
+def compare(db: Path, run: str, baseline: str | None = None, lock_timeout_s: float = 300.0,
+            settings=None) -> Comparison:
     """``run`` against ``baseline`` (default: the previous run of its job and workload), judged as
     :mod:`.significance` says. Returns ``{run_id, job, workload, baseline_run_id (None: nothing to compare with),
     reason, verdict, headline, families, changes, explanations}``: ``verdict`` the comparison's (``regression``,
@@ -40,7 +41,7 @@ def compare(db: Path, run: str, baseline: str | None = None, lock_timeout_s: flo
             if other != workload:
                 out["reason"] = f"the baseline is of another workload ('{other}'): differences include the workload's"
         out["baseline_run_id"] = base_id
-        rows = comparison.judge(con, run_id, base_id, before)
+        rows = comparison.judge(con, run_id, base_id, before, settings)
         fams = comparison.families(rows)
         out["explanations"] = {f["key"]: comparison.explain(con, run_id, base_id, f["key"]) for f in fams
                                if f["family"] == "crate time" and f["verdict"] in ("regression", "suspect")

@@ -1,4 +1,4 @@
-"""``bootprof warehouse ingest|query|verify|rebuild|prune|compare``
+"""``bootprof warehouse ingest|query|verify|rebuild|prune|compare|replay|calibrate``
 
 * ``ingest --run RUN_DIR [--label k=v ...] [--job NAME]``: put a run into the warehouse (again = replace).
 * ``query "SQL"``: run SQL on the warehouse (read-only) and print the result as a table.
@@ -44,6 +44,11 @@ def add_arguments(p) -> None:
                     help="run directories (default: those the warehouse's journal names that are still there)")
     rb.add_argument("--out", type=Path, help="the new file (default: in place of the warehouse; the old file is kept "
                     "as <warehouse>.damaged)")
+    rp = sub.add_parser("replay", help="the verdict of every stored night under the current settings")
+    rp.add_argument("--job", help="only this job's runs")
+    rp.add_argument("--all", dest="everything", action="store_true", help="every night, not only those with a verdict")
+    cal = sub.add_parser("calibrate", help="fit the verdict's noise to this warehouse's history; print the config")
+    cal.add_argument("--job", help="only this job's runs")
     c = sub.add_parser("compare", help="what changed between a run and its baseline")
     c.add_argument("--run", required=True, help="run id or run directory")
     c.add_argument("--baseline", help="run id or directory (default: the previous run of the same job and workload)")
@@ -85,7 +90,8 @@ def main(args, config) -> int:
                 raise ConfigError(f"--label {item!r}: expected KEY=VALUE")
             labels[key] = value
         summary = warehouse.ingest(db, args.run_dir, labels=labels, job=args.job,
-                                   lock_timeout_s=config.warehouse.lock_timeout_s)
+                                   lock_timeout_s=config.warehouse.lock_timeout_s,
+                                   settings=config.warehouse.verdict.model_dump())
         print(f"ingested run {summary['run_id']} into {summary['db']}: {summary['tables']} tables, {summary['rows']} rows")
         return 0
     if args.action == "query":
@@ -119,6 +125,32 @@ def main(args, config) -> int:
             print(f"  ... and {len(found.problems) - args.limit} more")
         print(f"{len(found.problems)} problems" if found.problems else "no problem found")
         return 1 if found.problems else 0
+    if args.action == "replay":
+        from pipeline.warehouse.replay import replay
+
+        nights = replay(db, config.warehouse.verdict.model_dump(), args.job, config.warehouse.lock_timeout_s)
+        shown = [n for n in nights if args.everything or n["verdict"] != "no change"]
+        print(text_table(["run", "verdict", "regressions", "suspects"],
+                         [(n["run_id"], n["verdict"], ", ".join(n["regression"]), ", ".join(n["suspect"]))
+                          for n in shown]) if shown else "")
+        red = sum(n["verdict"] == "regression" for n in nights)
+        print(f"{len(nights)} nights judged under the current settings: {red} regressions "
+              f"({100 * red / max(len(nights), 1):.1f} %), "
+              f"{sum(n['verdict'] == 'suspect' for n in nights)} with suspects")
+        return 0
+    if args.action == "calibrate":
+        from pipeline.warehouse.replay import calibrate
+
+        fit = calibrate(db, args.job, config.warehouse.lock_timeout_s)
+        if not fit["prior"]:
+            print(f"{db}: too little history to fit (a job and workload needs 5 runs or more)", file=sys.stderr)
+            return 2
+        print(f"# fitted to {fit['nights']} nights of {fit['series']} job/workload series, {fit['crates']} crates;")
+        print("# the noise of one night, sd of the log value: sqrt(a^2 + (b / size)^2), b in ns")
+        print("warehouse:\n  verdict:\n    prior:")
+        for family, (a, b) in sorted(fit["prior"].items()):
+            print(f"      {family}: [{a}, {b:g}]")
+        return 0
     if args.action == "rebuild":
         from pipeline.warehouse import integrity
 
@@ -136,7 +168,8 @@ def main(args, config) -> int:
     from pipeline.runs import atomic_write_text
     from pipeline.compare import verdict
 
-    c = warehouse.compare(db, args.run, args.baseline, lock_timeout_s=config.warehouse.lock_timeout_s)
+    c = warehouse.compare(db, args.run, args.baseline, lock_timeout_s=config.warehouse.lock_timeout_s,
+                          settings=config.warehouse.verdict.model_dump())
     if args.format == "html":
         if c["baseline_run_id"] is None:
             shown = verdict.html_page(c, [], [], args.limit)

@@ -57,9 +57,12 @@ def _neighbours(con, run_id: str, later: bool) -> tuple[str, str, list[str]]:
     return job, workload, found if later else found[::-1]
 
 
-def judge(con, run_id: str, base_id: str, before: list[str]) -> list[ComparisonRow]:
+def judge(con, run_id: str, base_id: str, before: list[str], settings=None) -> list[ComparisonRow]:
     """Every metric of ``run_id`` and ``base_id`` judged, with the noise learned from ``before``, the runs of the
-    run's job and workload before it (:func:`history_of`; up to the baseline when the baseline is one of them)."""
+    run's job and workload before it (:func:`history_of`; up to the baseline when the baseline is one of them).
+    Against the default baseline (the run before), each voting family's verdict is the history's
+    (:func:`pipeline.warehouse.history.judge_history` over ``before`` and the run, with ``settings``); against one
+    named, the pair's."""
     history = before[: before.index(base_id) + 1] if base_id in before else before
     ids = history + ([] if base_id in history else [base_id]) + [run_id]
     table = con.execute("""SELECT run_id, kind, key, value, n FROM run_metrics
@@ -98,7 +101,51 @@ def judge(con, run_id: str, base_id: str, before: list[str]) -> list[ComparisonR
                 "confidence": sig.confidence(int(j.history[i]), float(j.pooled[i])),
                 "verdict": str(j.verdict[i]), "decides": False})
     _decide(rows)
+    if before and base_id == before[-1]:
+        _from_history(con, rows, before + [run_id], settings)
     return rows
+
+
+#: The verdicts of :func:`judge_history` in a comparison's words (a new crate is shown, and fails no job).
+_AS_COMPARISON = {"regression": "regression", "improvement": "improvement", "suspect": "suspect", "noise": "noise",
+                  "new": "suspect", "gone": "improvement"}
+
+
+def history_metrics(con, run_ids: list[str]) -> dict[str, list]:
+    """The metrics :func:`judge_history` reads, of ``run_ids`` (in the order they ran: ``night`` is the index)."""
+    from pipeline.warehouse.history import READ_KINDS
+
+    night = {r: i for i, r in enumerate(run_ids)}
+    got = con.execute("""SELECT run_id, kind, key, value FROM run_metrics
+                         WHERE run_id IN (SELECT unnest($1::VARCHAR[])) AND kind IN (SELECT unnest($2::VARCHAR[]))
+                         AND value IS NOT NULL""", [run_ids, list(READ_KINDS)]).fetchall()
+    return {"night": [night[r] for r, *_ in got], "kind": [k for _, k, _, _ in got], "key": [k for _, _, k, _ in got],
+            "value": [float(v) for *_, v in got]}
+
+
+def _from_history(con, rows: list[ComparisonRow], run_ids: list[str], settings) -> None:
+    """Each voting family's verdict (its deciding member's) from the whole history; a row of family ``everything``
+    when all crates moved together past the noise."""
+    from pipeline.warehouse.history import judge_history, span
+
+    judged = judge_history(history_metrics(con, run_ids[-span(settings):]), settings).to_pylist()
+    by_family = {(r["family"], r["key"]): r for r in judged}
+    for (family, key), members in _voting_families(rows).items():
+        got = by_family.get((family, key))
+        pick = next(m for m in members if m["decides"])
+        if got is None:
+            continue
+        pick["verdict"] = _AS_COMPARISON[got["verdict"]]
+        if got["z"] is not None:
+            pick["z"] = got["z"]
+        if got["change"] is not None:
+            pick["adjusted_change"] = got["change"]
+    build = next((r for r in rows if r["kind"] == "build_wall_ns" and r["decides"]), None) or \
+        next((r for r in rows if r["role"] == "vote"), None)
+    for r in judged:
+        if r["family"] == "everything" and build is not None:
+            rows.append({**build, "family": "everything", "key": r["key"], "kind": build["kind"], "verdict":
+                         _AS_COMPARISON[r["verdict"]], "z": r["z"], "adjusted_change": r["change"], "decides": True})
 
 
 def _finite(x: float) -> float | None:
@@ -165,14 +212,14 @@ def explain(con, run_id: str, base_id: str, crate: str, limit: int = 5) -> list[
             for label, b, v, bn, vn in got]
 
 
-def write_verdicts(con, run_ids: list[str]) -> None:
+def write_verdicts(con, run_ids: list[str], settings=None) -> None:
     """(Re)write the ``verdicts`` rows of each run against its default baseline (none for a first run)."""
     for run_id in run_ids:
         con.execute("DELETE FROM verdicts WHERE run_id = ?", [run_id])
         _, _, before = history_of(con, run_id)
         if not before:
             continue
-        rows = judge(con, run_id, before[-1], before)
+        rows = judge(con, run_id, before[-1], before, settings)
         if rows:
             import pyarrow as pa
 

@@ -86,19 +86,20 @@ def holds(db: Path, run_dir: Path, labels: dict[str, str], lock_timeout_s: float
 
 
 def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: str | None = None,
-           lock_timeout_s: float = 300.0, after: Callable[[], Any] | None = None) -> IngestSummary:
+           lock_timeout_s: float = 300.0, after: Callable[[], Any] | None = None, settings=None) -> IngestSummary:
     """Put one run into the warehouse (replacing an earlier ingestion of the same run_id), as its one writer
     (:func:`~pipeline.warehouse.store.writing`).
 
     ``after``: the report stage still runs (a job started this beside it, ``stages``); the aggregated tables go
     in meanwhile, and ``after()`` returns once it has ended (or raises its error: nothing is then written), before
-    the stages' manifests are read for the ``runs`` and ``stage_manifests`` rows."""
+    the stages' manifests are read for the ``runs`` and ``stage_manifests`` rows. ``settings``: the verdict's
+    (``warehouse.verdict``), for the ``verdicts`` rows of the run and of those after it."""
     with writing(db, lock_timeout_s):
-        return _ingest(db, run_dir, labels, job, lock_timeout_s, after)
+        return _ingest(db, run_dir, labels, job, lock_timeout_s, after, settings)
 
 
 def _ingest(db: Path, run_dir: Path, labels: dict[str, str] | None, job: str | None, lock_timeout_s: float,
-            after: Callable[[], Any] | None) -> IngestSummary:
+            after: Callable[[], Any] | None, settings=None) -> IngestSummary:
     run_dir = Path(run_dir).resolve()
     # (the report's manifest, when the report still runs, is read once it has ended: the one there now may be an
     # earlier run's, made from other upstream outputs)
@@ -170,7 +171,7 @@ def _ingest(db: Path, run_dir: Path, labels: dict[str, str] | None, job: str | N
             sections.get("memory", {}).get("peak_commit_bytes")])
         write_metrics(con, run_id)
         _enough_data(con, run_id, run_dir)
-        comparison.write_verdicts(con, [run_id, *comparison.later_runs(con, run_id)])
+        comparison.write_verdicts(con, [run_id, *comparison.later_runs(con, run_id)], settings)
         for stage, m in manifests.items():
             con.execute("INSERT INTO stage_manifests VALUES (?, ?, ?::TIMESTAMP, ?, ?, ?, ?, ?)", [
                 run_id, stage, m["created_utc"].replace("T", " ").rstrip("Z"), m.get("elapsed_s"),
@@ -229,7 +230,8 @@ def stale_reason(run_dir: Path, config) -> str | None:
 def run(run_dir: Path, config, pool, inputs=None, after: Callable[[], Any] | None = None) -> IngestSummary:
     """Job stage: ingest ``run_dir`` into ``config.warehouse.path`` with ``config.warehouse.labels``."""
     return ingest(config.warehouse.path, run_dir, labels=dict(config.warehouse.labels),
-                  lock_timeout_s=config.warehouse.lock_timeout_s, after=after)
+                  lock_timeout_s=config.warehouse.lock_timeout_s, after=after,
+                  settings=config.warehouse.verdict.model_dump())
 
 
 def headline(summary: IngestSummary) -> str:
