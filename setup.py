@@ -1,5 +1,5 @@
 """The wheel carries the jobs and configs (with the WPR recording profiles) as package data, in
-``pipeline/shipped/`` (:mod:`pipeline.resources`), copied from the project's ``jobs/`` and ``configs/`` as it is
+``pipeline/shipped/`` (:mod:`pipeline.packaged`), copied from the project's ``jobs/`` and ``configs/`` as it is
 built; everything else is in ``pyproject.toml``."""
 
 import shutil

@@ -186,11 +186,11 @@ class ReportConfig(Section):
 
 class VerdictConfig(Section):
     window: int = Field(14, ge=1, description="Nights before the judged one whose median is its baseline.")
-    z_confident: float = Field(4.0, gt=0, description="|z| from which a change past the floors is a regression or "
+    z_confident: float = Field(3.8, gt=0, description="|z| from which a change past the floors is a regression or "
                                "an improvement (one night).")
     z_suspect: float = Field(3.0, gt=0, description="|z| from which a change past the floors is a suspect.")
     z_each: float = Field(1.5, ge=0, description="A lasting change: each of two nights past this |z| the same way...")
-    z_lasting: float = Field(3.75, gt=0, description="... and their z together (sum over sqrt(2), less the shared "
+    z_lasting: float = Field(3.5, gt=0, description="... and their z together (sum over sqrt(2), less the shared "
                              "baseline) past this: a regression seen twice.")
     floor_relative: float = Field(0.05, ge=0, description="Smallest relative change worth a verdict.")
     min_nights: int = Field(2, ge=1, description="Nights of an item's history before a change of it can be a "

@@ -271,16 +271,16 @@ def run_job(job_path: Path, traces: list[Path] | None, run_dir: RunLocation | No
             demo: bool = False) -> int:
     """``bootprof run``: the job on its inputs; the exit status (1: a regression past budget or a failed trace).
     ``demo``: on the synthesized demo trace, which is never taken in place of an input that is missing."""
-    from pipeline import resources
+    from pipeline import packaged
 
-    job_path = resources.job_path(job_path)
+    job_path = packaged.job_path(job_path)
     job = load_job(job_path)
     if demo and traces:
         raise InputError("bootprof run: --demo analyses the synthesized demo trace; it does not go with --trace")
     if demo and "synth" not in job.stages:
         raise BootprofError(f"{job_path}: job has no 'synth' stage, so it cannot make the --demo trace")
     if config_path is None and job.config is not None:
-        config_path = resources.job_config(job_path, job.config)
+        config_path = packaged.job_config(job_path, job.config)
     config = apply_sets(load_config(config_path), sets or [])
     if symbol_path is not None:
         config.symbolize.symbol_path = symbol_path

@@ -17,7 +17,7 @@ PACKAGE = ROOT / "pipeline"
 RUNTIME = {"pipeline", "pipeline.config", "pipeline.runs", "pipeline.sources", "pipeline.mirror", "pipeline.cluster",
            "pipeline.progress", "pipeline.errors", "pipeline.portable", "pipeline.warmup", "pipeline.prefork",
            "pipeline.units", "pipeline.stages", "pipeline.contracts", "pipeline.steps", "pipeline.checkpoints",
-           "pipeline.escape", "pipeline.resources"}
+           "pipeline.escape", "pipeline.packaged"}
 #: A stage's module may import another stage's only along the registry's ``upstream`` or here, each with its reason.
 ACROSS = {
     ("pipeline.capture.record", "pipeline.decode"): "a capture decodes the trace it recorded, so `bootprof run` finds it done",

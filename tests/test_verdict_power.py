@@ -104,3 +104,13 @@ def test_calibrate_recovers_the_noise_it_was_made_with(simulated_warehouse):
     proc = bootprof("warehouse", "--db", str(db), "calibrate")
     assert proc.returncode == 0 and "warehouse:\n  verdict:\n    prior:\n      build time: [" in proc.stdout, proc.stderr
     assert "fitted to 30 nights of 1 job/workload series, 40 crates" in proc.stdout
+
+
+def test_the_configs_verdict_settings_are_the_functions_own():
+    """The settings the simulation measured are those a job runs with: the config's defaults are judge_history's."""
+    from dataclasses import asdict
+
+    from pipeline.config import Config
+    from pipeline.warehouse.history import Settings
+
+    assert asdict(Settings.of(Config().warehouse.verdict.model_dump())) == asdict(Settings())

@@ -30,11 +30,11 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline import resources
+from pipeline import packaged
 from pipeline.errors import BootprofError, InputError
 
 #: Our WPR profiles: CPU sampling with stacks, VirtualAlloc with stacks, heap snapshots.
-PROFILES = resources.directory("configs") / "profiles" / "bootprof.wprp"
+PROFILES = packaged.directory("configs") / "profiles" / "bootprof.wprp"
 DEFAULT_PROFILES = ("CPU", "VirtualAlloc")
 HEAP_PROFILE = "HeapSnapshot"
 #: The image whose new processes get heap snapshots enabled (``wpr -snapshotconfig heap -name``).
