@@ -1,8 +1,8 @@
 """Command line: ``bootprof <stage> ...`` and ``python -m pipeline <stage> ...``.
 
-The core imports no stage at module level: each subcommand names the module that implements it
-(``pipeline.<stage>.cli`` with ``add_arguments(parser)`` and ``main(args, config) -> int``), imported
-only to build the parser and when that subcommand runs.
+The commands are the registry's (:func:`pipeline.stages.commands`): each row names the module that implements its
+command (``add_arguments(parser)`` and ``main(args, config) -> int``), imported only to build the parser. This module
+names no stage; ``run`` (a job) is its own.
 """
 
 from __future__ import annotations
@@ -18,21 +18,9 @@ import threading
 from pathlib import Path
 from typing import NoReturn
 
-from pipeline import ENV_DEFAULTS, __version__, sources
+from pipeline import ENV_DEFAULTS, __version__, sources, stages
 from pipeline.config import Config, load_config
 from pipeline.errors import DONE, BootprofError, Terminated, is_duckdb_error, is_interrupt, place_error
-
-#: subcommand -> (module, one-line help). Order is the order of the pipeline.
-COMMANDS: dict[str, tuple[str, str]] = {
-    "capture": ("pipeline.capture.cli", "record a build (rustc -Z self-profile; WPR/xperf on Windows)"),
-    "pack": ("pipeline.capture.pack_cli", "pack a captured run (trace, self-profiles, symbols) into one zip"),
-    "synth": ("pipeline.synth.cli", "write a synthetic rustc-bootstrap ETL trace with its ground truth"),
-    "decode": ("pipeline.decode.cli", "decode an ETL trace or .mm_profdata files into parquet"),
-    "symbolize": ("pipeline.symbolize.cli", "resolve stack frames to modules, functions and lines"),
-    "aggregate": ("pipeline.aggregate.cli", "summarize CPU, memory, processes and queries"),
-    "report": ("pipeline.report.cli", "write the HTML report, flamegraphs, tables and exports"),
-    "warehouse": ("pipeline.warehouse.cli", "ingest runs into the DuckDB warehouse and query it"),
-}
 
 log = logging.getLogger("bootprof")
 
@@ -46,16 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", type=Path, help="YAML config file (default: built-in defaults)")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, (module, help_text) in COMMANDS.items():
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
-            continue  # stage not built yet
-        p = sub.add_parser(name, help=help_text, description=help_text)
+    for command in stages.commands():      # (the registry's: a stage's row names its command)
+        mod = importlib.import_module(command.module)
+        p = sub.add_parser(command.name, help=command.help, description=command.help)
         mod.add_arguments(p)
-        p.set_defaults(_module=mod)
+        p.set_defaults(_module=mod, _writes_run=command.writes_run)
     run = sub.add_parser("run", help="run a job from jobs/ (all its stages) on a trace, or on each of many",
                          description="Run a job file's stages in order. A stage whose output is up to date (same "
                          "inputs by content hash, same settings) is skipped.")
@@ -177,13 +160,9 @@ def _interrupt_again(unraisable) -> None:
 _terminated: list[int] = []
 
 
-#: Commands that write into their ``--run``: each holds it while it runs (``runs.owned``).
-WRITES_RUN = ("capture", "decode", "symbolize", "aggregate", "report")
-
-
 def _owning(args, config) -> int:
-    """Run a subcommand, holding its run directory when it writes one."""
-    if args.command not in WRITES_RUN or getattr(args, "run_dir", None) is None:
+    """Run a subcommand, holding its run directory when it writes one (``writes_run`` in its registry row)."""
+    if not getattr(args, "_writes_run", False) or getattr(args, "run_dir", None) is None:
         return int(args._module.main(args, config) or 0)
     from pipeline.runs import owned
 

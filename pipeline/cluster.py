@@ -464,3 +464,16 @@ def _gc_set_aside():
         yield
     finally:
         gc.unfreeze()
+
+
+def run_once(name: str, run_dir, config, size: int | None, inputs: list | None = None, eager: bool = False):
+    """``bootprof <stage>``: the stage once on ``run_dir``, with a pool sized by ``size`` (the bytes its tasks read:
+    below ``cluster.inline_below`` they run in this process). The pool is lazy (a cluster starts only when a task
+    needs one) unless ``eager``, for a stage that hands work to it from its start (it then starts beside the
+    stage's first steps)."""
+    from pipeline import stages
+
+    module = stages.get(name).load()
+    with connect(config.cluster, warm_up=getattr(module, "WARM_UP", ()), lazy=not eager, background=eager,
+                 size=size) as pool:
+        return module.run(run_dir, config, pool, inputs=inputs)

@@ -17,7 +17,6 @@ A stage rerun rewrites its manifest, so every stage after it is stale and runs t
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -181,20 +180,6 @@ def run_stages(job: Job, config: Config, inputs: Inputs, run_dir: Path, force: b
     return summaries
 
 
-def run_one(stage: str, run_dir: Path, config: Config, size: int | None, inputs: list | None = None,
-            eager: bool = False) -> Summary:
-    """``bootprof <stage>``: the stage once on ``run_dir``, with a pool sized by ``size`` (the bytes its tasks read:
-    below ``cluster.inline_below`` they run in this process). The pool is lazy (a cluster starts only when a task
-    needs one) unless ``eager``, for a stage that hands work to it from its start (it then starts beside the
-    stage's first steps)."""
-    from pipeline.cluster import connect
-
-    module = stages.get(stage).load()
-    with connect(config.cluster, warm_up=getattr(module, "WARM_UP", ()), lazy=not eager, background=eager,
-                 size=size) as pool:
-        return module.run(run_dir, config, pool, inputs=inputs)
-
-
 def headline(module, summary: Summary | None) -> str:
     """A stage's summary as its line in the job's output: its module's ``headline`` (the manifest holds the whole
     summary), else the summary itself."""
@@ -303,6 +288,8 @@ def _run_in(job: Job, job_path: Path, config: Config, traces: list[sources.Input
     """``run_job`` in ``run_dir`` (``shown``: what the user named, a path or the URL it is a working copy of)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     print(f"run directory: {shown}")
+    from pipeline.capture.bundle import unpacked
+
     traces = unpacked(traces, run_dir)
     if demo:
         if captured_inputs(run_dir):
@@ -332,53 +319,6 @@ def _run_in(job: Job, job_path: Path, config: Config, traces: list[sources.Input
             f" ({past} confident regressions of {config.warehouse.budget_pct:g}% or more)" if past else ""))
         return 1 if past else 0
     return 0
-
-
-def unpacked(traces: list[sources.Input], run_dir: Path) -> list[sources.Input]:
-    """``traces``, with a pack (``bootprof pack``'s zip) unpacked into ``run_dir`` and taken as its capture: its
-    trace and self-profiles (and its symbols, which symbolize searches first)."""
-    from pipeline.capture.bundle import is_pack, unpack_into
-
-    packs = [t for t in traces if not sources.is_url(t) and is_pack(t)]
-    if not packs:
-        return traces
-    if len(traces) > 1:
-        raise BootprofError(f"{packs[0]}: a pack is a whole capture: give it alone as --trace")
-    from pipeline.capture import PROFILE_DIR, TRACE
-
-    unpack_into(Path(packs[0]), run_dir)
-    # (the unpacked files alone: the capture manifest's paths are those of the machine that captured, or whatever
-    # the pack's maker wrote there)
-    found = [p for p in (run_dir / TRACE, run_dir / PROFILE_DIR) if p.exists()]
-    if not (stage_dir(run_dir, CAPTURED) / MANIFEST).is_file() or not found:
-        raise BootprofError(f"{packs[0]}: the pack holds no capture (no capture manifest, trace or self-profiles): "
-                            "make one with `bootprof pack RUN_DIR OUT.zip` of a run that `bootprof capture` recorded")
-    localize_capture(run_dir)
-    print(f"inputs: the capture packed in {packs[0]}")
-    return found
-
-
-def localize_capture(run_dir: Path) -> None:
-    """The capture manifest of an unpacked pack names the files where they are now, in ``run_dir`` (a later run of
-    that directory without ``--trace`` reads those, not the paths of the machine that captured)."""
-    from pipeline.capture import PROFILE_DIR, TRACE
-    from pipeline.runs import atomic_write_json
-
-    path = stage_dir(run_dir, CAPTURED) / MANIFEST
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise BootprofError(f"{path}: the pack's capture manifest is not readable JSON: {exc}") from None
-    if not isinstance(manifest, dict):
-        raise BootprofError(f"{path}: the pack's capture manifest is not a JSON object")
-    recording = manifest.get("recording")
-    if not isinstance(recording, dict) and (run_dir / TRACE).is_file():     # (a trace the manifest did not name)
-        recording = manifest["recording"] = {}
-    if isinstance(recording, dict):
-        recording["path"] = str(run_dir / TRACE) if (run_dir / TRACE).is_file() else None
-    if manifest.get("profile_dir") is not None:
-        manifest["profile_dir"] = str(run_dir / PROFILE_DIR) if (run_dir / PROFILE_DIR).is_dir() else None
-    atomic_write_json(path, manifest)
 
 
 def backfill_inputs(traces: list[sources.Input]) -> list[sources.Input]:

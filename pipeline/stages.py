@@ -28,7 +28,10 @@ class Stage:
     its output depends on (a change makes it stale); ``upstream``: the stages whose outputs it reads; ``beside``:
     the stage before it that it may start beside (it waits for that one's output where it needs it, through the
     ``after`` its ``run`` gets); ``cluster``: whether its work goes to the dask pool (``tasks``) or runs in this
-    process (``none``); ``always``: never up to date (a comparison's baseline may have changed meanwhile)."""
+    process (``none``); ``always``: never up to date (a comparison's baseline may have changed meanwhile);
+    ``command``: the module of its ``bootprof <name>`` command (``add_arguments(parser)``, ``main(args, config)``;
+    None: it has none, it runs in jobs only), with its one-line ``help``; ``writes_run``: the command holds its
+    ``--run`` while it runs (``runs.owned``)."""
 
     name: str
     module: str
@@ -38,6 +41,9 @@ class Stage:
     beside: str | None = None
     cluster: str = "tasks"
     always: bool = False
+    command: str | None = None
+    help: str = ""
+    writes_run: bool = False
 
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)
@@ -71,22 +77,57 @@ def names() -> list[str]:
     return list(_REGISTRY)
 
 
+@dataclass(frozen=True)
+class Command:
+    """A ``bootprof`` command: a stage's, or one that is no stage (``pack``, which makes an input)."""
+
+    name: str
+    module: str
+    help: str
+    writes_run: bool = False
+
+
+#: Commands that are no stage, each after the stage it belongs with.
+_OTHER_COMMANDS: list[tuple[str, Command]] = []
+
+
+def commands() -> list[Command]:
+    """Every ``bootprof`` command but ``run``, in the order of the pipeline."""
+    out = []
+    for stage in _REGISTRY.values():
+        if stage.command:
+            out.append(Command(stage.name, stage.command, stage.help, stage.writes_run))
+        out += [c for after, c in _OTHER_COMMANDS if after == stage.name]
+    return out
+
+
 def outputs() -> tuple[str, ...]:
     """Every stage output directory, in the order of the pipeline."""
     return tuple(s.output for s in _REGISTRY.values() if s.output)
 
 
 for _row in (
-    Stage("capture", "pipeline.capture", CAPTURED, cluster="none"),
-    Stage("synth", "pipeline.synth", None, "synth", cluster="none"),
-    Stage("decode", "pipeline.decode", DECODED, "decode"),
-    Stage("symbolize", "pipeline.symbolize", SYMBOLIZED, "symbolize", upstream=("decode",)),
+    Stage("capture", "pipeline.capture", CAPTURED, cluster="none", command="pipeline.capture.cli",
+          help="record a build (rustc -Z self-profile; WPR/xperf on Windows)", writes_run=True),
+    Stage("synth", "pipeline.synth", None, "synth", cluster="none", command="pipeline.synth.cli",
+          help="write a synthetic rustc-bootstrap ETL trace with its ground truth"),
+    Stage("decode", "pipeline.decode", DECODED, "decode", command="pipeline.decode.cli",
+          help="decode an ETL trace or .mm_profdata files into parquet", writes_run=True),
+    Stage("symbolize", "pipeline.symbolize", SYMBOLIZED, "symbolize", upstream=("decode",),
+          command="pipeline.symbolize.cli", help="resolve stack frames to modules, functions and lines",
+          writes_run=True),
     Stage("aggregate", "pipeline.aggregate", AGGREGATED, "aggregate", upstream=("decode", "symbolize"),
-          beside="symbolize"),
-    Stage("report", "pipeline.report", REPORTED, "report", upstream=("decode", "aggregate")),
+          beside="symbolize", command="pipeline.aggregate.cli",
+          help="summarize CPU, memory, processes and queries", writes_run=True),
+    Stage("report", "pipeline.report", REPORTED, "report", upstream=("decode", "aggregate"),
+          command="pipeline.report.cli", help="write the HTML report, flamegraphs, tables and exports",
+          writes_run=True),
     Stage("warehouse", "pipeline.warehouse", None, "warehouse", upstream=("aggregate",), beside="report",
-          cluster="none"),
+          cluster="none", command="pipeline.warehouse.cli", help="ingest runs into the DuckDB warehouse and query it"),
     Stage("compare", "pipeline.compare", COMPARED, "warehouse", upstream=("aggregate", "warehouse"), cluster="none",
           always=True),
 ):
     register(_row)
+
+_OTHER_COMMANDS.append(("capture", Command("pack", "pipeline.capture.pack_cli",
+                                           "pack a captured run (trace, self-profiles, symbols) into one zip")))

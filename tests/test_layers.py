@@ -23,6 +23,7 @@ ACROSS = {
     ("pipeline.capture.record", "pipeline.decode"): "a capture decodes the trace it recorded, so `bootprof run` finds it done",
     ("pipeline.capture.bundle", "pipeline.symbolize.pdbpublics"): "packing a run reads the PDB ids of its images",
     ("pipeline.compare.verdict", "pipeline.report.flame"): "the comparison page draws a differential flame graph",
+    ("pipeline.decode.cli", "pipeline.capture.bundle"): "a pack given to `bootprof decode` is unpacked as a capture",
 }
 
 

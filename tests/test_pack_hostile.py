@@ -174,7 +174,8 @@ def test_a_packed_trace_the_capture_manifest_does_not_name_is_still_the_runs(tmp
     """A pack whose capture manifest has no recording (a self-profile capture) but holds ``input/trace.etl``: the
     trace is one of the run's inputs now, and a later run of the directory without ``--trace`` finds it too."""
     from pipeline.capture import TRACE
-    from pipeline.jobs import captured_inputs, unpacked
+    from pipeline.capture.bundle import unpacked
+    from pipeline.jobs import captured_inputs
 
     trace = fixture_path("etl/perfview-small/gcevents.etl")
     pack = make_pack(tmp_path / "p.zip", {"capture/_manifest.json": json.dumps(CAPTURE).encode(),

@@ -13,10 +13,10 @@ def add_arguments(p) -> None:
 
 
 def main(args, config) -> int:
-    from pipeline.jobs import run_one
+    from pipeline.cluster import run_once
     from pipeline.runs import self_profile_bytes
 
     # (workers only for the self-profiles' sections; the ETL trace's run here, in DuckDB)
-    summary = run_one("aggregate", args.run_dir, config, self_profile_bytes(args.run_dir))
+    summary = run_once("aggregate", args.run_dir, config, self_profile_bytes(args.run_dir))
     print(json.dumps(summary, indent=2, sort_keys=True, default=str))
     return 0

@@ -20,8 +20,8 @@ import zipfile
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from pipeline import portable
-from pipeline.errors import InputError
+from pipeline import portable, sources
+from pipeline.errors import BootprofError, InputError
 from pipeline.stages import CAPTURED, DECODED
 
 SYMBOLS = "symbols"
@@ -236,3 +236,49 @@ def _unpack_member(z: zipfile.ZipFile, info: zipfile.ZipInfo, target: Path, pack
         portable.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def unpacked(traces: list[sources.Input], run_dir: Path) -> list[sources.Input]:
+    """``traces``, with a pack (``bootprof pack``'s zip) unpacked into ``run_dir`` and taken as its capture: its
+    trace and self-profiles (and its symbols, which symbolize searches first)."""
+    packs = [t for t in traces if not sources.is_url(t) and is_pack(t)]
+    if not packs:
+        return traces
+    if len(traces) > 1:
+        raise BootprofError(f"{packs[0]}: a pack is a whole capture: give it alone as --trace")
+    from pipeline.capture.paths import PROFILE_DIR, TRACE
+    from pipeline.runs import MANIFEST, stage_dir
+
+    unpack_into(Path(packs[0]), run_dir)
+    # (the unpacked files alone: the capture manifest's paths are those of the machine that captured, or whatever
+    # the pack's maker wrote there)
+    found = [p for p in (run_dir / TRACE, run_dir / PROFILE_DIR) if p.exists()]
+    if not (stage_dir(run_dir, CAPTURED) / MANIFEST).is_file() or not found:
+        raise BootprofError(f"{packs[0]}: the pack holds no capture (no capture manifest, trace or self-profiles): "
+                            "make one with `bootprof pack RUN_DIR OUT.zip` of a run that `bootprof capture` recorded")
+    localize_capture(run_dir)
+    print(f"inputs: the capture packed in {packs[0]}")
+    return found
+
+
+def localize_capture(run_dir: Path) -> None:
+    """The capture manifest of an unpacked pack names the files where they are now, in ``run_dir`` (a later run of
+    that directory without ``--trace`` reads those, not the paths of the machine that captured)."""
+    from pipeline.capture.paths import PROFILE_DIR, TRACE
+    from pipeline.runs import MANIFEST, atomic_write_json, stage_dir
+
+    path = stage_dir(run_dir, CAPTURED) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise BootprofError(f"{path}: the pack's capture manifest is not readable JSON: {exc}") from None
+    if not isinstance(manifest, dict):
+        raise BootprofError(f"{path}: the pack's capture manifest is not a JSON object")
+    recording = manifest.get("recording")
+    if not isinstance(recording, dict) and (run_dir / TRACE).is_file():     # (a trace the manifest did not name)
+        recording = manifest["recording"] = {}
+    if isinstance(recording, dict):
+        recording["path"] = str(run_dir / TRACE) if (run_dir / TRACE).is_file() else None
+    if manifest.get("profile_dir") is not None:
+        manifest["profile_dir"] = str(run_dir / PROFILE_DIR) if (run_dir / PROFILE_DIR).is_dir() else None
+    atomic_write_json(path, manifest)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import portable
+from pipeline.capture.paths import PARTIAL_TRACE, PROFILE_DIR, TRACE
 from pipeline.capture.rustc import (DEFAULT_EVENTS, check_self_profile, checkout_commit, debuginfo_warning,
                                     is_bootstrap, profile_env, rustc_command, toolchain)
 from pipeline.errors import BootprofError, InputError
@@ -22,16 +23,6 @@ from pipeline.stages import CAPTURED
 
 
 STAGE = CAPTURED
-
-
-PROFILE_DIR = "selfprofile"
-
-
-#: Where the merged ETL trace goes, and where the ETW tool writes it until it is complete.
-TRACE = Path("input") / "trace.etl"
-
-
-PARTIAL_TRACE = Path("input") / "trace.partial.etl"
 
 
 def _call(cmd: list[str], log: list[dict]) -> subprocess.CompletedProcess:

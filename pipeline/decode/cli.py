@@ -17,11 +17,12 @@ def add_arguments(p) -> None:
 
 def main(args, config) -> int:
     from pipeline import decode
-    from pipeline.jobs import run_one, unpacked
+    from pipeline.capture.bundle import unpacked
+    from pipeline.cluster import run_once
 
     args.inputs = unpacked(args.inputs, args.run_dir)      # (a pack: its trace and self-profiles, into the run)
     decode.classify(args.inputs)  # a bad input fails here, before a cluster is started
     # (the cluster starts while the decode walks the trace's buffer headers and opens its output)
-    summary = run_one("decode", args.run_dir, config, sources.input_bytes(args.inputs), args.inputs, eager=True)
+    summary = run_once("decode", args.run_dir, config, sources.input_bytes(args.inputs), args.inputs, eager=True)
     print(json.dumps(summary, indent=2, sort_keys=True, default=str))
     return 0

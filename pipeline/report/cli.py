@@ -12,11 +12,11 @@ def add_arguments(p) -> None:
 
 
 def main(args, config) -> int:
-    from pipeline.jobs import run_one
+    from pipeline.cluster import run_once
     from pipeline.runs import self_profile_bytes
 
     # (workers only for the self-profiles' sections; the ETL trace's run here, in DuckDB)
-    summary = run_one("report", args.run_dir, config, self_profile_bytes(args.run_dir))
+    summary = run_once("report", args.run_dir, config, self_profile_bytes(args.run_dir))
     print(f"report: {args.run_dir / REPORTED / 'index.html'}")
     for section, counts in summary.items():
         print(f"  {section}: {shown(counts)}")

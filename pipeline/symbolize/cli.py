@@ -19,7 +19,7 @@ def add_arguments(p) -> None:
 
 
 def main(args, config) -> int:
-    from pipeline.jobs import run_one
+    from pipeline.cluster import run_once
     from pipeline.runs import decoded_input_bytes
 
     if args.symbol_path is not None:
@@ -27,6 +27,6 @@ def main(args, config) -> int:
     if args.cache_dir is not None:
         config.symbolize.cache_dir = args.cache_dir
     # (a cluster only when there are symbol files to find and read)
-    summary = run_one("symbolize", args.run_dir, config, decoded_input_bytes(args.run_dir))
+    summary = run_once("symbolize", args.run_dir, config, decoded_input_bytes(args.run_dir))
     print(json.dumps(summary, indent=2, sort_keys=True, default=str))
     return 0
