@@ -95,7 +95,7 @@ def test_frames_and_stacks_written_once_per_process_give_the_same_tables(synth_t
     trace = synth_traces["plain64_varied"].path
     decode.run(tmp_path / "default", Config(), dask_pool, inputs=[trace])
     offered, written = collections.Counter(), collections.Counter()
-    real_new, real_frames, real_stacks = W._write_new, W._write_frames, W._write_stacks
+    real_new, real_frames, real_stacks = W._write_new, W.write_frame_rows, W.write_stack_rows
 
     def write_new(data, table, name, scratch_dir):
         written[table] += data.num_rows
@@ -110,7 +110,7 @@ def test_frames_and_stacks_written_once_per_process_give_the_same_tables(synth_t
         return real_stacks(stacks, part, scratch_dir)
 
     monkeypatch.setattr(P, "INLINE_BYTES", 0)
-    for name, fn in (("_write_new", write_new), ("_write_frames", write_frames), ("_write_stacks", write_stacks)):
+    for name, fn in (("_write_new", write_new), ("write_frame_rows", write_frames), ("write_stack_rows", write_stacks)):
         monkeypatch.setattr(W, name, fn)
     cfg = Config()
     cfg.decode.partition_bytes = 256 << 10
@@ -261,16 +261,16 @@ def test_a_process_writes_each_pieces_frames_once_per_decode_and_never_replaces_
 
     one, two = tmp_path / "one", tmp_path / "two"
     W.release_freed_memory()
-    W._write_frames(frames([(1, 10), (2, 20), (3, 30)]), 0, one)
-    W._write_frames(frames([(2, 20), (3, 30), (4, 40)]), 1, one)
-    W._write_frames(frames([(1, 10), (4, 40)]), 2, one)              # nothing new: no file
-    W._write_frames(frames([(2, 20), (3, 30), (4, 40)]), 1, one)     # partition 1 again: nothing replaced
+    W.write_frame_rows(frames([(1, 10), (2, 20), (3, 30)]), 0, one)
+    W.write_frame_rows(frames([(2, 20), (3, 30), (4, 40)]), 1, one)
+    W.write_frame_rows(frames([(1, 10), (4, 40)]), 2, one)              # nothing new: no file
+    W.write_frame_rows(frames([(2, 20), (3, 30), (4, 40)]), 1, one)     # partition 1 again: nothing replaced
     parts, keys = on_disk(one)
     assert len(parts) == 2 and keys == [1, 2, 3, 4]
-    W._write_frames(frames([(1, 10), (5, 50)]), 0, two)              # another decode
+    W.write_frame_rows(frames([(1, 10), (5, 50)]), 0, two)              # another decode
     assert on_disk(two)[1] == [1, 5]
     W.release_freed_memory()
-    W._write_frames(frames([(5, 50), (6, 60)]), 3, two)              # after the partitions: starts over
+    W.write_frame_rows(frames([(5, 50), (6, 60)]), 3, two)              # after the partitions: starts over
     assert on_disk(two)[1] == [1, 5, 5, 6]
 
 
@@ -285,8 +285,8 @@ def test_a_process_writes_each_settled_stack_once_per_decode_with_its_pieces(tmp
         return Stacks(np.array(ids, np.int64), np.array(ids, np.uint64) * 3, owner, ordinal, h1, h1 + 1)
 
     W.release_freed_memory()
-    W._write_stacks(stacks([1, 2, 3]), 0, tmp_path)
-    W._write_stacks(stacks([2, 3, 4, 5]), 1, tmp_path)
+    W.write_stack_rows(stacks([1, 2, 3]), 0, tmp_path)
+    W.write_stack_rows(stacks([2, 3, 4, 5]), 1, tmp_path)
     W.release_freed_memory()
     rows = lambda t: sorted(tuple(r.values()) for p in (tmp_path / f"{t}.parquet").glob("*.parquet")  # noqa: E731
                             for r in pq.read_table(p).to_pylist())

@@ -129,7 +129,7 @@ class Msf:
         n_dir = int(sb["num_directory_bytes"])
         n_dir_blocks = _align(n_dir, self.block_size) // self.block_size
         map_at = int(sb["block_map_addr"]) * self.block_size
-        dir_blocks = self._u32(map_at, n_dir_blocks, "stream directory block map")
+        dir_blocks = self.read_u32(map_at, n_dir_blocks, "stream directory block map")
         directory = self._gather(dir_blocks, n_dir, "stream directory")
         n_streams = int(np.frombuffer(directory, "<u4", 1, 0)[0])
         if 4 + 4 * n_streams > len(directory):
@@ -144,7 +144,7 @@ class Msf:
             self.blocks.append(np.frombuffer(directory, "<u4", n, pos))
             pos += 4 * n
 
-    def _u32(self, offset: int, count: int, what: str) -> np.ndarray:
+    def read_u32(self, offset: int, count: int, what: str) -> np.ndarray:
         if offset + 4 * count > len(self.data):
             raise InputError(f"{self.where}: {what} at byte offset {offset}: past end of file ({len(self.data)})")
         return np.frombuffer(self.data, "<u4", count, offset)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.synth import layout as L
-from pipeline.synth.workload import HEAP_RATE, MARGIN, SAMPLE_PERIOD, VA_RATE, Workload, _seeded_hash
+from pipeline.synth.workload import HEAP_RATE, MARGIN, SAMPLE_PERIOD, VA_RATE, Workload, seeded_hash
 
 
 def cpu_phase(c: int) -> int:
@@ -135,7 +135,7 @@ def heap_and_virtual(w: Workload, seed: int, rerun: int = 0, noise: float = 0.0,
         if q.kind != "rustc":
             continue
         # (the same process in every re-run: its command line without the --extern list, which follows the schedule)
-        who = _seeded_hash(q.stage, q.crate, q.cmdline.split(" --extern ")[0]) & 0xFFFF_FFFF
+        who = seeded_hash(q.stage, q.crate, q.cmdline.split(" --extern ")[0]) & 0xFFFF_FFFF
         rng = np.random.default_rng([seed, 7, who])
         segs = [s for s in w.segments if s.proc == q.index]
         lo, hi = min(s.start for s in segs) + MARGIN, max(s.end for s in segs) - MARGIN

@@ -86,7 +86,7 @@ def mangle_v0(path: list[str], h: int) -> str:
     return "_RNv" + p + _v0_ident(path[-1])
 
 
-def _seeded_hash(*parts) -> int:
+def seeded_hash(*parts) -> int:
     return int.from_bytes(hashlib.sha256("/".join(map(str, parts)).encode()).digest()[:8], "little")
 
 
@@ -188,7 +188,7 @@ class Catalog:
             rust = "::" in plain and not plain.startswith("llvm::") and not plain[0].isupper()
             if rust:
                 comps = plain.split("::")
-                hh = _seeded_hash(path, plain)
+                hh = seeded_hash(path, plain)
                 style = rust_style if rust_style else ("v0" if hh % 2 else "legacy")
                 sym = mangle_v0(comps, hh) if style == "v0" else mangle_legacy(comps, hh)
                 crate = comps[0]
@@ -207,9 +207,9 @@ class Catalog:
         # The binary's identity (PDB GUID and age, TimeDateStamp, checksum) follows its contents, as a real
         # build's does: traces of other seeds or sizes lay the same image out differently, and a symbol cache
         # keyed by debug id must never hand one of them the other's table.
-        h = _seeded_hash(path, *((self.funcs.name[f], self.funcs.start[f] - base, self.funcs.size[f])
+        h = seeded_hash(path, *((self.funcs.name[f], self.funcs.start[f] - base, self.funcs.size[f])
                                  for f in img.func_ids))
-        img.pdb_guid = uuid.UUID(bytes=h.to_bytes(8, "little") + _seeded_hash(path, h, "g").to_bytes(8, "little"))
+        img.pdb_guid = uuid.UUID(bytes=h.to_bytes(8, "little") + seeded_hash(path, h, "g").to_bytes(8, "little"))
         img.pdb_age, img.timedatestamp, img.checksum = 1 + h % 3, 0x60000000 + (h % 0x8000000), (h >> 8) & 0xFFFFFF
         self.images.append(img)
         return idx
@@ -246,7 +246,7 @@ def build_catalog(rng, p: int) -> tuple[Catalog, dict[str, int]]:
         rng, "link.exe", "\\Device\\HarddiskVolume3\\Program Files\\Microsoft Visual Studio\\2022\\BuildTools\\VC"
         "\\Tools\\MSVC\\14.40.33807\\bin\\Hostx64\\x64\\link.exe", appbase, LINK_EXE)
     for stage in ("stage0", "stage1"):
-        tag = _seeded_hash(stage) & 0xFFFFFFFFFFFFFFFF
+        tag = seeded_hash(stage) & 0xFFFFFFFFFFFFFFFF
         bindir = SRC + f"build\\{HOST}\\{stage}\\bin\\"
         ids[f"rustc.exe/{stage}"] = cat.add_image(rng, "rustc.exe", bindir + "rustc.exe", appbase, RUSTC_EXE,
                                                   rust_style="legacy", pdb="rustc_main.pdb")
@@ -257,7 +257,7 @@ def build_catalog(rng, p: int) -> tuple[Catalog, dict[str, int]]:
         ids[f"rustc_driver/{stage}"] = cat.add_image(rng, drv, bindir + drv, appbase + 0x1000_0000 * (p // 4),
                                                      flat, rust_style="legacy" if stage == "stage0" else "v0",
                                                      pdb=drv.rsplit(".", 1)[0] + ".pdb")
-        stdn = f"std-{_seeded_hash(stage, 'std') & 0xFFFFFFFFFFFFFFFF:016x}.dll"
+        stdn = f"std-{seeded_hash(stage, 'std') & 0xFFFFFFFFFFFFFFFF:016x}.dll"
         ids[f"std/{stage}"] = cat.add_image(rng, stdn, bindir + stdn, appbase + 0x0800_0000 * (p // 4), STD_DLL,
                                             rust_style="legacy" if stage == "stage0" else "v0",
                                             pdb=stdn.rsplit(".", 1)[0] + ".pdb")
@@ -604,7 +604,7 @@ def _build(seed: int, cpus: int, p: int, target_bytes: int, stack_caching: bool,
     for phase, stage, crates in PHASES:
         for crate, _, kind in crates:
             if "build" in kind and crate not in build_imgs:
-                h = _seeded_hash("build", crate)
+                h = seeded_hash("build", crate)
                 path = SRC + f"build\\{HOST}\\{phase}\\release\\build\\{crate}-{h & 0xFFFFFFFFFFFF:012x}\\build-script-build.exe"
                 img = cat.add_image(rng, "build-script-build.exe", path, 0x7FF7_2000_0000 if p == 8 else 0x0050_0000,
                                     BUILD_SCRIPT, rust_style="legacy", pdb=f"build_script_build-{h & 0xFFFFFFFF:08x}.pdb")
@@ -698,7 +698,7 @@ def _build(seed: int, cpus: int, p: int, target_bytes: int, stack_caching: bool,
             c = int(np.argmin(lane_free))
             s = int(lane_free[c]) + 4 * int(rng.integers(200, 4000))
             dur = max(4 * MARGIN + 8 * SAMPLE_PERIOD, int(weight * unit))
-            h = _seeded_hash(phase, crate)
+            h = seeded_hash(phase, crate)
             if kind == "build":
                 img = build_imgs[crate]
                 pr = Proc(pid=new_pid(s), ppid=cargo.pid, name="build-script-build.exe",
@@ -769,7 +769,7 @@ def _link_phase(seed: int, k: int, phase: str, rustcs: list[Proc]) -> None:
         pr.externs = [done[0].crate]
         if len(done) > 1 and rng.random() < 0.5:
             pr.externs.append(done[1 + int(rng.integers(0, len(done) - 1))].crate)
-        pr.cmdline += "".join(f" --extern {c}={out}\\lib{c}-{_seeded_hash(phase, c):016x}.rlib" for c in pr.externs)
+        pr.cmdline += "".join(f" --extern {c}={out}\\lib{c}-{seeded_hash(phase, c):016x}.rlib" for c in pr.externs)
 
 
 HEAP_RATE = 300          # heap operations per second of rustc CPU time

@@ -197,7 +197,7 @@ def _weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
     return float(v[np.searchsorted(cum, 0.5 * cum[-1])])
 
 
-def _night_effect(lv: np.ndarray, cols: np.ndarray, weight: np.ndarray, min_items: int = 3) -> np.ndarray:
+def polish_nights(lv: np.ndarray, cols: np.ndarray, weight: np.ndarray, min_items: int = 3) -> np.ndarray:
     """Median polish of log values ``lv`` (items x nights) over the nights ``cols``: each night's effect, the
     median of the items' deviations from their centres weighted by ``weight`` (their precision: a steady large crate
     says more of the machine's speed than a small one, whose noise is mostly its own)."""
@@ -329,7 +329,7 @@ def _judge_kind(kind: str, keys: list[str], x: np.ndarray, s: Settings) -> _Kind
         weight = np.nan_to_num(1.0 / (a * a + (b / typical) ** 2), nan=0.0, posinf=0.0)
     effect_var = 0.0
     if k.reference == "others":
-        effect = _night_effect(np.where(np.nan_to_num(x) >= floor, lv, np.nan), window, weight)
+        effect = polish_nights(np.where(np.nan_to_num(x) >= floor, lv, np.nan), window, weight)
         # (the night's effect is itself estimated: the variance of a weighted median of the items' deviations)
         effect_var = _MEDIAN_VAR / weight.sum() if weight.sum() > 0 else 0.0
     else:

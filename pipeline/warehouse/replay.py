@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.warehouse.comparison import history_metrics
-from pipeline.warehouse.history import Settings, _night_effect, judge_history, span, spread
+from pipeline.warehouse.history import Settings, polish_nights, judge_history, span, spread
 from pipeline.warehouse.significance import robust_variance
 from pipeline.warehouse.store import connect
 
@@ -79,7 +79,7 @@ def calibrate(db: Path, job: str | None = None, lock_timeout_s: float = 300.0) -
                     # (the night's effect, weighted as the verdict weighs it: by each crate's prior precision)
                     a, b = Settings().prior["crate time"]
                     weight = 1.0 / (a * a + (b / np.exp(np.nan_to_num(centre))) ** 2)
-                    effect = _night_effect(lv, np.arange(len(runs)), weight)
+                    effect = polish_nights(lv, np.arange(len(runs)), weight)
                     dev = lv - effect[None, :]
                     dev = dev - np.nanmedian(dev, axis=1)[:, None]
                     var, n = spread(dev)

@@ -100,8 +100,8 @@ def record_kinds(blob, cols, n, kinds):
                 or ht == L.HT_PERFINFO32 or ht == L.HT_PERFINFO64):
             code = np.uint64(0x14) if hook[i] == L.IMAGE_LOAD_HOOK else np.uint64(hook[i] >> 8)
         elif guid_off[i] >= 0:
-            lo, hi = K._u64(blob, guid_off[i]), K._u64(blob, guid_off[i] + 8)
-            s = K._pair_slot(lo, hi, g_mask)
+            lo, hi = K.read_u64(blob, guid_off[i]), K.read_u64(blob, guid_off[i] + 8)
+            s = K.pair_slot(lo, hi, g_mask)
             while True:
                 g = g_slots[s]
                 if g < 0:
@@ -123,7 +123,7 @@ def record_kinds(blob, cols, n, kinds):
                | (np.uint64(version[i]) << np.uint64(8)) | np.uint64(ht))
         if key != last_key or last_kind < 0:
             # (the high half hashed apart: the product's low bits see only the key's low bits)
-            s = K._pair_slot(key, key >> np.uint64(32), k_mask)
+            s = K.pair_slot(key, key >> np.uint64(32), k_mask)
             while True:
                 j = k_slots[s]
                 if j < 0:

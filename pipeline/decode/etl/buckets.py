@@ -38,7 +38,7 @@ import pyarrow as pa
 
 from pipeline.decode.etl.batch import to_ns, unique_pairs
 from pipeline.decode.etl.kernels import JIT, POLY_B1, POLY_B2, poly_pow, stack_ids
-from pipeline.decode.etl.scratch import (I64_MIN, KEYED_REF_COLUMNS, STRIDE, _np, _sorted_rows, _stack_column, read_bucket,
+from pipeline.decode.etl.scratch import (I64_MIN, KEYED_REF_COLUMNS, STRIDE, column_array, sorted_rows, stack_column, read_bucket,
                                         read_samples, sort_order, write_final)
 from pipeline.decode.etl.settle import adopted_stacks, keyed_samples_task, unshared
 from pipeline.decode.etl.stackkeys import resolve_keys, thread_pids, thread_slots
@@ -166,12 +166,12 @@ def _groups(pieces: pa.Table | None):
     empty = Groups(*(np.zeros(0, t) for t in (np.int64, np.uint32, np.uint32, np.int64)))
     if pieces is None or not pieces.num_rows:
         return empty, None, Stacks.empty()
-    ev, tid, cpu = _np(pieces, "event_ts"), _np(pieces, "tid"), _np(pieces, "cpu")
-    order = sort_order(ev, tid, _np(pieces, "user", np.uint8), _np(pieces, "timestamp"), cpu, _np(pieces, "stream_pos"))
-    valid, h1, h2 = _np(pieces, "valid", np.uint8), _np(pieces, "h1"), _np(pieces, "h2")
+    ev, tid, cpu = column_array(pieces, "event_ts"), column_array(pieces, "tid"), column_array(pieces, "cpu")
+    order = sort_order(ev, tid, column_array(pieces, "user", np.uint8), column_array(pieces, "timestamp"), cpu, column_array(pieces, "stream_pos"))
+    valid, h1, h2 = column_array(pieces, "valid", np.uint8), column_array(pieces, "h1"), column_array(pieces, "h2")
     n = len(ev)
     out = PieceGroups(*(np.empty(n, t) for t in PieceGroups.DTYPES))
-    ng = group_pieces(order, (ev, tid, _np(pieces, "pid"), valid, h1, h2, _np(pieces, "n")), tuple(out))
+    ng = group_pieces(order, (ev, tid, column_array(pieces, "pid"), valid, h1, h2, column_array(pieces, "n")), tuple(out))
     g_start, g_ts, g_tid, g_pid, g_h1, g_h2, g_count, g_valid = out
     g_start, g_ts, g_tid, g_pid = g_start[:ng], g_ts[:ng], g_tid[:ng], g_pid[:ng]
     sid, check = np.empty(ng, np.int64), np.empty(ng, np.uint64)
@@ -200,7 +200,7 @@ class Adopted:
     sample into the distinct adopted stacks ``d`` (-1: none)."""
 
     def __init__(self, s: pa.Table, d: dict[str, np.ndarray], unsorted):
-        self.idx = _np(s, "adopted")
+        self.idx = column_array(s, "adopted")
         self.d, self.unsorted = d, unsorted
         self.mask = self.idx >= 0
 
@@ -211,8 +211,8 @@ class Adopted:
         cpu for its time, and adopted pieces were logged on their sample's cpu)."""
         if not self.mask.any():
             return np.zeros(0, np.int64)
-        others = ([(_np(pieces, "event_ts"), _np(pieces, "tid"))] if pieces is not None else []) + [
-            (_np(t, "timestamp"), _np(t, "tid")) for t in stacked]
+        others = ([(column_array(pieces, "event_ts"), column_array(pieces, "tid"))] if pieces is not None else []) + [
+            (column_array(t, "timestamp"), column_array(t, "tid")) for t in stacked]
         return np.flatnonzero(self.mask & ~unshared(s, self.mask, others, vallocs))
 
     def give_back(self, s: pa.Table, which: np.ndarray) -> pa.Table | None:
@@ -223,14 +223,14 @@ class Adopted:
         self.mask[which] = False
         t, order = self.unsorted
         rows = order[which]
-        ts, tid, cpu, pos = _np(s, "timestamp")[which], _np(s, "tid")[which], _np(s, "cpu")[which], _np(s, "stream_pos")[which]
+        ts, tid, cpu, pos = column_array(s, "timestamp")[which], column_array(s, "tid")[which], column_array(s, "cpu")[which], column_array(s, "stream_pos")[which]
         a = self.idx[which]
         pid = self.d["pid"][a]
         parts = []
         for side, prefix in ((0, "k_"), (1, "u_")):
             cnt = self.d[prefix + "n"][a]
             w = np.flatnonzero(cnt > 0)
-            dt, d = _np(t, prefix + "dt")[rows[w]].astype(np.int64), _np(t, prefix + "d")[rows[w]].astype(np.int64)
+            dt, d = column_array(t, prefix + "dt")[rows[w]].astype(np.int64), column_array(t, prefix + "d")[rows[w]].astype(np.int64)
             parts.append(pa.table({
                 "event_ts": ts[w], "tid": tid[w], "pid": pid[w], "cpu": cpu[w], "timestamp": ts[w] + dt,
                 "stream_pos": pos[w] + d, "user": np.full(len(w), bool(side)), "valid": np.ones(len(w), np.uint8),
@@ -252,9 +252,9 @@ def _bucket_task(task: BucketTask) -> BucketResult:
     threads = thread_slots(task.threads)
 
     s, adopted_d, unsorted = read_samples(src.get("_samples", []), lo, hi)
-    v = _sorted_rows(src.get("_virtual_allocs", []), lo, hi)
+    v = sorted_rows(src.get("_virtual_allocs", []), lo, hi)
     # The rows that take the stack of their (time, thread) (``tables.THREAD_STACKED``), by scratch table.
-    stacked = {t.scratch: _sorted_rows(src.get(t.scratch, []), lo, hi) for t in THREAD_STACKED}
+    stacked = {t.scratch: sorted_rows(src.get(t.scratch, []), lo, hi) for t in THREAD_STACKED}
     pieces = read_bucket(src.get("_pieces", []), "event_ts", lo, hi, PIECE_COLUMNS)
     keyed = read_bucket(src.get("_keyed_refs", []), "event_ts", lo, hi, KEYED_REF_COLUMNS)
     for table, t in (("_samples", s), ("_virtual_allocs", v), *stacked.items(), ("_pieces", pieces), ("_keyed_refs", keyed)):
@@ -265,7 +265,7 @@ def _bucket_task(task: BucketTask) -> BucketResult:
     for t in THREAD_STACKED:
         rows = stacked[t.scratch]
         if t.one_per_event and rows is not None:
-            ts, cpu, spos = _np(rows, "timestamp"), _np(rows, "cpu"), _np(rows, "stream_pos")
+            ts, cpu, spos = column_array(rows, "timestamp"), column_array(rows, "cpu"), column_array(rows, "stream_pos")
             # (the rows are in (time, cpu, stream position) order: an event's rows are side by side)
             dup = np.zeros(len(ts), np.bool_)
             dup[1:] = (ts[1:] == ts[:-1]) & (cpu[1:] == cpu[:-1]) & (spos[1:] == spos[:-1])
@@ -283,7 +283,7 @@ def _bucket_task(task: BucketTask) -> BucketResult:
     result.groups = len(groups.ts)
 
     if s is not None:
-        ts, tid = _np(s, "timestamp"), _np(s, "tid")
+        ts, tid = column_array(s, "timestamp"), column_array(s, "tid")
         gi = groups.match(ts, tid)
         stack = groups.stack[gi]
         group_pid = groups.pid[gi]
@@ -303,7 +303,7 @@ def _bucket_task(task: BucketTask) -> BucketResult:
         table = pa.table({
             "timestamp": s.column("timestamp"), "timestamp_ns": to_ns(ts, *task.clock), "cpu": s.column("cpu"),
             "tid": s.column("tid"), "pid": pa.array(pid, pa.uint32(), mask=~has & ~with_records), "ip": s.column("ip"),
-            "stack_id": _stack_column(stack), "stream_pos": s.column("stream_pos"),
+            "stack_id": stack_column(stack), "stream_pos": s.column("stream_pos"),
         })
         written["samples"] = write_final(table, out_dir / "samples.parquet", k)
         result.samples = len(ts)
@@ -312,7 +312,7 @@ def _bucket_task(task: BucketTask) -> BucketResult:
     stacks.write(scratch, k)
 
     if v is not None:
-        ts, cpu = _np(v, "timestamp"), _np(v, "cpu")
+        ts, cpu = column_array(v, "timestamp"), column_array(v, "cpu")
         vtid = np.full(len(ts), -1, np.int64)
         if piece_cpus is not None:
             # The thread of a piece logged on the event's cpu for the event's time (several: the lowest).
@@ -326,20 +326,20 @@ def _bucket_task(task: BucketTask) -> BucketResult:
         gi = groups.match(ts, np.maximum(vtid, 0).astype(np.uint32))
         gi[vtid < 0] = -1
         stack = groups.stack[gi]
-        free = _np(v, "is_free", np.bool_)
+        free = column_array(v, "is_free", np.bool_)
         table = pa.table({
             "timestamp": v.column("timestamp"), "timestamp_ns": v.column("timestamp_ns"), "cpu": v.column("cpu"),
             "pid": v.column("pid"), "tid": pa.array(np.maximum(vtid, 0).astype(np.uint32), mask=vtid < 0),
             "base": v.column("base"), "size": v.column("size"), "flags": v.column("flags"),
             "kind": pa.array(np.where(free, "free", "alloc").astype(object), pa.string()),
-            "stack_id": _stack_column(stack),
+            "stack_id": stack_column(stack),
         })
         written["virtual_allocs"] = write_final(table, out_dir / "virtual_allocs.parquet", k)
 
     for t in THREAD_STACKED:
         rows = stacked[t.scratch]
         if rows is not None:
-            stack = groups.stack[groups.match(_np(rows, "timestamp"), _np(rows, "tid"))]
-            table = rows.select(t.columns).append_column("stack_id", _stack_column(stack))
+            stack = groups.stack[groups.match(column_array(rows, "timestamp"), column_array(rows, "tid"))]
+            table = rows.select(t.columns).append_column("stack_id", stack_column(stack))
             written[t.table] = write_final(table, out_dir / f"{t.table}.parquet", k)
     return result

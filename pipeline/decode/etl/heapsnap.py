@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from pipeline.decode.etl.batch import Batch, PairSet
 from pipeline.decode.etl.layout import USER_SPACE_END
-from pipeline.decode.etl.kernels import JIT, _u16, _u32, _u64, hash_frame_lists, stack_ids
+from pipeline.decode.etl.kernels import JIT, read_u16, read_u32, read_u64, hash_frame_lists, stack_ids
 from pipeline.runs import parquet_glob, sql_path
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ def end_events(b: Batch, idx: np.ndarray) -> None:
 # --- blob parser --------------------------------------------------------------------------------------
 @nb.njit(**JIT)
 def _uw(blob, p, w):
-    return _u64(blob, p) if w == 8 else np.uint64(_u32(blob, p))
+    return read_u64(blob, p) if w == 8 else np.uint64(read_u32(blob, p))
 
 
 @nb.njit(**JIT)
@@ -115,17 +115,17 @@ def parse_blob(blob, seg_id, seg_off, seg_frames, stk_id, stk_ref, stk_off, stk_
     counts = np.zeros(6, np.int64)
     if n < DB_HEADER_SIZE:
         return PARSE_TRUNCATED, 0, counts
-    nseg = _u32(blob, 0)
-    nstk = _u32(blob, 4)
-    w = np.int64(_u16(blob, 10))
-    if _u16(blob, 8) != DB_VERSION or (w != 8 and w != 4):
+    nseg = read_u32(blob, 0)
+    nstk = read_u32(blob, 4)
+    w = np.int64(read_u16(blob, 10))
+    if read_u16(blob, 8) != DB_VERSION or (w != 8 and w != 4):
         return PARSE_BAD_VERSION, 8, counts
     p = np.int64(DB_HEADER_SIZE)
     nf = 0
     for s in range(nseg):
         if p + ENTRY_FIXED > n or s >= seg_id.shape[0]:
             return PARSE_TRUNCATED, p, counts
-        ok, p, nf = _entry(blob, p, w, s, np.int64(_u32(blob, p) >> 24), seg_id, seg_off, seg_frames, nf)
+        ok, p, nf = _entry(blob, p, w, s, np.int64(read_u32(blob, p) >> 24), seg_id, seg_off, seg_frames, nf)
         if not ok:
             return PARSE_TRUNCATED, p, counts
         counts[0] = s + 1
@@ -134,7 +134,7 @@ def parse_blob(blob, seg_id, seg_off, seg_frames, stk_id, stk_ref, stk_off, stk_
     for s in range(nstk):
         if p + ENTRY_FIXED > n or s >= stk_id.shape[0]:
             return PARSE_TRUNCATED, p, counts
-        info = _u32(blob, p)
+        info = read_u32(blob, p)
         stk_ref[s] = info & 0xFFFFFF
         nref = (np.int64(info >> 24) + SEGMENT_FRAMES - 1) // SEGMENT_FRAMES
         ok, p, nr = _entry(blob, p, w, s, nref, stk_id, stk_off, stk_segs, nr)
@@ -150,7 +150,7 @@ def parse_blob(blob, seg_id, seg_off, seg_frames, stk_id, stk_ref, stk_off, stk_
     while p < n:
         if p + hsize > n or nh >= heaps.shape[0]:
             return PARSE_TRUNCATED, p, counts
-        if _u16(blob, p) != HEAP_VERSION or _u16(blob, p + 2) != w:
+        if read_u16(blob, p) != HEAP_VERSION or read_u16(blob, p + 2) != w:
             return PARSE_BAD_VERSION, p, counts
         for k in range(3):  # Heap, TotalCommit, TotalReserve
             heaps[nh, k] = _uw(blob, p + first + w * k, w)

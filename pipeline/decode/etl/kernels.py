@@ -47,16 +47,16 @@ STATUS_TEXT = {
 }
 
 
-def _u16(a, p):
+def read_u16(a, p):
     return np.uint32(a[p]) | (np.uint32(a[p + 1]) << 8)
 
 
-def _u32(a, p):
+def read_u32(a, p):
     return np.uint32(a[p]) | (np.uint32(a[p + 1]) << 8) | (np.uint32(a[p + 2]) << 16) | (np.uint32(a[p + 3]) << 24)
 
 
-def _u64(a, p):
-    return np.uint64(_u32(a, p)) | (np.uint64(_u32(a, p + 4)) << np.uint64(32))
+def read_u64(a, p):
+    return np.uint64(read_u32(a, p)) | (np.uint64(read_u32(a, p + 4)) << np.uint64(32))
 
 
 def _little_endian_load(fn, bits: int, result) -> None:
@@ -92,12 +92,12 @@ def _little_endian_load(fn, bits: int, result) -> None:
 
 if sys.byteorder != "little":     # the loads read the host's byte order; ETL is little-endian
     raise ImportError("the ETL kernels need a little-endian host")
-_little_endian_load(_u16, 16, types.uint32)
-_little_endian_load(_u32, 32, types.uint32)
-_little_endian_load(_u64, 64, types.uint64)
+_little_endian_load(read_u16, 16, types.uint32)
+_little_endian_load(read_u32, 32, types.uint32)
+_little_endian_load(read_u64, 64, types.uint64)
 
 
-def _put_u64(a, p, v):
+def put_u64(a, p, v):
     """Store ``v`` as the little-endian u64 at byte ``p`` of the 1-D uint8 array ``a`` (plain Python: byte
     by byte). Compiled, one unaligned store into a writable C-contiguous array; the caller has checked
     0 <= p and p + 8 <= len(a)."""
@@ -116,8 +116,8 @@ def _store_u64(typingctx, a, p, v):
     return types.void(a, p, v), codegen
 
 
-@overload(_put_u64, jit_options=JIT)
-def _put_u64_jitted(a, p, v):
+@overload(put_u64, jit_options=JIT)
+def put_u64_jitted(a, p, v):
     if (isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C" and a.mutable and a.dtype == types.uint8
             and isinstance(p, types.Integer) and isinstance(v, types.Integer)):
         return lambda a, p, v: _store_u64(a, p, v)
@@ -170,7 +170,7 @@ def _record_frame(blob, p, end, marker):
         return REC_BAD_MARKER, ht, 0, 0, np.int64(0)
     if p + hsize > end:
         return REC_TRUNCATED_HEADER, ht, hsize, psize, np.int64(0)
-    size = np.int64(_u16(blob, p + 4)) if size_at_4 else np.int64(_u16(blob, p))
+    size = np.int64(read_u16(blob, p + 4)) if size_at_4 else np.int64(read_u16(blob, p))
     if size < hsize:
         return REC_TOO_SMALL, ht, hsize, psize, size
     if p + size > end:
@@ -205,7 +205,7 @@ def walk_records(blob, buffers, fill, cols, status):
         while p < end:
             if p + 4 > end:
                 break  # less than a marker of slack: end of data
-            marker = _u32(blob, p)
+            marker = read_u32(blob, p)
             if marker == np.uint32(0xFFFFFFFF):
                 break
             err, ht, hsize, psize, size = _record_frame(blob, p, end, marker)
@@ -218,17 +218,17 @@ def walk_records(blob, buffers, fill, cols, status):
             eo = np.int64(-1)
             el = 0
             if ht == L.HT_PERFINFO32 or ht == L.HT_PERFINFO64:
-                v = _u16(blob, p + L.SYS_VERSION)
+                v = read_u16(blob, p + L.SYS_VERSION)
                 extra = 8 * ((v >> L.PERFINFO_PMC_SHIFT) & L.PERFINFO_PMC_MASK) + (8 if (v & L.PERFINFO_PEBS_FLAG) else 0)
                 po += extra
             elif ht == L.HT_EVENT32 or ht == L.HT_EVENT64:
-                if _u16(blob, p + L.EH_FLAGS) & L.EH_FLAG_EXTENDED_INFO:
+                if read_u16(blob, p + L.EH_FLAGS) & L.EH_FLAG_EXTENDED_INFO:
                     eo = po
                     q = po
                     ok = False
                     while q + L.EXT_ITEM_HEADER_SIZE <= p + size:
-                        isz = _u16(blob, q)
-                        link = _u16(blob, q + 4)
+                        isz = read_u16(blob, q)
+                        link = read_u16(blob, q + 4)
                         if isz < L.EXT_ITEM_HEADER_SIZE:
                             break
                         q += isz
@@ -242,7 +242,7 @@ def walk_records(blob, buffers, fill, cols, status):
                     el = q - eo
                     po = q
             elif ht == L.HT_MESSAGE:
-                mf = _u16(blob, p + L.MSG_FLAGS)
+                mf = read_u16(blob, p + L.MSG_FLAGS)
                 extra = 0
                 if mf & L.MSG_OPT_SEQUENCE:
                     extra += 4
@@ -274,24 +274,24 @@ def walk_records(blob, buffers, fill, cols, status):
                 guid_off[n] = -1
                 event_id[n] = 0
                 if ht <= L.HT_COMPACT64 or ht == L.HT_PERFINFO32 or ht == L.HT_PERFINFO64:
-                    hk = _u16(blob, p + L.SYS_HOOK)
+                    hk = read_u16(blob, p + L.SYS_HOOK)
                     hook[n] = hk
                     opcode[n] = hk & 0xFF
-                    version[n] = _u16(blob, p + L.SYS_VERSION) & 0xFF
+                    version[n] = read_u16(blob, p + L.SYS_VERSION) & 0xFF
                     if ht <= L.HT_COMPACT64:
-                        tid[n] = _u32(blob, p + L.SYS_TID)
-                        pid[n] = _u32(blob, p + L.SYS_PID)
-                        ts[n] = np.int64(_u64(blob, p + L.SYS_TS))
+                        tid[n] = read_u32(blob, p + L.SYS_TID)
+                        pid[n] = read_u32(blob, p + L.SYS_PID)
+                        ts[n] = np.int64(read_u64(blob, p + L.SYS_TS))
                     else:  # PERFINFO: no thread/process in the header
                         tid[n] = np.uint32(0xFFFFFFFF)
                         pid[n] = np.uint32(0xFFFFFFFF)
-                        ts[n] = np.int64(_u64(blob, p + L.PERFINFO_TS))
+                        ts[n] = np.int64(read_u64(blob, p + L.PERFINFO_TS))
                 elif ht == L.HT_MESSAGE:
-                    mf = _u16(blob, p + L.MSG_FLAGS)
+                    mf = read_u16(blob, p + L.MSG_FLAGS)
                     hook[n] = 0
                     opcode[n] = 0
                     version[n] = 0
-                    event_id[n] = _u16(blob, p + L.MSG_NUMBER)
+                    event_id[n] = read_u16(blob, p + L.MSG_NUMBER)
                     q = p + L.MSG_HEADER_SIZE
                     if mf & L.MSG_OPT_SEQUENCE:
                         q += 4
@@ -302,25 +302,25 @@ def walk_records(blob, buffers, fill, cols, status):
                         q += 4
                     ts[n] = 0
                     if mf & L.MSG_OPT_TIMESTAMP:
-                        ts[n] = np.int64(_u64(blob, q))
+                        ts[n] = np.int64(read_u64(blob, q))
                         q += 8
                     tid[n] = np.uint32(0xFFFFFFFF)
                     pid[n] = np.uint32(0xFFFFFFFF)
                     if mf & L.MSG_OPT_SYSTEMINFO:
-                        tid[n] = _u32(blob, q)
-                        pid[n] = _u32(blob, q + 4)
+                        tid[n] = read_u32(blob, q)
+                        pid[n] = read_u32(blob, q + 4)
                 else:  # EVENT_HEADER, or FULL_HEADER/INSTANCE with Class {u8 Type; u8 Level; u16 Version} at +4
                     hook[n] = 0
                     if ht == L.HT_EVENT32 or ht == L.HT_EVENT64:
                         opcode[n] = blob[p + L.EH_OPCODE]
                         version[n] = blob[p + L.EH_VERSION]
-                        event_id[n] = _u16(blob, p + L.EH_ID)
+                        event_id[n] = read_u16(blob, p + L.EH_ID)
                     else:
                         opcode[n] = blob[p + L.FULL_TYPE]
-                        version[n] = _u16(blob, p + L.FULL_VERSION)
-                    tid[n] = _u32(blob, p + L.FULL_TID)  # same offsets in EVENT_HEADER
-                    pid[n] = _u32(blob, p + L.FULL_PID)
-                    ts[n] = np.int64(_u64(blob, p + L.FULL_TS))
+                        version[n] = read_u16(blob, p + L.FULL_VERSION)
+                    tid[n] = read_u32(blob, p + L.FULL_TID)  # same offsets in EVENT_HEADER
+                    pid[n] = read_u32(blob, p + L.FULL_PID)
+                    ts[n] = np.int64(read_u64(blob, p + L.FULL_TS))
                     guid_off[n] = p + L.FULL_GUID
                 cpu[n] = buf_cpu[b]
                 stream_pos[n] = (np.int64(buf_rank[b]) << 24) | k
@@ -347,9 +347,9 @@ def gather_frames(blob, pay_off, pay_len, ptr, skip, out_offsets, out_frames, fi
             q = pay_off[i] + skip[i]
             for j in range(k):
                 if P == 8:
-                    out_frames[total + j] = _u64(blob, q + 8 * j)
+                    out_frames[total + j] = read_u64(blob, q + 8 * j)
                 else:
-                    out_frames[total + j] = np.uint64(_u32(blob, q + 4 * j))
+                    out_frames[total + j] = np.uint64(read_u32(blob, q + 4 * j))
         total += k
         out_offsets[i + 1] = total
     return total
@@ -375,7 +375,7 @@ def cstring_lengths(blob, start, limit, wide, out):
 
 
 @nb.njit(**JIT)
-def _pair_slot(a, b, mask):
+def pair_slot(a, b, mask):
     """First slot of the pair (a, b) in an open-addressing table of ``mask + 1`` slots."""
     h = (a * np.uint64(0x9E3779B97F4A7C15)) ^ (b * np.uint64(0xC2B2AE3D27D4EB4F))
     h ^= h >> np.uint64(29)
@@ -398,7 +398,7 @@ def dedupe_pairs(a, b, table_bits):
     inverse = np.empty(a.shape[0], np.int32)
     n = 0
     for i in range(a.shape[0]):
-        s = _pair_slot(a[i], b[i], mask)
+        s = pair_slot(a[i], b[i], mask)
         while True:
             j = slots[s]
             if j < 0:
@@ -424,7 +424,7 @@ def add_pairs(slots, keys_a, keys_b, n, a, b, new):
     in the set before. The caller keeps the slots at most half full. Returns the new ``n``."""
     mask = np.uint64(slots.shape[0] - 1)
     for i in range(a.shape[0]):
-        s = _pair_slot(a[i], b[i], mask)
+        s = pair_slot(a[i], b[i], mask)
         while True:
             j = slots[s]
             if j < 0:
@@ -490,11 +490,11 @@ def _uint_at(blob, n, p, w):
     if p < 0 or p + w > n:
         return np.uint64(0)
     if w == 8:
-        return _u64(blob, p)
+        return read_u64(blob, p)
     if w == 4:
-        return np.uint64(_u32(blob, p))
+        return np.uint64(read_u32(blob, p))
     if w == 2:
-        return np.uint64(_u16(blob, p))
+        return np.uint64(read_u16(blob, p))
     return np.uint64(blob[p])
 
 
@@ -512,10 +512,10 @@ def extended_stacks(blob, ext_off, ext_len, fill, rec, kind, data_pos, count, wi
         q = ext_off[i]
         end = q + ext_len[i]
         while q + 8 <= end:
-            size = _u16(blob, q)
-            ext_type = _u16(blob, q + 2)
-            link = _u16(blob, q + 4)
-            dsize = _u16(blob, q + 6)
+            size = read_u16(blob, q)
+            ext_type = read_u16(blob, q + 2)
+            link = read_u16(blob, q + 4)
+            dsize = read_u16(blob, q + 6)
             if size < 8 or q + 8 + dsize > end:
                 break
             d = q + 8
@@ -564,7 +564,7 @@ def _poly_hash(blob, p, k, w):
     c = np.uint64(0)
     leaf = np.uint64(0)
     for j in range(k):
-        v = _u64(blob, p + 8 * j) if w == 8 else np.uint64(_u32(blob, p + 4 * j))
+        v = read_u64(blob, p + 8 * j) if w == 8 else np.uint64(read_u32(blob, p + 4 * j))
         if j == 0:
             leaf = v
         m = frame_mix(v)
@@ -631,9 +631,9 @@ def stack_walk_records(blob, recs, idx, offsets, out):
             user[i] = True
             count[i] = 0
             continue
-        ev[i] = np.int64(_u64(blob, p + o_ts))
-        pid[i] = _u32(blob, p + o_pid)
-        tid[i] = _u32(blob, p + o_tid)
+        ev[i] = np.int64(read_u64(blob, p + o_ts))
+        pid[i] = read_u32(blob, p + o_pid)
+        tid[i] = read_u32(blob, p + o_tid)
         w = np.int64(ptr[r])
         q = p + o_frames
         k = (np.int64(pay_len[r]) - o_frames) // w if w > 0 and pay_len[r] > o_frames else 0
@@ -686,8 +686,8 @@ def sampled_profile_records(blob, recs, idx, layout, out):
             tid[i] = 0
             ok[i] = False
             continue
-        ip[i] = _u64(blob, p + o_ip) if P == 8 else np.uint64(_u32(blob, p + o_ip))
-        tid[i] = _u32(blob, p + o_tid + (P - 4) * n_tid)
+        ip[i] = read_u64(blob, p + o_ip) if P == 8 else np.uint64(read_u32(blob, p + o_ip))
+        tid[i] = read_u32(blob, p + o_tid + (P - 4) * n_tid)
         ok[i] = True
 
 
@@ -707,12 +707,12 @@ def stack_ids(h1, h2, count, out_id, out_check):
     """Stack id (62 bits, never negative) and a second, independent check value of whole frame lists
     given their hashes and frame counts (as ``hash_frames_at`` computes them)."""
     for i in range(h1.shape[0]):
-        out_id[i] = np.int64(_finish(h1[i], count[i], np.uint64(0x2545F4914F6CDD1D)) >> np.uint64(2))
-        out_check[i] = _finish(h2[i], count[i], np.uint64(0x94D049BB133111EB))
+        out_id[i] = np.int64(hash_finish(h1[i], count[i], np.uint64(0x2545F4914F6CDD1D)) >> np.uint64(2))
+        out_check[i] = hash_finish(h2[i], count[i], np.uint64(0x94D049BB133111EB))
 
 
 @nb.njit(**JIT)
-def _finish(h, k, salt):
+def hash_finish(h, k, salt):
     x = h ^ (np.uint64(k) * salt)
     x ^= x >> np.uint64(31)
     x *= np.uint64(0xBF58476D1CE4E5B9)

@@ -280,7 +280,7 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> Writte
         if sum(t.get_total_buffer_size() for t in small.values()) <= INLINE_BYTES:
             tables.update(small)        # (back with the result, as other small scratch tables: not remembered)
         else:
-            W._write_stacks(stacks, part, scratch_dir)
+            W.write_stack_rows(stacks, part, scratch_dir)
     if heap_final:
         settled["heap_events_final_in_partitions"] = heap_final
     for table, data in tables.items():
@@ -304,7 +304,7 @@ def write_parts(b: Batch, part: int, out_dir: Path, scratch_dir: Path) -> Writte
             times.append(_write_bucketed(data, table, part, scratch_dir, sources, rows))
             continue
         if table == W.FRAMES and data.get_total_buffer_size() > INLINE_BYTES:
-            W._write_frames(data, part, scratch_dir)
+            W.write_frame_rows(data, part, scratch_dir)
             continue
         if table.startswith("_") and data.get_total_buffer_size() <= INLINE_BYTES:
             inline[table] = data

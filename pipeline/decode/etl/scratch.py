@@ -130,7 +130,7 @@ def read_samples(paths: list[str], lo: int, hi: int | None):
     if not tables:
         return None, None, None
     t = pa.concat_tables(tables, promote_options="permissive")
-    order = sort_order(_np(t, "timestamp"), _np(t, "cpu", np.int64), _np(t, "stream_pos"))
+    order = sort_order(column_array(t, "timestamp"), column_array(t, "cpu", np.int64), column_array(t, "stream_pos"))
     main = t.select(["timestamp", "cpu", "stream_pos", "tid", "ip", "adopted"]).take(order)
     return main, {f: np.concatenate(v) for f, v in dicts.items()}, (t, order)
 
@@ -223,18 +223,18 @@ def file_rows(path: str) -> int:
     return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
 
 
-def _np(t: pa.Table, name: str, dtype=None) -> np.ndarray:
+def column_array(t: pa.Table, name: str, dtype=None) -> np.ndarray:
     a = t.column(name).to_numpy()
     return a if dtype is None else a.astype(dtype, copy=False)
 
 
-def _sorted_rows(paths: list[str], lo: int, hi: int) -> pa.Table | None:
+def sorted_rows(paths: list[str], lo: int, hi: int) -> pa.Table | None:
     """The bucket's rows in (time, cpu, stream position) order: the sort keys are copied out of the
     memory-mapped files, the other columns only once, by the final take."""
     t = read_bucket(paths, "timestamp", lo, hi, combine=False)
     if t is None:
         return None
-    order = sort_order(_np(t, "timestamp"), _np(t, "cpu", np.int64), _np(t, "stream_pos"))
+    order = sort_order(column_array(t, "timestamp"), column_array(t, "cpu", np.int64), column_array(t, "stream_pos"))
     return t.take(order)
 
 
@@ -277,5 +277,5 @@ def write_part(table: pa.Table, target: Path, **options) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _stack_column(ids: np.ndarray) -> pa.Array:
+def stack_column(ids: np.ndarray) -> pa.Array:
     return pa.array(ids, pa.int64(), mask=ids < 0)

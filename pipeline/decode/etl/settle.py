@@ -19,9 +19,9 @@ import pyarrow.compute as pc
 
 from pipeline.decode.etl.batch import to_ns, unique_pairs
 from pipeline.decode.etl.kernels import JIT, POLY_B1, POLY_B2, poly_pow, stack_ids
-from pipeline.decode.etl.scratch import ADOPTED_FIELDS, KEYED_SAMPLES, _np, _stack_column, mapped, write_final
+from pipeline.decode.etl.scratch import ADOPTED_FIELDS, KEYED_SAMPLES, column_array, stack_column, mapped, write_final
 from pipeline.decode.etl.stackkeys import defined_ids, first_at_or_after, load_defs
-from pipeline.decode.etl.stacks import Stacks, _run_has
+from pipeline.decode.etl.stacks import Stacks, run_has
 from pipeline.decode.etl.tables import THREAD_STACKED
 from pipeline.decode.etl.tasks import BucketResult, KeyedSamplesTask
 from pipeline.decode.etl.workerstate import reuse_freed_memory, write_stacks_once
@@ -300,8 +300,8 @@ def settle_samples(samples: pa.Table, others: list[tuple[np.ndarray, np.ndarray]
     keep = pa.array(final)
     s = samples.select(["timestamp", "cpu", "tid", "ip", "stream_pos"]).filter(keep)      # (arrow: 5x numpy's take)
     out = pa.table({
-        "timestamp": s.column("timestamp"), "timestamp_ns": to_ns(_np(s, "timestamp"), *clock), "cpu": s.column("cpu"),
-        "tid": s.column("tid"), "pid": d["pid"][a], "ip": s.column("ip"), "stack_id": _stack_column(d["stack_id"][a]),
+        "timestamp": s.column("timestamp"), "timestamp_ns": to_ns(column_array(s, "timestamp"), *clock), "cpu": s.column("cpu"),
+        "tid": s.column("tid"), "pid": d["pid"][a], "ip": s.column("ip"), "stack_id": stack_column(d["stack_id"][a]),
         "stream_pos": s.column("stream_pos")})
     counts = dict.fromkeys(SAMPLE_COUNTS, len(done))
     return out, samples.filter(pc.invert(keep)), adopted_stacks(d, a), counts
@@ -317,10 +317,10 @@ def unshared(rows: pa.Table, whole: np.ndarray, others: list[tuple[np.ndarray, n
     others of bits set twice (a few percent: every shared key and the keys that merely collide) and the
     rows whose (time, cpu) bit is set are sorted and compared exactly (``settled_rows``), instead of sorting
     every row and every other by time."""
-    ts, tid, cpu = _np(rows, "timestamp"), _np(rows, "tid"), _np(rows, "cpu")
+    ts, tid, cpu = column_array(rows, "timestamp"), column_array(rows, "tid"), column_array(rows, "cpu")
     va_ts, va_cpu = np.zeros(0, np.int64), np.zeros(0, np.uint16)
     if vallocs is not None and vallocs.num_rows:
-        va_ts, va_cpu = _np(vallocs, "timestamp"), _np(vallocs, "cpu")
+        va_ts, va_cpu = column_array(vallocs, "timestamp"), column_array(vallocs, "cpu")
     once, twice = _bitmaps(len(ts) + sum(len(t) for t, _ in others), 32)
     mark_keys(ts, tid, once, twice)
     for o_ts, o_tid in others:
@@ -431,13 +431,13 @@ def settle_heap_events(heap: pa.Table, refs: pa.Table, rbuf: np.ndarray, others:
     if not whole.any():
         return None, heap, refs, Stacks.empty()
     mine = c.left(c.claimed)
-    final = unshared(heap, whole, others + [(_np(mine, "event_ts"), _np(mine, "tid"))], vallocs)
+    final = unshared(heap, whole, others + [(column_array(mine, "event_ts"), column_array(mine, "tid"))], vallocs)
     done = np.flatnonzero(final)
     if not len(done):
         return None, heap, refs, Stacks.empty()
     a = c.codes[done]
     keep = pa.array(final)
-    out = heap.select(HEAP_COLUMNS).filter(keep).append_column("stack_id", _stack_column(c.d["stack_id"][a]))
+    out = heap.select(HEAP_COLUMNS).filter(keep).append_column("stack_id", stack_column(c.d["stack_id"][a]))
     return (out, heap.filter(pc.invert(keep)), c.left(c.pieces_of(done)),
             adopted_stacks(c.d, a))
 
@@ -539,11 +539,11 @@ def keyed_samples_task(task: KeyedSamplesTask) -> BucketResult:
         n = t.num_rows
         defs = load_defs(task.stack_defs)
         index = defs["index"]
-        ts, sides = _np(t, "timestamp"), _np(t, "sides")
+        ts, sides = column_array(t, "timestamp"), column_array(t, "sides")
         at = {}
         for prefix, bit in (("k_", 1), ("u_", 2)):
             at[prefix] = np.full(n, -1, np.int64)
-            first_at_or_after(_np(t, prefix + "key"), ts, _np(t, prefix + "dt"), sides, bit, defs["timestamp"],
+            first_at_or_after(column_array(t, prefix + "key"), ts, column_array(t, prefix + "dt"), sides, bit, defs["timestamp"],
                               index.slots, index.a, defs["run_lo"], defs["run_hi"], at[prefix])
         k_at, u_at = at["k_"], at["u_"]
         unresolved = int((((sides & 1) > 0) & (k_at < 0)).sum() + (((sides & 2) > 0) & (u_at < 0)).sum())
@@ -551,7 +551,7 @@ def keyed_samples_task(task: KeyedSamplesTask) -> BucketResult:
         defined_ids(k_at, u_at, defs["h1"], defs["h2"], defs["n"], defs["pow1"], defs["pow2"], sid, check)
         table = pa.table({
             "timestamp": t.column("timestamp"), "timestamp_ns": to_ns(ts, *task.clock), "cpu": t.column("cpu"),
-            "tid": t.column("tid"), "pid": t.column("pid"), "ip": t.column("ip"), "stack_id": _stack_column(sid),
+            "tid": t.column("tid"), "pid": t.column("pid"), "ip": t.column("ip"), "stack_id": stack_column(sid),
             "stream_pos": t.column("stream_pos")})
         path = write_final(table, Path(task.out_dir) / "samples.parquet", task.part, prefix="keyed-",
                            extra_delta=("stream_pos",))
@@ -588,7 +588,7 @@ def settled_rows(order, ts, tid, cpu, whole, o_ts, o_tid, va_ts, va_cpu, out):
             r = order[a]
             if not whole[r]:
                 continue
-            hit = _run_has(va_ts, va_cpu, m, t, cpu[r]) or _run_has(o_ts, o_tid, j, t, tid[r])
+            hit = run_has(va_ts, va_cpu, m, t, cpu[r]) or run_has(o_ts, o_tid, j, t, tid[r])
             c = i
             while not hit and c < e:
                 hit = c != a and tid[order[c]] == tid[r]

@@ -14,8 +14,8 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.decode.etl.batch import PairSet
-from pipeline.decode.etl.kernels import JIT, POLY_B1, POLY_B2, _finish, _pair_slot
-from pipeline.decode.etl.scratch import _np
+from pipeline.decode.etl.kernels import JIT, POLY_B1, POLY_B2, hash_finish, pair_slot
+from pipeline.decode.etl.scratch import column_array
 
 @nb.njit(**JIT)
 def thread_pids(ts, tid, u_tid, u_start, s_t0, s_t1, s_next, s_pid, out, has):
@@ -51,7 +51,7 @@ def resolve_keys(refs: pa.Table, defs_path: str) -> tuple[pa.Table, int]:
     wrong); one without a definition is a piece without frames (``valid`` 0). ``defs_path``: the trace's
     definitions sorted by (key, time, cpu, stream position) (``joins._stack_key_defs``). Returns the
     pieces (``PIECE_COLUMNS``) and how many found no definition."""
-    h1, h2, n, found = definitions(_np(refs, "key"), _np(refs, "timestamp"), load_defs(defs_path))
+    h1, h2, n, found = definitions(column_array(refs, "key"), column_array(refs, "timestamp"), load_defs(defs_path))
     return pa.table({
         "event_ts": refs.column("event_ts"), "tid": refs.column("tid"), "pid": refs.column("pid"), "cpu": refs.column("cpu"),
         "timestamp": refs.column("timestamp"), "stream_pos": refs.column("stream_pos"), "user": refs.column("user"),
@@ -135,7 +135,7 @@ def first_at_or_after(key, ts, dt, sides, side, d_ts, slots, index_key, run_lo, 
         if not sides[i] & side:
             continue
         k, t = key[i], ts[i] + np.int64(dt[i])
-        s = _pair_slot(k, zero, mask)
+        s = pair_slot(k, zero, mask)
         j = slots[s]
         while j >= 0 and index_key[j] != k:
             s = (s + np.uint64(1)) & mask
@@ -169,8 +169,8 @@ def defined_ids(k_at, u_at, d_h1, d_h2, d_n, d_pow1, d_pow2, sid, check):
             h2 = h2 * d_pow2[ua] + d_h2[ua]
             n += np.int64(d_n[ua])
         if n > 0:
-            sid[i] = np.int64(_finish(h1, n, np.uint64(0x2545F4914F6CDD1D)) >> np.uint64(2))
-            check[i] = _finish(h2, n, np.uint64(0x94D049BB133111EB))
+            sid[i] = np.int64(hash_finish(h1, n, np.uint64(0x2545F4914F6CDD1D)) >> np.uint64(2))
+            check[i] = hash_finish(h2, n, np.uint64(0x94D049BB133111EB))
         else:
             sid[i], check[i] = -1, 0
 

@@ -72,7 +72,7 @@ class Stacks:
 
 
 @nb.njit(**JIT)
-def _run_has(ts, key, start, t, value):
+def run_has(ts, key, start, t, value):
     """Whether a row from ``start`` on with ``ts`` == ``t`` (sorted ``ts``) has ``key`` == ``value``."""
     q = start
     while q < ts.shape[0] and ts[q] == t:

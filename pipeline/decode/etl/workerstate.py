@@ -4,7 +4,7 @@
   (``reuse_freed_memory``); once the process has been idle for ``IDLE_TRIM_S``, or turns from partitions to
   buckets, free memory goes back (``release_freed_memory``).
 * What it has written for the decode it works for: the frames of each distinct stack piece and the distinct
-  stacks recur in task after task, and each is written once per process (``_write_frames``,
+  stacks recur in task after task, and each is written once per process (``write_frame_rows``,
   ``write_stacks_once``), into files that are never replaced (``_write_new``).
 
 Partition tasks (``partition.py``) and bucket tasks (``buckets.py``, ``settle.py``) both use it; it imports neither.
@@ -160,14 +160,14 @@ def _remembered(scratch_dir: Path, table: str):
         yield sets[table]
 
 
-def _write_frames(data: pa.Table, part: int, scratch_dir: Path) -> None:
+def write_frame_rows(data: pa.Table, part: int, scratch_dir: Path) -> None:
     """The partition's ``_stack_frames`` rows whose piece this process has not written for this decode."""
     with _remembered(scratch_dir, FRAMES) as seen:
         new = seen.add(data.column("h1").to_numpy(), data.column("h2").to_numpy())
     _write_new(data if new.all() else data.filter(pa.array(new)), FRAMES, f"partition-{part:05d}", scratch_dir)
 
 
-def _write_stacks(stacks: Stacks, part: int, scratch_dir: Path) -> None:
+def write_stack_rows(stacks: Stacks, part: int, scratch_dir: Path) -> None:
     """The stacks of the rows a partition settled (writer ``-1 - part``) that this process has not written
     for this decode, with their pieces."""
     write_stacks_once(stacks, -1 - part, f"partition-{part:05d}", scratch_dir)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from pipeline.decode.etl.kernels import JIT, OK, XPRESS_BAD_LENGTH, XPRESS_BAD_OFFSET, XPRESS_OVERFLOW, XPRESS_SHORT, XPRESS_TRUNCATED, _put_u64, _u16, _u32, _u64
+from pipeline.decode.etl.kernels import JIT, OK, XPRESS_BAD_LENGTH, XPRESS_BAD_OFFSET, XPRESS_OVERFLOW, XPRESS_SHORT, XPRESS_TRUNCATED, put_u64, read_u16, read_u32, read_u64
 
 
 @nb.njit(**JIT)
@@ -24,7 +24,7 @@ def xpress_decompress(src, s0, s1, dst, d0, d1):
         if nflags == 0:
             if ip + 4 > s1:
                 break
-            flags = _u32(src, ip)
+            flags = read_u32(src, ip)
             ip += 4
             nflags = 32
         nflags -= 1
@@ -41,7 +41,7 @@ def xpress_decompress(src, s0, s1, dst, d0, d1):
             break
         if ip + 2 > s1:
             return XPRESS_TRUNCATED, op - d0
-        token = _u16(src, ip)
+        token = read_u16(src, ip)
         ip += 2
         length = np.int64(token & 7)
         dist = np.int64(token >> 3) + 1
@@ -63,12 +63,12 @@ def xpress_decompress(src, s0, s1, dst, d0, d1):
                 if length == 255:
                     if ip + 2 > s1:
                         return XPRESS_TRUNCATED, op - d0
-                    length = np.int64(_u16(src, ip))
+                    length = np.int64(read_u16(src, ip))
                     ip += 2
                     if length == 0:
                         if ip + 4 > s1:
                             return XPRESS_TRUNCATED, op - d0
-                        length = np.int64(_u32(src, ip))
+                        length = np.int64(read_u32(src, ip))
                         ip += 4
                     if length < 22:
                         return XPRESS_BAD_LENGTH, op - d0
@@ -87,7 +87,7 @@ def xpress_decompress(src, s0, s1, dst, d0, d1):
             # Twice the speed of the byte loop on the XPRESS synth trace (650 -> 1,290 MB/s out).
             q = op - dist
             while op < end:
-                _put_u64(dst, op, _u64(dst, q))
+                put_u64(dst, op, read_u64(dst, q))
                 op += 8
                 q += 8
             op = end

@@ -46,7 +46,7 @@ _THREAD_SLOTS = 1 << 16       # thread-id table: at most half of it used (32768 
 
 
 @njit(cache=True, nogil=True)
-def _id_to_addr(sid, virt_addr, sparse_ids, sparse_addrs):
+def id_to_addr(sid, virt_addr, sparse_ids, sparse_addrs):
     """String id -> string-data address; UNKNOWN_ADDR for unresolved virtual and invalid ids. Virtual ids
     below ``len(virt_addr)`` are looked up directly, larger ones in the sorted ``sparse_ids``."""
     if sid >= FIRST_REGULAR_STRING_ID:
@@ -104,7 +104,7 @@ def decode_events(words, first_word, n, rec_words, id_words, virt_addr, sparse_i
         v1 = np.int64(words[f + 1]) | ((upper >> 16) << 32)
         v2 = np.int64(words[f + 2]) | ((upper & 0xFFFF) << 32)
 
-        a = _id_to_addr(kind, virt_addr, sparse_ids, sparse_addrs)
+        a = id_to_addr(kind, virt_addr, sparse_ids, sparse_addrs)
         if a >= string_data_len or a < UNKNOWN_ADDR:
             status, bad = DANGLING_KIND, i
             break
@@ -118,7 +118,7 @@ def decode_events(words, first_word, n, rec_words, id_words, virt_addr, sparse_i
             addrs[n_addrs] = a
             n_addrs += 1
         kind_code[i] = c
-        a = _id_to_addr(sid, virt_addr, sparse_ids, sparse_addrs)
+        a = id_to_addr(sid, virt_addr, sparse_ids, sparse_addrs)
         if a >= string_data_len or a < UNKNOWN_ADDR:
             status, bad = DANGLING_ID, i
             break

@@ -134,7 +134,7 @@ class StringTable:
             return self.metadata_addr if self.metadata_addr is not None else kernels.UNKNOWN_ADDR
         if sid == INVALID_STRING_ID or sid < 0:
             return kernels.UNKNOWN_ADDR
-        return int(kernels._id_to_addr(sid, self.virt_addr, self.sparse_ids, self.sparse_addrs))
+        return int(kernels.id_to_addr(sid, self.virt_addr, self.sparse_ids, self.sparse_addrs))
 
     def expand(self, addr: int, _depth: int = 0) -> str:
         """The full string at ``addr`` (a string-data address, header included)."""
