@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from pipeline import __version__, portable
 from pipeline.checkpoints import checkpoint
 from pipeline.errors import ManifestError
-from pipeline.stages import DECODED
+from pipeline.stages import DECODED, upstream_of
 
 if TYPE_CHECKING:
     from pipeline.contracts import InputRecord, Manifest
@@ -312,19 +312,22 @@ def stage_output(
     *,
     inputs: list[InputRecord] | None = None,
     config: dict[str, Any] | None = None,
-    upstream: tuple[str, ...] = (),
+    upstream: tuple[str, ...] | None = None,
 ) -> Iterator[StageOutput]:
     """Give a stage a private directory; on success, add the manifest and swap it into ``RUN_DIR/stage``.
 
     The manifest always carries: schema and project version, stage, creation time, inputs (path, size,
-    sha256), the resolved config and its hash, the hashes of the ``upstream`` stages' manifests it was made
-    from (those present now, as the stage reads them), and row counts per table. The stage adds its own
+    sha256), the resolved config and its hash, the hashes of the ``upstream`` outputs' manifests it was made from
+    (those present now, as the stage reads them; by default those the registry's row of the stage names), and row
+    counts per table. The stage adds its own
     counts (buffers skipped, events lost, ...) to ``out.manifest``.
     On an exception the temporary directory is removed and the previous output stays untouched.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     clean_leftovers(run_dir)
+    if upstream is None:
+        upstream = upstream_of(stage)
     made_from = upstream_hashes(run_dir, upstream)
     # (absolute: the stage's tasks may run in workers of another working directory, a standing dask cluster's)
     tmp = run_dir.absolute() / f".{stage}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"

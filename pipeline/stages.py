@@ -101,6 +101,12 @@ def commands() -> list[Command]:
     return out
 
 
+def upstream_of(output: str) -> tuple[str, ...]:
+    """The output directories that the stage writing ``output`` reads (its row's ``upstream``): declared once, there."""
+    row = next((s for s in _REGISTRY.values() if s.output == output), None)
+    return row.upstream_outputs() if row is not None else ()
+
+
 def outputs() -> tuple[str, ...]:
     """Every stage output directory, in the order of the pipeline."""
     return tuple(s.output for s in _REGISTRY.values() if s.output)

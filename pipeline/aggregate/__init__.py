@@ -20,7 +20,7 @@ from pipeline.aggregate import cpu, memory, processes, queries, query_cpu, resol
 from pipeline.aggregate.context import SOURCE, Context, FramesFinal
 from pipeline.errors import is_interrupt, out_of_memory
 from pipeline.runs import read_manifest, stage_dir, stage_output, upstream_hashes
-from pipeline.stages import AGGREGATED, SYMBOLIZED
+from pipeline.stages import AGGREGATED, upstream_of
 
 if TYPE_CHECKING:
     from pipeline.cluster import Pool
@@ -59,13 +59,13 @@ def run(run_dir: Path, config: Config, pool: Pool, inputs=None, after: Callable[
     summary: AggregateSummary = {}
     source = [{"stage": SOURCE, "path": str(stage_dir(run_dir, SOURCE)), "created_utc": decoded.get("created_utc")}]
     frames_final = FramesFinal(run_dir, after)
-    with stage_output(run_dir, STAGE, inputs=source, config=config.resolved(), upstream=(SOURCE, SYMBOLIZED)) as out:
+    with stage_output(run_dir, STAGE, inputs=source, config=config.resolved()) as out:
         ctx = Context(run_dir, config, pool, out, decoded, frames_final=frames_final, at_once=parallel_sections())
         results = _run_sections(ctx)
         frames_final()
         summary = {section_name(s): results[s] for s in SECTIONS if results[s] is not None}
         out.manifest["sections"] = summary
-        out.manifest["upstream"] = upstream_hashes(run_dir, (SOURCE, SYMBOLIZED))
+        out.manifest["upstream"] = upstream_hashes(run_dir, upstream_of(STAGE))
     return summary
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.escape import terminal
 from pipeline.runs import atomic_write_text, stage_output
-from pipeline.stages import AGGREGATED, COMPARED
+from pipeline.stages import COMPARED
 
 if TYPE_CHECKING:
     from pipeline.contracts import CompareSummary
@@ -40,7 +40,7 @@ def run(run_dir: Path, config, pool, inputs=None) -> CompareSummary:
     base = c["baseline_run_id"]
     failing = verdict.exceeds_budget(c, config.warehouse.budget_pct) if base else []
     markdown = verdict.markdown(c)
-    with stage_output(run_dir, STAGE, config=config.resolved(), upstream=(AGGREGATED,)) as out:
+    with stage_output(run_dir, STAGE, config=config.resolved()) as out:
         atomic_write_text(out.path / "summary.md", markdown)
         folded = (warehouse.folded(db, base, timeout), warehouse.folded(db, c["run_id"], timeout)) if base else ([], [])
         atomic_write_text(out.path / "compare.html", verdict.html_page(c, *folded))

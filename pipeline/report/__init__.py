@@ -18,7 +18,7 @@ from pipeline import __version__
 from pipeline.report import coverage, cpu, memory, processes, queries, query_cpu, summary, sysconfig
 from pipeline.report.base import STATIC, Context, Section, page  # noqa: F401  (re-exported)
 from pipeline.runs import atomic_write_text, read_manifest, stage_dir, stage_output
-from pipeline.stages import AGGREGATED, DECODED, REPORTED
+from pipeline.stages import AGGREGATED, REPORTED
 
 if TYPE_CHECKING:
     from pipeline.contracts import ReportSummary
@@ -93,7 +93,7 @@ def run(run_dir: Path, config, pool, inputs=None) -> ReportSummary:
     aggregated = read_manifest(run_dir, AGGREGATED)
     source = [{"stage": AGGREGATED, "path": str(stage_dir(run_dir, AGGREGATED)),
                "created_utc": aggregated.get("created_utc")}]
-    with stage_output(run_dir, STAGE, inputs=source, config=config.resolved(), upstream=(DECODED, AGGREGATED)) as out:
+    with stage_output(run_dir, STAGE, inputs=source, config=config.resolved()) as out:
         ctx = Context(run_dir, config, pool, out)
         ctx.copy_static("report.css")
         ctx.copy_static("tables.js")

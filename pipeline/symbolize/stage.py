@@ -42,8 +42,7 @@ def run(run_dir: Path, config, pool, inputs: list[Path] | None = None) -> Symbol
     if not (has_table(run_dir, DECODED, "stacks") and has_table(run_dir, DECODED, "images")):
         # A run of self-profiles only has no stacks: the stage finishes with nothing to resolve, so a
         # job's later stages run as usual.
-        with stage_output(run_dir, STAGE, inputs=decoded.get("inputs", []), config=config.resolved(),
-                          upstream=(DECODED,)) as out:
+        with stage_output(run_dir, STAGE, inputs=decoded.get("inputs", []), config=config.resolved()) as out:
             out.manifest["skipped"] = "no ETL stacks or images in decoded/"
         return {"frames": 0, "skipped": "no ETL stacks or images in decoded/"}
     cache_dir = Path(cfg.cache_dir).expanduser().absolute()
@@ -89,8 +88,7 @@ def run(run_dir: Path, config, pool, inputs: list[Path] | None = None) -> Symbol
     frames_table, stats = assemble(mapped, images, ids, status)
     t_lookup = time.perf_counter()
 
-    with stage_output(run_dir, STAGE, inputs=decoded.get("inputs", []), config=config.resolved(),
-                      upstream=(DECODED,)) as out:
+    with stage_output(run_dir, STAGE, inputs=decoded.get("inputs", []), config=config.resolved()) as out:
         # string columns are dictionary arrays in memory; without the stored Arrow schema, readers see
         # plain strings (the parquet column is dictionary-encoded either way)
         out.write_table("frames", frames_table, store_schema=False)
