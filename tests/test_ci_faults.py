@@ -74,6 +74,9 @@ def test_an_unset_variable_as_trace_and_a_fifo_are_refused(tmp_path):
     self-profile in a directory, hung."""
     proc = bootprof("run", "jobs/single-trace.yaml", "--trace", "", "--run", str(tmp_path / "r1"))
     assert proc.returncode == 2 and "an empty path" in proc.stderr and "Traceback" not in proc.stderr
+    # (the warehouse's file too: once a ValueError traceback, "PosixPath('.') has an empty name")
+    proc = bootprof("warehouse", "--db", "", "compare", "--run", "x")
+    assert proc.returncode == 2 and "an empty path" in proc.stderr and "Traceback" not in proc.stderr
     fifo = tmp_path / "t.etl"
     os.mkfifo(fifo)
     line = one_line_error(bootprof("decode", str(fifo), "--run", str(tmp_path / "r2"), timeout=60))

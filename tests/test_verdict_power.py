@@ -114,3 +114,30 @@ def test_the_configs_verdict_settings_are_the_functions_own():
     from pipeline.warehouse.history import Settings
 
     assert asdict(Settings.of(Config().warehouse.verdict.model_dump())) == asdict(Settings())
+
+
+def test_everything_slower_is_said_in_its_own_words(tmp_path):
+    """Every crate twice as slow on the last night (a slower runner: the query counts stay): the comparison says so in
+    a family of its own, which its markdown and page name (a real history's night once failed the job with a
+    KeyError there)."""
+    from pipeline import warehouse
+    from pipeline.compare import verdict
+
+    db = tmp_path / "wh.duckdb"
+    _, cols = history(np.random.default_rng(8), Sim(nights=16), factor=lambda n, s: np.full(len(s), 2.0 if n == 15 else 1.0))
+    con = warehouse.connect(db)
+    try:
+        for night in range(16):
+            con.execute("INSERT INTO runs (run_id, job, workload, run_time) VALUES (?, 'nightly', 'w', "
+                        "'2026-01-01'::TIMESTAMP + to_days(?))", [f"night-{night:02d}", night])
+        con.executemany("INSERT INTO run_metrics VALUES (?, ?, ?, ?, NULL)",
+                        [[f"night-{n:02d}", k, key, v] for n, k, key, v in zip(cols["night"], cols["kind"], cols["key"],
+                                                                                   cols["value"])])
+    finally:
+        con.close()
+    c = warehouse.compare(db, "night-15")
+    every = [f for f in c["families"] if f["family"] == "everything"]
+    assert [(f["key"], f["verdict"]) for f in every] == [("machine", "regression")], every
+    assert "every crate at once (the same work: the machine)" in verdict.markdown(c)
+    assert "every crate at once" in verdict.html_page(c, [], [])
+    assert not [f for f in c["families"] if f["family"] == "crate time" and f["verdict"] == "regression"]

@@ -63,8 +63,15 @@ FAMILY_TITLES = {"build time": "build time", "build memory": "build memory", "cr
                  "crate memory": "crate memory"}
 
 
+#: What moved every crate at once is, by the ``everything`` row's key.
+EVERYTHING = {"machine": "every crate at once (the same work: the machine)",
+              "compiler": "every crate at once (more work: the compiler)"}
+
+
 def family_name(f: Family, quote: Callable[[object], str] = md_code) -> str:
     """A family's title and its key, the key quoted for where it goes (a markdown code span by default)."""
+    if f["family"] == "everything":
+        return EVERYTHING.get(f["key"], "every crate at once")
     return FAMILY_TITLES[f["family"]] if f["key"] == "build" else f"{FAMILY_TITLES[f['family']]} {quote(f['key'])}"
 
 

@@ -24,8 +24,17 @@ from pathlib import Path
 from pipeline import sources
 
 
+def _db(text: str) -> Path:
+    """``--db``: a file's path; an empty one (an unset variable in a CI script) would name the working directory."""
+    import argparse
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path (an unset variable?): name the warehouse file")
+    return Path(text)
+
+
 def add_arguments(p) -> None:
-    p.add_argument("--db", type=Path, help="DuckDB warehouse file (default: warehouse.path of the config)")
+    p.add_argument("--db", type=_db, help="DuckDB warehouse file (default: warehouse.path of the config)")
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     ing = sub.add_parser("ingest", help="ingest one run directory (re-ingesting replaces it)")
     ing.add_argument("--run", dest="run_dir", type=sources.run_dir, required=True,
