@@ -13,7 +13,8 @@ a little of the centre's (``1 + 1.57 / n``), not of two. A crate back from a nig
 (items x nights): each night's effect is the median over the items of their deviation from their own centres. What
 is left of the judged night is the metric's own change ``e``. The build totals are judged on their own (no other item
 to hold the machine's speed); the night's effect itself is judged as ``everything`` against its own history, and
-the query counts (deterministic) say whether a slower night did more work (``compiler``) or the same (``machine``).
+the query counts (deterministic) say whether a slower night did more work (``compiler``: it can be a regression)
+or the same (``machine``: a suspect at most, for a slower runner is no regression of the compiler).
 
 **Noise.** Per night, a weighted mean of three variances (empirical Bayes, as limma's): the item's own residuals
 in the window, those of the kind's items of similar size (log2 bins of ``pool_band``, with the bins on either side),
@@ -421,6 +422,8 @@ def _everything(judged: dict[str, _Kind], cols, column: dict[int, int], s: Setti
         before = [totals[c] for c in range(max(0, last - s.window), last) if c in totals]
         if last in totals and before and abs(totals[last] / float(np.median(before)) - 1) >= 0.01:
             key = "compiler"
-    verdict = ("regression" if e > 0 else "improvement") if abs(z) >= s.z_confident else "suspect"
+    # (a slower machine, the same work, fails no job: it is said, as a suspect; more work is the compiler's)
+    sure = abs(z) >= s.z_confident and key == "compiler"
+    verdict = ("regression" if e > 0 else "improvement") if sure else "suspect"
     return [{"family": "everything", "key": key, "verdict": verdict, "change": math.expm1(e), "z": z,
              "kind": "crate_wall_ns"}]
