@@ -33,13 +33,6 @@ PACKED = ("input/trace.etl", "selfprofile", SYMBOLS, "capture/_manifest.json")
 SKIP_DIRS = {".git", ".hg", "node_modules", "__pycache__"}
 
 
-def pdb_guid(path: Path) -> str | None:
-    """The GUID a PDB carries (its info stream), as lowercase canonical text; None when it is not a PDB 7."""
-    from pipeline.symbolize.pdbpublics import pdb_guid as guid_of
-
-    return guid_of(path)
-
-
 def store_dir(name: str, guid: str, age: int) -> PurePosixPath:
     """Where a symbol store keeps a PDB: ``NAME/GUIDAGE/`` (GUID without dashes, upper case; age in hex)."""
     return PurePosixPath(name) / f"{guid.replace('-', '').upper()}{age:X}"
@@ -49,6 +42,7 @@ def collect_symbols(run_dir: Path, checkout: Path) -> list[dict[str, Any]]:
     """Copy the PDBs of the trace's images that lie under ``checkout`` into ``RUN_DIR/symbols``; what was copied
     (name, debug id, size, where it came from). Needs the run's decoded ``image_ids``."""
     from pipeline.runs import has_table, read_table
+    from pipeline.symbolize.pdbpublics import pdb_guid
 
     if not has_table(run_dir, DECODED, "image_ids"):
         return []

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.warehouse.significance import FLOOR_ABSOLUTE, KINDS, NEW_FLOOR, robust_variance
+from pipeline.warehouse.significance import FLOOR_ABSOLUTE, KINDS, NEW_FLOOR, nanmedian, robust_variance
 
 #: Per-night noise priors: the consecutive-night priors of :mod:`.significance` (fitted to a real 30-night history
 #: of rustc builds on a 2-core VM: a = 0.15, b = 23 ms for the change between two nights) divided by sqrt(2), the
@@ -104,14 +104,6 @@ def _columns(metrics) -> dict[str, np.ndarray]:
         metrics = {c: metrics.column(c).to_pylist() for c in ("night", "kind", "key", "value")}
     return {"night": np.asarray(metrics["night"], np.int64), "kind": np.asarray(metrics["kind"], object),
             "key": np.asarray(metrics["key"], object), "value": np.asarray(metrics["value"], np.float64)}
-
-
-def _nanmedian(a: np.ndarray, axis: int | None = None) -> np.ndarray:
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return np.nanmedian(a, axis=axis)
 
 
 @dataclass
@@ -204,14 +196,14 @@ def polish_nights(lv: np.ndarray, cols: np.ndarray, weight: np.ndarray, min_item
     says more of the machine's speed than a small one, whose noise is mostly its own)."""
     effect = np.zeros(lv.shape[1])
     sub = lv[:, cols]
-    centre = _nanmedian(sub, axis=1)
+    centre = nanmedian(sub, axis=1)
     eff = np.zeros(len(cols))
     for _ in range(2):
         dev = sub - centre[:, None]
         for j in range(len(cols)):
             if np.isfinite(dev[:, j]).sum() >= min_items:
                 eff[j] = _weighted_median(dev[:, j], weight)
-        centre = _nanmedian(sub - eff[None, :], axis=1)
+        centre = nanmedian(sub - eff[None, :], axis=1)
     effect[cols] = np.nan_to_num(eff)
     return effect
 
@@ -236,7 +228,7 @@ WINSOR = 2.5
 WINSOR_SHARE = 0.9776
 
 
-def _judge_at(kind: str, lv: np.ndarray, size_floor: float, night: int, s: Settings,
+def _judge_at(kind: str, lv: np.ndarray, night: int, s: Settings,
               effect: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
     """e, sd(e), per-night sd, number of window values, tail factor of each item for ``night`` (a column), against
     the ``window`` nights before it."""
@@ -249,7 +241,7 @@ def _judge_at(kind: str, lv: np.ndarray, size_floor: float, night: int, s: Setti
         nan = np.full(n_items, np.nan)
         return nan, nan, nan, np.zeros(n_items), 1.0, np.ones(n_items)
     adj = lv[:, win] - effect[win][None, :]
-    centre = _nanmedian(adj, axis=1)
+    centre = nanmedian(adj, axis=1)
     resid = adj - centre[:, None]
     n = np.isfinite(resid).sum(axis=1)
     own_var, own_n = spread(resid)
@@ -326,7 +318,7 @@ def _judge_kind(kind: str, keys: list[str], x: np.ndarray, s: Settings) -> _Kind
     window = np.arange(max(0, last - max(s.window, max(s.drift_lags, default=0) + 3)), last + 1)
     a, b = s.prior.get(k.family, (0.106, 0.0))
     with np.errstate(all="ignore"):
-        typical = np.exp(_nanmedian(lv, axis=1))
+        typical = np.exp(nanmedian(lv, axis=1))
         weight = np.nan_to_num(1.0 / (a * a + (b / typical) ** 2), nan=0.0, posinf=0.0)
     effect_var = 0.0
     if k.reference == "others":
@@ -335,7 +327,7 @@ def _judge_kind(kind: str, keys: list[str], x: np.ndarray, s: Settings) -> _Kind
         effect_var = _MEDIAN_VAR / weight.sum() if weight.sum() > 0 else 0.0
     else:
         effect = np.zeros(x.shape[1])
-    e, sd, night_sd, n, tail, dof = _judge_at(kind, lv, floor, last, s, effect)
+    e, sd, night_sd, n, tail, dof = _judge_at(kind, lv, last, s, effect)
     sd = np.sqrt(sd * sd + effect_var)
     z_conf, z_susp = s.z_confident * tail, s.z_suspect * tail
     with np.errstate(all="ignore"):
@@ -348,7 +340,7 @@ def _judge_kind(kind: str, keys: list[str], x: np.ndarray, s: Settings) -> _Kind
     sure = past_floors_sure & (np.abs(z) >= z_conf)
     # a lasting change: the night before past z_each the same way, and both together confident
     if last >= 2:
-        e1, sd1, _, n1, _, dof1 = _judge_at(kind, lv, floor, last - 1, s, effect)
+        e1, sd1, _, n1, _, dof1 = _judge_at(kind, lv, last - 1, s, effect)
         sd1 = np.sqrt(sd1 * sd1 + effect_var)
         # (the two nights' baselines share most of their nights: their z are correlated by that much)
         rho = (_MEDIAN_VAR / np.maximum(n1, 1)) / (1.0 + _MEDIAN_VAR / np.maximum(n1, 1))
@@ -379,14 +371,14 @@ def _drift(lv: np.ndarray, effect: np.ndarray, last: int, night_sd: np.ndarray, 
     out = np.zeros(lv.shape[0], bool)
     adj = lv - effect[None, :]
     recent = adj[:, max(0, last - s.drift_nights + 1): last + 1]
-    r_med, r_n = _nanmedian(recent, axis=1), np.isfinite(recent).sum(axis=1)
+    r_med, r_n = nanmedian(recent, axis=1), np.isfinite(recent).sum(axis=1)
     for lag in s.drift_lags:
         hi = last - lag + 1
         lo = max(0, hi - s.drift_nights)
         if hi - lo < 2:
             continue
         old = adj[:, lo:hi]
-        o_med, o_n = _nanmedian(old, axis=1), np.isfinite(old).sum(axis=1)
+        o_med, o_n = nanmedian(old, axis=1), np.isfinite(old).sum(axis=1)
         with np.errstate(all="ignore"):
             sd = night_sd * np.sqrt(_MEDIAN_VAR / np.maximum(r_n, 1) + _MEDIAN_VAR / np.maximum(o_n, 1))
             d = r_med - o_med

@@ -131,11 +131,12 @@ def robust_variance(e: np.ndarray, axis: int = -1) -> tuple[np.ndarray, np.ndarr
     count = finite.sum(axis=axis)
     with np.errstate(all="ignore"):
         sq = np.where(finite, e * e, np.nan)
-        var = np.full(count.shape, np.nan) if sq.size == 0 else _nanmedian(sq, axis) / _CHI2_MEDIAN
+        var = np.full(count.shape, np.nan) if sq.size == 0 else nanmedian(sq, axis) / _CHI2_MEDIAN
     return np.where(count > 0, var, np.nan), count
 
 
-def _nanmedian(a: np.ndarray, axis: int) -> np.ndarray:
+def nanmedian(a: np.ndarray, axis: int | None = None) -> np.ndarray:
+    """``np.nanmedian`` without its warning for an all-NaN slice (which gives NaN, as wanted)."""
     import warnings
 
     with warnings.catch_warnings():
