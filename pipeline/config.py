@@ -190,7 +190,7 @@ class VerdictConfig(Section):
                                "an improvement (one night).")
     z_suspect: float = Field(3.0, gt=0, description="|z| from which a change past the floors is a suspect.")
     z_each: float = Field(1.5, ge=0, description="A lasting change: each of two nights past this |z| the same way...")
-    z_lasting: float = Field(3.5, gt=0, description="... and their z together (sum over sqrt(2), less the shared "
+    z_lasting: float = Field(3.7, gt=0, description="... and their z together (sum over sqrt(2), less the shared "
                              "baseline) past this: a regression seen twice.")
     floor_relative: float = Field(0.05, ge=0, description="Smallest relative change worth a verdict.")
     min_nights: int = Field(2, ge=1, description="Nights of an item's history before a change of it can be a "
@@ -201,8 +201,8 @@ class VerdictConfig(Section):
         description="Per family, the noise of one night when no history says otherwise: [a, b], the standard "
         "deviation of a log value sqrt(a^2 + (b / size)^2) (b in the metric's unit: ns, bytes). `bootprof warehouse "
         "calibrate` fits them to a warehouse's history.")
-    prior_weight: float = Field(2.0, ge=0, description="How many nights of history the prior is worth.")
-    pool_weight: float = Field(12.0, ge=0, description="The most the residuals of items of similar size are worth.")
+    prior_weight: float = Field(4.0, ge=0, description="How many nights of history the prior is worth.")
+    pool_weight: float = Field(24.0, ge=0, description="The most the residuals of items of similar size are worth.")
     drift_lags: list[int] = Field([7, 14, 21, 28], description="A drift: the last `drift_nights` nights against as "
                                   "many this many nights back.")
     drift_nights: int = Field(5, ge=2, description="Nights on each side of a drift comparison.")
