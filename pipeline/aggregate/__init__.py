@@ -15,7 +15,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from pipeline import steps
+from pipeline import steps, timings
 from pipeline.aggregate import cpu, memory, processes, queries, query_cpu, resolve
 from pipeline.aggregate.context import SOURCE, Context, FramesFinal
 from pipeline.errors import is_interrupt, out_of_memory
@@ -65,6 +65,8 @@ def run(run_dir: Path, config: Config, pool: Pool, inputs=None, after: Callable[
         frames_final()
         summary = {section_name(s): results[s] for s in SECTIONS if results[s] is not None}
         out.manifest["sections"] = summary
+        # (each section's seconds, and those of its largest statements and waits: where the stage's time went)
+        out.manifest["timings"] = {name: ctx.timings[name] for name in summary if name in ctx.timings}
         out.manifest["upstream"] = upstream_hashes(run_dir, upstream_of(STAGE))
     return summary
 
@@ -117,16 +119,23 @@ def _run_section(section: Callable[[Context], Mapping[str, object] | None], ctx:
                  ) -> Mapping[str, object] | None:
     """One section; DuckDB running out of memory (``aggregate.memory_limit``, even with spilling) ends the
     stage with the setting to change, not a traceback, and nothing of the stage is written."""
+    import time
+
     import duckdb
 
+    spent: dict[str, float] = {}
+    t0 = time.perf_counter()
     try:
-        return section(ctx)
+        with timings.recording(spent):
+            return section(ctx)
     except duckdb.OutOfMemoryException as exc:
         error = out_of_memory(ctx.run_dir, f"the aggregate section '{section_name(section)}'", "aggregate.memory_limit",
                               ctx.config.aggregate.memory_limit, exc)
     finally:
         for key in (k for k, s in OFFERS.items() if s is section):
             ctx.offer(key, None)        # (what it did not offer: those that wait go on without it)
+        ctx.timings[section_name(section)] = {"seconds": round(time.perf_counter() - t0, 3),
+                                              "steps": timings.top(spent)}
     # (raised here, outside the handler: the error keeps no reference to the section's frames, whose DuckDB
     # connection then goes away with its spill directory)
     raise error

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from pipeline import steps
+from pipeline import steps, timings
 from pipeline.runs import StageOutput, has_table, read_manifest, table_path
 from pipeline.stages import DECODED, SYMBOLIZED
 
@@ -35,6 +35,8 @@ class Context:
     offers: dict[str, Future] = field(default_factory=dict)     # (``OFFERS`` of the sections that run)
     #: How many sections run at once (:func:`parallel_sections`): they share ``aggregate.memory_limit``.
     at_once: int = 1
+    #: Each section's seconds and its largest statements and waits (:mod:`pipeline.timings`), for the manifest.
+    timings: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def offer(self, key: str, value: Any) -> None:
         """Hand ``value`` to the sections that wait for ``key`` (once; a section that offers nothing hands them
@@ -91,8 +93,9 @@ class FramesFinal:
             self.final = steps.beside(wait, "aggregate-frames")
 
     def __call__(self) -> None:
-        if not steps.wait_for([self.final], stop=self.cancelled, step=0.1):
-            raise FramesFinal.Cancelled("the aggregate stage was interrupted")
+        with timings.step("wait symbolized"):
+            if not steps.wait_for([self.final], stop=self.cancelled, step=0.1):
+                raise FramesFinal.Cancelled("the aggregate stage was interrupted")
         self.final.result()
 
     def cancel(self) -> None:

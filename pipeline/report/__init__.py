@@ -49,12 +49,21 @@ def run_sections(ctx: Context) -> list[Section | None]:
 
     apart = [fn for fn in SECTIONS if fn in IN_PROCESS]
     if not apart or (os.cpu_count() or 1) < 2 or runs_inline(ctx.config.cluster, decoded_input_bytes(ctx.run_dir)):
-        return [fn(ctx) for fn in SECTIONS]
+        return [timed_section(fn, ctx) for fn in SECTIONS]
     lone = Context(ctx.run_dir, ctx.config, None, ctx.out)
     with processes(len(apart)) as procs:
-        futures = {fn: procs.submit(fn, lone) for fn in apart}
-        here = {fn: fn(ctx) for fn in SECTIONS if fn not in futures}
+        futures = {fn: procs.submit(timed_section, fn, lone) for fn in apart}
+        here = {fn: timed_section(fn, ctx) for fn in SECTIONS if fn not in futures}
         return [futures[fn].result() if fn in futures else here[fn] for fn in SECTIONS]
+
+
+def timed_section(fn, ctx: Context) -> Section | None:
+    """``fn(ctx)``, its seconds in the section's ``seconds`` (for the manifest's ``timings``)."""
+    t0 = time.perf_counter()
+    section = fn(ctx)
+    if section is not None:
+        section.seconds = round(time.perf_counter() - t0, 3)
+    return section
 
 
 def render_index(title: str, run_dir: Path, sections: list[Section]) -> str:
@@ -101,6 +110,7 @@ def run(run_dir: Path, config, pool, inputs=None) -> ReportSummary:
         sections = [s for s in run_sections(ctx) if s is not None]
         atomic_write_text(out.path / "index.html", render_index(config.report.title, run_dir, sections))
         out.manifest["sections"] = {s.id: {"files": s.files, **s.summary} for s in sections}
+        out.manifest["timings"] = {s.id: {"seconds": s.seconds} for s in sections}
     return {s.id: s.summary for s in sections}
 
 

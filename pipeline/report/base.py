@@ -28,6 +28,7 @@ class Section:
     html: str
     files: list[str] = field(default_factory=list)
     summary: dict[str, object] = field(default_factory=dict)      # its counts, kept in the manifest
+    seconds: float | None = None        # what it took (the manifest's ``timings``)
 
 
 @dataclass
