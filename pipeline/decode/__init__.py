@@ -28,7 +28,7 @@ STAGE = DECODED
 
 ETL = "etl"
 SELF_PROFILE = "mm_profdata"
-#: What the workers of a local cluster load while it starts (``pipeline.warmup``): the ETL tasks and kernels.
+#: What the workers of a local cluster load while it starts (``pipeline.cluster.warmup``): the ETL tasks and kernels.
 WARM_UP = ("pipeline.decode.etl.kernels", "pipeline.decode.etl.batch", "pipeline.decode.etl.partition", "pipeline.decode.etl.buckets",
            "pipeline.decode.etl.settle", "pipeline.decode.etl.stackkeys", "pipeline.decode.etl.scratch",
            "pipeline.decode.etl.xpress")

@@ -225,7 +225,7 @@ def preload() -> None:
     numba's code generator): called on a thread while the partitions run, once one of them has found
     snapshot chunks, so that the assembly after them starts at once."""
     from pipeline.decode.etl.kernels import add_pairs
-    from pipeline.warmup import load_kernels
+    from pipeline.cluster.warmup import load_kernels
 
     load_kernels((parse_blob, hash_frame_lists, stack_ids, add_pairs))
 
