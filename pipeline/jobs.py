@@ -242,7 +242,7 @@ def _synth_demo(config: Config, run_dir: Path) -> list[Path]:
     trace = run_dir / "input" / "demo.etl"
     t0 = time.perf_counter()
     with Status("synth", 0) as status:
-        status.say(f"writing the demo trace ({config.synth.size})")
+        status.say(f"writing the demo trace ({config.synth.size.text})")
         summary = synth.run(trace, config.synth)
     print(f"  synth      {time.perf_counter() - t0:7.2f} s  {trace}")
     symbols = trace.parent / "symbols"

@@ -359,6 +359,7 @@ def test_small_inputs_run_in_process_without_a_cluster(tmp_path):
     above it, or with inline_below 0, the cluster starts; other modes are as configured."""
     from pipeline.cluster import connect, runs_inline
     from pipeline.sources import input_bytes
+    from pipeline.units import Size
     from pipeline.config import ClusterConfig
     from tests.conftest import fixture_path
 
@@ -368,11 +369,11 @@ def test_small_inputs_run_in_process_without_a_cluster(tmp_path):
                                               fixture_path("selfprofile/workspace-clean").rglob("*.mm_profdata"))
     local = ClusterConfig(mode="local", n_workers=1, memory_limit="1GiB")
     assert runs_inline(local, size) and not runs_inline(local, 64_000_000) and not runs_inline(local, None)
-    assert not runs_inline(local.model_copy(update={"inline_below": "0"}), 1)
+    assert not runs_inline(local.model_copy(update={"inline_below": Size(0)}), 1)
     assert not runs_inline(ClusterConfig(mode="address", address="tcp://127.0.0.1:1"), 1)
     with connect(local, size=size) as pool:
         assert pool.client is None and pool.map(abs, [-1, -2]) == [1, 2]
-    with connect(local.model_copy(update={"inline_below": "0"}), size=size) as pool:
+    with connect(local.model_copy(update={"inline_below": Size(0)}), size=size) as pool:
         assert pool.client is not None and pool.map(abs, [-3]) == [3]
 
 

@@ -143,9 +143,7 @@ class Pool:
 
 def runs_inline(cfg: ClusterConfig, size: int | None) -> bool:
     """Whether inputs of ``size`` bytes run in this process (``cluster.inline_below``, mode 'local' only)."""
-    from pipeline.units import parse_size
-
-    return cfg.mode == "local" and size is not None and size < parse_size(cfg.inline_below)
+    return cfg.mode == "local" and size is not None and size < cfg.inline_below
 
 
 @contextlib.contextmanager

@@ -20,7 +20,6 @@ FILETIME_UNIX_EPOCH = 116_444_736_000_000_000
 
 def run(out: Path, cfg) -> dict[str, Any]:
     """Synthesize the trace described by ``cfg`` (a SynthConfig) into ``out``; returns a summary."""
-    from pipeline.config import parse_size
     from pipeline.runs import atomic_write_text
     from pipeline.synth import activity, truth, writer
     from pipeline.synth.workload import Rerun, build_workload, templates_through
@@ -28,7 +27,7 @@ def run(out: Path, cfg) -> dict[str, Any]:
     started = time.perf_counter()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    target = parse_size(cfg.size)
+    target = cfg.size
     p = int(cfg.pointer_size)
     changes = [(kind, name, float(factor)) for kind, name, factor in
                (c.split(":", 1)[:1] + c.split(":", 1)[1].rsplit(":", 1) for c in cfg.inject)]
