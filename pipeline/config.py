@@ -293,10 +293,9 @@ class Job(Section):
     def _stages(cls, value: list[str]) -> list[str]:
         from pipeline import stages
 
-        unknown = [s for s in value if s not in stages.names() or s == "capture"]
+        unknown = [s for s in value if s not in stages.job_steps()]
         if unknown:
-            raise ValueError(f"no stage {unknown[0]!r} (a job's stages: "
-                             f"{', '.join(s for s in stages.names() if s != 'capture')})")
+            raise ValueError(f"no stage {unknown[0]!r} (a job's stages: {', '.join(stages.job_steps())})")
         return value
 
     def run_dir(self, name: str):

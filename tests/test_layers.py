@@ -108,7 +108,7 @@ def test_a_new_stage_is_one_module_and_one_registry_row(tmp_path, capsys):
     from pipeline.cli import main
     from pipeline.runs import read_manifest
 
-    stages.register(stages.Stage("toy", "tests.toy_stage", "toyed", upstream=("decode",), cluster="none"))
+    stages.register(stages.Stage("toy", "tests.toy_stage", "toyed", upstream=("decode",)))
     try:
         job = tmp_path / "toy.yaml"
         job.write_text(f"name: toy\nstages: [decode, toy]\nruns_dir: {tmp_path / 'runs'}\n")

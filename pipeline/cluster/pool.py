@@ -328,6 +328,6 @@ def run_once(name: str, run_dir, config, size: int | None, inputs: list | None =
     from pipeline import stages
 
     module = stages.get(name).load()
-    with connect(config.cluster, warm_up=getattr(module, "WARM_UP", ()), lazy=not eager, background=eager,
+    with connect(config.cluster, warm_up=stages.warm_up(module), lazy=not eager, background=eager,
                  size=size) as pool:
         return module.run(run_dir, config, pool, inputs=inputs)

@@ -123,6 +123,16 @@ def run(run_dir: Path, config, pool, inputs: list[sources.Input]) -> DecodeSumma
     return summary
 
 
+def inputs_changed(manifest: dict, inputs: list[sources.Input]) -> bool:
+    """Whether ``inputs`` are other files than those the decode of ``manifest`` was made from (by path, size and
+    content hash: the files this stage reads and fingerprints); the job's up-to-date check."""
+    trace, profiles = classify(inputs)
+    key = lambda f: (f["path"], f["size"], f.get("sha256_tree") or "", f.get("version") or "")  # noqa: E731
+    before = sorted(map(key, manifest.get("inputs") or []))
+    now = sorted(key(sources.fingerprint(f)) for f in ([trace] if trace else []) + profiles)
+    return before != now
+
+
 def refuse_changed(moved: list) -> None:
     """The stage's error when inputs are no longer the files that were opened (nothing when none moved)."""
     if moved:
