@@ -166,11 +166,11 @@ def outputs() -> tuple[str, ...]:
 
 
 for _row in (
-    Stage("capture", "pipeline.capture", CAPTURED, command="pipeline.capture.cli",
+    Stage("capture", "pipeline.capture.record", CAPTURED, command="pipeline.capture.cli",
           help="record a build (rustc -Z self-profile; WPR/xperf on Windows)", writes_run=True, job=False),
-    Stage("decode", "pipeline.decode", DECODED, "decode", command="pipeline.decode.cli",
+    Stage("decode", "pipeline.decode.stage", DECODED, "decode", command="pipeline.decode.cli",
           help="decode an ETL trace or .mm_profdata files into parquet", writes_run=True),
-    Stage("symbolize", "pipeline.symbolize", SYMBOLIZED, "symbolize", upstream=("decode",),
+    Stage("symbolize", "pipeline.symbolize.stage", SYMBOLIZED, "symbolize", upstream=("decode",),
           command="pipeline.symbolize.cli", help="resolve stack frames to modules, functions and lines",
           writes_run=True),
     Stage("aggregate", "pipeline.aggregate", AGGREGATED, "aggregate", upstream=("decode", "symbolize"),
@@ -179,9 +179,9 @@ for _row in (
     Stage("report", "pipeline.report", REPORTED, "report", upstream=("decode", "aggregate"),
           command="pipeline.report.cli", help="write the HTML report, flamegraphs, tables and exports",
           writes_run=True),
-    Stage("warehouse", "pipeline.warehouse", None, "warehouse", upstream=("aggregate",), beside="report",
+    Stage("warehouse", "pipeline.warehouse.ingest", None, "warehouse", upstream=("aggregate",), beside="report",
           command="pipeline.warehouse.cli", help="ingest runs into the DuckDB warehouse and query it"),
-    Stage("compare", "pipeline.compare", COMPARED, "warehouse", upstream=("aggregate", "warehouse"), always=True),
+    Stage("compare", "pipeline.compare.stage", COMPARED, "warehouse", upstream=("aggregate", "warehouse"), always=True),
 ):
     register(_row)
 
