@@ -24,7 +24,7 @@ STAGE = DECODED
 
 #: What the workers of a local cluster load while it starts (``pipeline.cluster.warmup``): the ETL tasks and kernels.
 WARM_UP = ("pipeline.decode.etl.kernels", "pipeline.decode.etl.batch", "pipeline.decode.etl.partition", "pipeline.decode.etl.buckets",
-           "pipeline.decode.etl.settle", "pipeline.decode.etl.stackkeys", "pipeline.decode.etl.scratch",
+           "pipeline.decode.etl.settle", "pipeline.decode.etl.settle_kernels", "pipeline.decode.etl.stackkeys", "pipeline.decode.etl.scratch",
            "pipeline.decode.etl.xpress")
 
 
