@@ -44,11 +44,11 @@ def run(run_dir: Path, config, pool, inputs: list[sources.Input]) -> DecodeSumma
             checkpoint("decode.started")
             try:
                 if trace is not None:
-                    from pipeline.decode.etl import decode_etl
+                    from pipeline.decode.etl.decoder import decode_etl
 
                     summary["etl"] = decode_etl(trace, out, config.decode, pool)
                 if profiles:
-                    from pipeline.decode.measureme import decode_profiles
+                    from pipeline.decode.measureme.decoder import decode_profiles
 
                     summary["self_profile"] = decode_profiles(profiles, out, config.decode, pool)
             except OSError:
