@@ -420,7 +420,7 @@ def main() -> int:
     ap.add_argument("--instructions", action="store_true", default=os.environ.get("BENCH_DECODE_INSTRUCTIONS") == "1",
                     help="also count the decode's instructions per MB with callgrind (phase-independent; ~5 min)")
     args = ap.parse_args()
-    from pipeline.config import parse_size
+    from pipeline.units import parse_size
 
     OUT.mkdir(parents=True, exist_ok=True)
     cores = os.cpu_count() or 1

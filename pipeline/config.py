@@ -12,36 +12,56 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, GetPydanticSchema, ValidationError, field_validator
+from pydantic_core import core_schema
 
 from pipeline.errors import ConfigError
-from pipeline.units import parse_size  # noqa: F401  (the config's sizes; re-exported)
 from pipeline.runs import canonical_hash
+from pipeline.units import Size
 
 
-def _checked_size(text: str, minimum: int) -> str:
-    """``text`` if it is a size (``parse_size``) of at least ``minimum`` bytes; else ValueError, which
-    pydantic reports with the key."""
+def _checked_size(text: str, minimum: int) -> Size:
+    """``text`` as a :class:`Size` of at least ``minimum`` bytes; else ValueError, which pydantic reports with the
+    key."""
     try:
-        value = parse_size(text)
+        value = Size(text)
     except ConfigError as exc:
         raise ValueError(str(exc)) from None
     if value < minimum:
         raise ValueError(f"at least {minimum >> 20} MiB" if minimum >= 1 << 20 else f"at least {minimum} bytes")
-    return text
+    return value
 
 
-def _size_at_least(minimum: int) -> AfterValidator:
-    return AfterValidator(lambda text: _checked_size(text, minimum))
+def _as_written(value: Any) -> Any:
+    """A size as the config wrote it (the resolved config, ``--set``, docs); any other value as it is."""
+    return value.text if isinstance(value, Size) else value
 
 
-def _dask_memory(text: str) -> str:
-    """dask's memory limit of a worker: 'auto' or a size."""
+def _size_field(check, integers: bool = False) -> GetPydanticSchema:
+    """A field written as text ('64MiB') and held as what ``check(text)`` makes of it (a :class:`Size`), dumped as
+    the text again. ``integers``: a YAML integer is taken as that text too (``inline_below: 0``)."""
+    def before(value: Any) -> Any:
+        if isinstance(value, Size):         # (a value assigned, or a dumped config validated again)
+            return value.text
+        return str(value) if integers and type(value) is int else value
+
+    return GetPydanticSchema(lambda _source, _handler: core_schema.no_info_before_validator_function(
+        before, core_schema.no_info_after_validator_function(check, core_schema.str_schema()),
+        serialization=core_schema.plain_serializer_function_ser_schema(_as_written)))
+
+
+def size_at_least(minimum: int, integers: bool = False) -> GetPydanticSchema:
+    """A :class:`Size` field of at least ``minimum`` bytes, written such as 20MB, 1GB or 64MiB."""
+    return _size_field(lambda text: _checked_size(text, minimum), integers)
+
+
+def _dask_memory(text: str) -> str | Size:
+    """dask's memory limit of a worker: 'auto' (as written) or a size of at least 1 MiB."""
     return text if text.strip().lower() == "auto" else _checked_size(text, 1 << 20)
 
 
-#: A size such as 20MB, 1GB or 64MiB (``parse_size``).
-Size = Annotated[str, _size_at_least(1)]
+#: A size such as 20MB, 1GB or 64MiB, held as a :class:`pipeline.units.Size` (bytes; ``.text`` as written).
+AnySize = Annotated[Size, size_at_least(1)]
 #: DuckDB's memory for the decoder's joins: below this the joins of the 1 GB synth trace with stack keys
 #: failed (16MB: out of memory; 32MB: decoded), and a 5 MB fixture needed more than 8MB.
 JOIN_MEMORY_MIN = 32 << 20
@@ -50,7 +70,8 @@ AGGREGATE_MEMORY_MIN = 32 << 20
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # (validate_default: a default written as text, "64MB", is held as what the field makes of it, a Size)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, validate_default=True)
 
 
 class ClusterConfig(Section):
@@ -66,9 +87,9 @@ class ClusterConfig(Section):
                                        "file a dask scheduler wrote its address to (`dask scheduler --scheduler-file`).")
     n_workers: int | None = Field(None, ge=1, description="Worker processes for mode 'local'; default: one per core.")
     threads_per_worker: int = Field(1, ge=1, description="Threads per worker process (numba kernels hold the GIL-free loops).")
-    memory_limit: Annotated[str, AfterValidator(_dask_memory)] = Field(
+    memory_limit: Annotated[str | Size, _size_field(_dask_memory)] = Field(
         "4GiB", description="Memory limit per local worker: a size (e.g. '4GiB') or 'auto' (dask's share of the machine).")
-    inline_below: Annotated[str, BeforeValidator(lambda v: str(v) if type(v) is int else v), _size_at_least(0)] = Field(
+    inline_below: Annotated[Size, size_at_least(0, integers=True)] = Field(
         "64MB", description="In mode 'local', inputs (trace or self-profiles) smaller than this run in this process "
         "without starting a cluster: its start (1.2 s of the 2.4 s `bootprof decode` of a 4.4 MB trace) would "
         "cost more than its workers save. The aggregate and report stages weigh only the self-profiles (what they hand "
@@ -80,7 +101,7 @@ class DecodeConfig(Section):
         24 << 20, ge=1 << 16,
         description="Bytes of ETL buffers handed to one dask task (inflated size for compressed buffers).",
     )
-    join_memory_limit: Annotated[str, _size_at_least(JOIN_MEMORY_MIN)] = Field(
+    join_memory_limit: Annotated[Size, size_at_least(JOIN_MEMORY_MIN)] = Field(
         "256MB", description="DuckDB memory limit of the ETL joins that need the whole trace (lifetimes, stack "
         "keys, the stacks table, the heap-snapshot assembly); beyond it DuckDB spills to a temporary directory "
         "inside the stage output. At least 32MiB.",
@@ -98,7 +119,7 @@ class DecodeConfig(Section):
 
 class SynthConfig(Section):
     seed: int = Field(1, description="Random seed: the same seed gives byte-identical output.")
-    size: Size = Field("8MB", description="Approximate trace size (e.g. 20MB, 1GB).")
+    size: AnySize = Field("8MB", description="Approximate trace size (e.g. 20MB, 1GB).")
     cpus: int = Field(4, ge=1, le=2048, description="Logical CPUs of the simulated machine.")
     compress: bool = Field(False, description="Write XPRESS-compressed buffers, as xperf -merge -compress does.")
     pointer_size: Literal[4, 8] = Field(8, description="Pointer size of the simulated system.")
@@ -152,7 +173,7 @@ class SymbolizeConfig(Section):
                                       "request (connecting, each read).")
     download_deadline_s: float = Field(600.0, gt=0, description="Wall-clock limit of one symbol file's download; "
                                        "a server that trickles is given up on after it.")
-    download_max_bytes: Size = Field(
+    download_max_bytes: AnySize = Field(
         "4GiB", description="Largest symbol file downloaded (a larger body is refused, never read into memory).")
     redirect_hosts: list[str] = Field(
         default_factory=list, description="Hosts a symbol server may redirect to (fnmatch patterns such as "
@@ -161,7 +182,7 @@ class SymbolizeConfig(Section):
 
 class AggregateConfig(Section):
     top_n: int = Field(200, ge=1, description="Rows kept in the top-N summary tables.")
-    memory_limit: Annotated[str, _size_at_least(AGGREGATE_MEMORY_MIN)] = Field(
+    memory_limit: Annotated[Size, size_at_least(AGGREGATE_MEMORY_MIN)] = Field(
         "4GB", description="DuckDB memory limit of the aggregate stage, shared evenly by its sections (they run at "
         "once); beyond it joins and sorts spill to a temporary directory inside the run directory. At least 32MiB.",
     )
@@ -229,7 +250,7 @@ class RunsConfig(Section):
         "~/.cache/bootprof/runs", description="A run directory given as a URL (`--run s3://...`): where commands keep "
         "its working copy, one directory per URL. With cluster.mode 'address' the workers write there too: it must "
         "then be on a filesystem they share, at the same path.")
-    mirror_max_bytes: Size = Field(
+    mirror_max_bytes: AnySize = Field(
         "20GB", description="Working copies together beyond this size are removed once put back, the least recently "
         "used first (never the command's own, one used in the last hour, or one holding what is not put back yet).")
     lock_timeout_s: float = Field(300.0, ge=0, description="How long a command waits for another that works in the "
@@ -272,10 +293,9 @@ class Job(Section):
     def _stages(cls, value: list[str]) -> list[str]:
         from pipeline import stages
 
-        unknown = [s for s in value if s not in stages.names() or s == "capture"]
+        unknown = [s for s in value if s not in stages.job_steps()]
         if unknown:
-            raise ValueError(f"no stage {unknown[0]!r} (a job's stages: "
-                             f"{', '.join(s for s in stages.names() if s != 'capture')})")
+            raise ValueError(f"no stage {unknown[0]!r} (a job's stages: {', '.join(stages.job_steps())})")
         return value
 
     def run_dir(self, name: str):

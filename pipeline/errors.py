@@ -17,11 +17,13 @@ class ManifestError(BootprofError):
     """A stage output is missing, incomplete or written by a newer bootprof."""
 
 
-def out_of_memory(where: object, work: str, setting: str, value: str, exc: BaseException) -> ConfigError:
+def out_of_memory(where: object, work: str, setting: str, value: object, exc: BaseException) -> ConfigError:
     """DuckDB ran out of memory although it spills to disk (some of its work cannot): the error names the
-    file or run, the ``work`` that needed more and the ``setting`` (now ``value``) to raise, not a traceback."""
+    file or run, the ``work`` that needed more and the ``setting`` (now ``value``: a config's size is shown as it
+    was written, its ``text``) to raise, not a traceback."""
     detail = (str(exc).splitlines() or [type(exc).__name__])[0]
-    return ConfigError(f"{where}: {work} needed more memory than {setting} ({value}) allows; raise it. "
+    shown = getattr(value, "text", value)
+    return ConfigError(f"{where}: {work} needed more memory than {setting} ({shown}) allows; raise it. "
                        f"DuckDB: {detail}")
 
 

@@ -34,6 +34,7 @@ from pipeline.stages import CAPTURED, DECODED, REPORTED
 
 if TYPE_CHECKING:
     from pipeline.contracts import Summary
+    from pipeline.stages import StageModule
 
 def apply_sets(config: Config, sets: list[str]) -> Config:
     """``--set section.key=value`` (value read as YAML: 4, true, 20MB, [a, b]) over ``config``, validated."""
@@ -104,11 +105,13 @@ def decoded_inputs(run_dir: Path) -> Inputs:
 
 
 def stale_reason(run_dir: Path, stage: str, config: Config, inputs: Inputs) -> str | None:
-    """Why ``stage`` must run in ``run_dir``; None when its output is up to date."""
+    """Why ``stage`` must run in ``run_dir``; None when its output is up to date. (The stage module's optional
+    ``stale_reason`` and ``inputs_changed``: :class:`pipeline.stages.StageModule`.)"""
     row = stages.get(stage)
     if row.always:
         return "always (its baseline may have changed)"
-    own = getattr(row.load(), "stale_reason", None)
+    module = row.load()
+    own = getattr(module, "stale_reason", None)
     if own is not None:         # (a stage whose output is not a directory of the run: it says itself)
         return own(run_dir, config)
     out, section = row.output, row.section
@@ -125,25 +128,21 @@ def stale_reason(run_dir: Path, stage: str, config: Config, inputs: Inputs) -> s
     if section is not None and canonical_hash((manifest.get("config") or {}).get(section)) != \
             canonical_hash(config.resolved()[section]):
         return f"the {section} settings changed"
-    if stage == "decode" and inputs.origin != "decoded":
-        from pipeline.decode import classify
-
-        trace, profiles = classify(list(inputs.files))       # (the files the decode stage reads and fingerprints)
-        key = lambda f: (f["path"], f["size"], f.get("sha256_tree") or "", f.get("version") or "")  # noqa: E731
-        before = sorted(map(key, manifest.get("inputs") or []))
-        now = sorted(key(sources.fingerprint(f)) for f in ([trace] if trace else []) + profiles)
-        if before != now:
-            return "the inputs changed"
+    changed = getattr(module, "inputs_changed", None)
+    # (inputs that are those of the run's decode are the files it was made from, wherever they are now)
+    if changed is not None and inputs.origin != "decoded" and changed(manifest, list(inputs.files)):
+        return "the inputs changed"
     return None
 
 
 def run_stages(job: Job, config: Config, inputs: Inputs, run_dir: Path, force: bool = False
                ) -> dict[str, Summary | None]:
-    """Every stage of ``job`` (but synth) on ``inputs`` in ``run_dir``; their summaries, by stage."""
+    """Every stage of ``job`` (but its demo trace, ``stages.DEMO``) on ``inputs`` in ``run_dir``; their summaries,
+    by stage."""
     run_dir = Path(run_dir).absolute()      # (the tasks may run in workers of another working directory)
     from pipeline.cluster import connect
 
-    todo_stages = [s for s in job.stages if s != "synth"]
+    todo_stages = [s for s in job.stages if s != stages.DEMO]
     modules = {stage: stages.get(stage).load() for stage in todo_stages}
     summaries: dict[str, Summary | None] = {}
     # (no cluster starts for a job whose stages are all up to date)
@@ -154,7 +153,7 @@ def run_stages(job: Job, config: Config, inputs: Inputs, run_dir: Path, force: b
     if first is None:
         return summaries
     todo = todo_stages[todo_stages.index(first):]
-    with connect(config.cluster, warm_up=[m for s in todo for m in getattr(modules[s], "WARM_UP", ())],
+    with connect(config.cluster, warm_up=[m for s in todo for m in stages.warm_up(modules[s])],
                  size=sources.input_bytes(inputs.files), background=True) as pool:
         beside: concurrent.futures.Future | None = None     # (the stage that runs beside the next one)
         for k, stage in enumerate(todo):
@@ -180,14 +179,13 @@ def run_stages(job: Job, config: Config, inputs: Inputs, run_dir: Path, force: b
     return summaries
 
 
-def headline(module, summary: Summary | None) -> str:
+def headline(module: StageModule, summary: Summary | None) -> str:
     """A stage's summary as its line in the job's output: its module's ``headline`` (the manifest holds the whole
-    summary), else the summary itself."""
+    summary)."""
     if summary is None:
         return ""
-    shown = getattr(module, "headline", None)
     try:
-        return shown(summary) if shown is not None else str(summary)
+        return module.headline(summary)
     except (KeyError, TypeError, ValueError, ZeroDivisionError):      # (a summary of another shape: all of it)
         return str(summary)
 
@@ -238,11 +236,12 @@ def _run_beside(started: tuple[str, Any], running: concurrent.futures.Future, st
 
 def _synth_demo(config: Config, run_dir: Path) -> list[Path]:
     """The demo trace, and the self-profiles of its rustc processes when ``synth.self_profiles``."""
-    synth = stages.get("synth").load()
+    from pipeline import synth
+
     trace = run_dir / "input" / "demo.etl"
     t0 = time.perf_counter()
     with Status("synth", 0) as status:
-        status.say(f"writing the demo trace ({config.synth.size})")
+        status.say(f"writing the demo trace ({config.synth.size.text})")
         summary = synth.run(trace, config.synth)
     print(f"  synth      {time.perf_counter() - t0:7.2f} s  {trace}")
     symbols = trace.parent / "symbols"
@@ -262,7 +261,7 @@ def run_job(job_path: Path, traces: list[Path] | None, run_dir: RunLocation | No
     job = load_job(job_path)
     if demo and traces:
         raise InputError("bootprof run: --demo analyses the synthesized demo trace; it does not go with --trace")
-    if demo and "synth" not in job.stages:
+    if demo and stages.DEMO not in job.stages:
         raise BootprofError(f"{job_path}: job has no 'synth' stage, so it cannot make the --demo trace")
     if config_path is None and job.config is not None:
         config_path = packaged.job_config(job_path, job.config)

@@ -308,12 +308,10 @@ def mirrored(run: RunLocation, runs) -> Iterator[Path]:
             print(f"bootprof: {put_error}", file=sys.stderr)
         raise
     _put_back(mirror)
-    from pipeline.units import parse_size
-
-    removed, freed = prune(runs.mirror_dir, parse_size(runs.mirror_max_bytes), keep=mirror.path)
+    removed, freed = prune(runs.mirror_dir, runs.mirror_max_bytes, keep=mirror.path)
     if removed:
         print(f"bootprof: removed {len(removed)} working cop{'y' if len(removed) == 1 else 'ies'} used least recently "
-              f"({freed / 1e6:.1f} MB; runs.mirror_max_bytes {runs.mirror_max_bytes})", file=sys.stderr)
+              f"({freed / 1e6:.1f} MB; runs.mirror_max_bytes {runs.mirror_max_bytes.text})", file=sys.stderr)
 
 
 def _put_back(mirror: Mirror) -> None:

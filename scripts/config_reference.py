@@ -26,6 +26,7 @@ def _default(field) -> str:
     value = field.get_default(call_default_factory=True)
     if hasattr(value, "model_dump"):
         value = value.model_dump(mode="json")
+    value = getattr(value, "text", value)       # (a Size default: as it is written in a config)
     return "`" + json.dumps(value, default=str) + "`"
 
 

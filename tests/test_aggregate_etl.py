@@ -311,11 +311,12 @@ def test_out_of_memory_names_the_setting_and_keeps_the_previous_output(tmp_path)
     from pipeline.aggregate import run as aggregate_run
     from pipeline.cluster import Pool
     from pipeline.config import AggregateConfig
+    from pipeline.units import Size
     from pipeline.errors import ConfigError
 
     run, _ = synth_run(tmp_path, "plain64", Pool(None), stages=("decode", "aggregate"))
     before = read_manifest(run, "aggregated")
-    cfg = Config(aggregate=AggregateConfig.model_construct(memory_limit="8MB"))
+    cfg = Config(aggregate=AggregateConfig.model_construct(memory_limit=Size("8MB")))
     with pytest.raises(ConfigError, match=r"run: the aggregate section 'cpu' .*aggregate\.memory_limit \(8MB\).*raise it"):
         aggregate_run(run, cfg, Pool(None))
     assert read_manifest(run, "aggregated") == before

@@ -194,10 +194,10 @@ def test_a_job_whose_output_shares_the_terminal_prints_its_lines_above_the_statu
 def test_set_aside_objects_stay_aside_at_exit_unless_duckdb_is_loaded():
     """A worker keeps its objects out of the collector as it exits (teardown has nothing to scan); a
     process with DuckDB gives them back first (its bindings report objects teardown never finalized)."""
-    code = ("import gc, pipeline.warmup as w\n"
-            "w.set_aside(); gc.unfreeze(); w._at_exit(); print(gc.get_freeze_count() > 0)\n"
+    code = ("import gc, pipeline.cluster.gcpolicy as g\n"
+            "g.set_aside_for_good(); gc.unfreeze(); g._at_exit(); print(gc.get_freeze_count() > 0)\n"
             "import duckdb\n"
-            "w._at_exit(); print(gc.get_freeze_count())\n")
+            "g._at_exit(); print(gc.get_freeze_count())\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.split() == ["True", "0"]
     assert "leaked" not in out.stderr

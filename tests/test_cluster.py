@@ -1,4 +1,4 @@
-"""The dask pool (``pipeline/cluster.py``, ``pipeline/prefork.py``, ``pipeline/warmup.py``): real local workers on
+"""The dask pool (``pipeline/cluster/``: pool, fork server, warm-up, collector policy): real local workers on
 127.0.0.1, a running scheduler, lazy and background pools, warm forked workers, signals and exit."""
 
 from __future__ import annotations
@@ -218,7 +218,7 @@ def test_warm_up_loads_only_cached_code_and_survives_bad_names(tmp_path):
     import subprocess
     import sys
 
-    code = ("import numba.core.dispatcher as d, pipeline.warmup as w\n"
+    code = ("import numba.core.dispatcher as d, pipeline.cluster.warmup as w\n"
             "compiled = []\n"
             "d._FunctionCompiler._compile_core = lambda self, *a: compiled.append(a) or (False, None)\n"
             "print(w.warm_up(['pipeline.no_such_module', 'pipeline.decode.etl.kernels']), len(compiled))\n")
@@ -250,11 +250,12 @@ def test_kernels_that_python_calls_are_public():
 
 
 def test_worker_modules_do_not_import_the_config():
-    """What a decode worker imports (the stages' WARM_UP) stays free of the CLI's config layer (pydantic):
-    a worker imports it as it starts, and a heavier import made its first tasks wait (0.2-0.4 s a run)."""
+    """What a decode worker imports (dask's preload ``pipeline.cluster.warmup``, and the stages' WARM_UP) stays free
+    of the CLI's config layer (pydantic): a worker imports it as it starts, and a heavier import made its first
+    tasks wait (0.2-0.4 s a run)."""
     from pipeline.decode import WARM_UP
 
-    code = ("import sys\n" + "".join(f"import {m}\n" for m in WARM_UP)
+    code = ("import sys\n" + "".join(f"import {m}\n" for m in ("pipeline.cluster.warmup", *WARM_UP))
             + "print(sorted(m for m in ('pipeline.config', 'pydantic') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"
@@ -265,7 +266,7 @@ def _fork_state(_item):
     import os
     import sys
 
-    from pipeline import warmup
+    from pipeline.cluster import warmup
 
     kernels = sys.modules.get("pipeline.decode.etl.kernels")
     loaded = len(kernels.group_by_code.overloads) if kernels is not None else 0
@@ -338,14 +339,14 @@ def test_the_fork_server_and_its_workers_are_waited_for():
     """At exit the process waits for the fork server, which waited for its workers: their CPU time is the
     process's children's (what the benchmarks add up), and nothing is left running."""
     code = ("import resource\n"
-            "from pipeline import cluster\n"
+            "from pipeline.cluster import connect, forkserver\n"
             "from pipeline.config import ClusterConfig\n"
             "from tests.test_cluster import _burn_cpu\n"
             "if __name__ == '__main__':\n"
-            "    with cluster.connect(ClusterConfig(mode='local', n_workers=1, memory_limit='1GiB')) as pool:\n"
+            "    with connect(ClusterConfig(mode='local', n_workers=1, memory_limit='1GiB')) as pool:\n"
             "        pool.map(_burn_cpu, [1.0])\n"
             "    before = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
-            "    cluster._stop_fork_server()\n"         # (what exiting does: an atexit handler)
+            "    forkserver.stop()\n"         # (what exiting does: an atexit handler)
             "    after = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
             "    print(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
@@ -358,6 +359,7 @@ def test_small_inputs_run_in_process_without_a_cluster(tmp_path):
     above it, or with inline_below 0, the cluster starts; other modes are as configured."""
     from pipeline.cluster import connect, runs_inline
     from pipeline.sources import input_bytes
+    from pipeline.units import Size
     from pipeline.config import ClusterConfig
     from tests.conftest import fixture_path
 
@@ -367,11 +369,11 @@ def test_small_inputs_run_in_process_without_a_cluster(tmp_path):
                                               fixture_path("selfprofile/workspace-clean").rglob("*.mm_profdata"))
     local = ClusterConfig(mode="local", n_workers=1, memory_limit="1GiB")
     assert runs_inline(local, size) and not runs_inline(local, 64_000_000) and not runs_inline(local, None)
-    assert not runs_inline(local.model_copy(update={"inline_below": "0"}), 1)
+    assert not runs_inline(local.model_copy(update={"inline_below": Size(0)}), 1)
     assert not runs_inline(ClusterConfig(mode="address", address="tcp://127.0.0.1:1"), 1)
     with connect(local, size=size) as pool:
         assert pool.client is None and pool.map(abs, [-1, -2]) == [1, 2]
-    with connect(local.model_copy(update={"inline_below": "0"}), size=size) as pool:
+    with connect(local.model_copy(update={"inline_below": Size(0)}), size=size) as pool:
         assert pool.client is not None and pool.map(abs, [-3]) == [3]
 
 

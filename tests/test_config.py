@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.config import load_config, load_job, parse_size
+from pipeline.config import load_config, load_job
+from pipeline.units import Size, parse_size
 from pipeline.errors import ConfigError
 from tests.conftest import ROOT
 
@@ -45,7 +46,11 @@ def test_sizes_are_checked_when_the_config_is_loaded(tmp_path):
     assert f"{bad}:8: aggregate.memory_limit: at least 32 MiB (got '1MB')" in msg
     good = tmp_path / "good.yaml"
     good.write_text("cluster:\n  memory_limit: auto\ndecode:\n  join_memory_limit: 1.5GB\nsynth:\n  size: 64MiB\n")
-    assert load_config(good).decode.join_memory_limit == "1.5GB"
+    loaded = load_config(good)
+    assert loaded.decode.join_memory_limit == 1_500_000_000 and loaded.decode.join_memory_limit.text == "1.5GB"
+    assert loaded.cluster.memory_limit == "auto" and loaded.synth.size == 64 << 20
+    assert loaded.resolved()["decode"]["join_memory_limit"] == "1.5GB"      # (as written, in manifests and docs)
+    assert isinstance(loaded.cluster.inline_below, Size) and loaded.cluster.inline_below.text == "64MB"
 
 
 @pytest.mark.parametrize("address", ["tcp://127.0.0.1:notaport", "scheduler-without-port", "udp://127.0.0.1:8786"])

@@ -22,6 +22,7 @@ from pipeline.decode import run as decode_run
 from pipeline.decode.etl import layout as L
 from pipeline.errors import InputError
 from pipeline.runs import read_manifest, read_table
+from pipeline.units import Size
 from tests.conftest import FIXTURES, fixture_path
 
 ETL_FIXTURES = [
@@ -174,7 +175,7 @@ def test_joins_out_of_memory_name_the_setting_and_write_nothing(tmp_path):
     from pipeline.errors import ConfigError
 
     trace = fixture_path("etl/perfview-net452-x64/net.4.5.2.x64.etl")
-    cfg = Config(decode=DecodeConfig.model_construct(join_memory_limit="8MB"))
+    cfg = Config(decode=DecodeConfig.model_construct(join_memory_limit=Size("8MB")))
     with pytest.raises(ConfigError, match=r"net\.4\.5\.2\.x64\.etl: .*decode\.join_memory_limit \(8MB\).*raise it"):
         decode_run(tmp_path / "run", cfg, Pool(None), inputs=[trace])
     assert not (tmp_path / "run" / "decoded").exists()

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.decode.etl import buckets, joins, scratch, settle, stackkeys, tables
+from pipeline.decode.etl import buckets, joins, scratch, settle, settle_kernels, stackkeys, tables
 from pipeline.decode.etl import kernels as K
 from pipeline.runs import read_manifest, read_table
 
@@ -432,7 +432,7 @@ def test_samples_adopt_only_the_pieces_that_directly_follow_them(tmp_path):
         (4, 200, 2, False, 40, 201), (5, 200, 2, False, 40, 202),           # two kernel pieces
         (7, 300, 4, False, 40, 301),                                        # another thread
         (9, 400, 5, False, 40, 401),                                        # next buffer
-        (11, 500, 6, False, 40, 500 + settle.ADOPT_MAX_DT + 1),            # logged too late
+        (11, 500, 6, False, 40, 500 + settle_kernels.ADOPT_MAX_DT + 1),            # logged too late
         (13, 600, 7, False, 40, 601), (14, 600, 7, True, 41, 602),          # two processes
         (15 + settle.ADOPT_WINDOW + 1, 700, 8, False, 40, 701),            # out of reach
     ]

@@ -22,8 +22,7 @@ def plain(t: pa.DataType) -> pa.DataType:
 def test_written_scratch_tables_have_their_registry_schema(source, tmp_path, monkeypatch):
     import shutil
 
-    import pipeline.decode.etl as etl
-    from pipeline import decode, synth
+    from pipeline import decode, portable, synth
     from pipeline.cluster import Pool
     from pipeline.config import Config
 
@@ -33,7 +32,7 @@ def test_written_scratch_tables_have_their_registry_schema(source, tmp_path, mon
     else:
         trace = fixture_path(source)
     # (the decode's scratch stays: it moves with the stage's output into decoded/)
-    monkeypatch.setattr(etl.portable, "remove_tree", lambda path, must=False: None)
+    monkeypatch.setattr(portable, "remove_tree", lambda path, must=False: None)
     decode.run(tmp_path / "run", Config(), Pool(None), inputs=[trace])
     scratch = tmp_path / "run" / "decoded" / ".scratch"
     checked = set()

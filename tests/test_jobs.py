@@ -187,7 +187,7 @@ def test_set_overrides_and_errors(tmp_path, capsys):
 
     config = apply_sets(load_config(None), ["synth.size=20MB", "cluster.n_workers=3", "warehouse.labels.workload=s2",
                                             "synth.inject=[crate:core:1.5]"])
-    assert (config.synth.size, config.cluster.n_workers) == ("20MB", 3)
+    assert (config.synth.size, config.synth.size.text, config.cluster.n_workers) == (20_000_000, "20MB", 3)
     assert config.warehouse.labels == {"workload": "s2"} and config.synth.inject == ["crate:core:1.5"]
     job = str(ROOT / "jobs" / "single-trace.yaml")
     for bad, says in [("synth.sise=1", "--set 'synth.sise=1': synth.sise: Extra inputs are not permitted"),

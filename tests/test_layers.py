@@ -15,9 +15,10 @@ PACKAGE = ROOT / "pipeline"
 #: platform, the stage registry (which names stages, and imports none), the typed contracts between them, and the
 #: named moments where a test can hold a command, and the files shipped beside the code (jobs, configs).
 RUNTIME = {"pipeline", "pipeline.config", "pipeline.runs", "pipeline.sources", "pipeline.mirror", "pipeline.cluster",
-           "pipeline.progress", "pipeline.errors", "pipeline.portable", "pipeline.warmup", "pipeline.prefork",
-           "pipeline.units", "pipeline.stages", "pipeline.contracts", "pipeline.steps", "pipeline.checkpoints",
-           "pipeline.escape", "pipeline.packaged"}
+           "pipeline.cluster.pool", "pipeline.cluster.forkserver", "pipeline.cluster.prefork",
+           "pipeline.cluster.warmup", "pipeline.cluster.gcpolicy", "pipeline.progress", "pipeline.errors",
+           "pipeline.portable", "pipeline.units", "pipeline.stages", "pipeline.contracts", "pipeline.steps",
+           "pipeline.checkpoints", "pipeline.escape", "pipeline.packaged"}
 #: A stage's module may import another stage's only along the registry's ``upstream`` or here, each with its reason.
 ACROSS = {
     ("pipeline.capture.record", "pipeline.decode"): "a capture decodes the trace it recorded, so `bootprof run` finds it done",
@@ -107,7 +108,7 @@ def test_a_new_stage_is_one_module_and_one_registry_row(tmp_path, capsys):
     from pipeline.cli import main
     from pipeline.runs import read_manifest
 
-    stages.register(stages.Stage("toy", "tests.toy_stage", "toyed", upstream=("decode",), cluster="none"))
+    stages.register(stages.Stage("toy", "tests.toy_stage", "toyed", upstream=("decode",)))
     try:
         job = tmp_path / "toy.yaml"
         job.write_text(f"name: toy\nstages: [decode, toy]\nruns_dir: {tmp_path / 'runs'}\n")
@@ -133,3 +134,17 @@ def test_lint():
     proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--output-format", "concise", "pipeline", "scripts",
                            "bench", "tests"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+
+
+def test_worker_side_modules_import_no_config_at_their_top():
+    """A local worker imports ``pipeline.cluster`` as it starts (dask's preload, the fork server's, the collector
+    policy): no module of that package imports the configuration (pydantic) at module level, only inside the
+    functions that need it (tests/test_cluster.py runs the imports a worker makes)."""
+    found = []
+    for path in sorted((PACKAGE / "cluster").glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{path.name}:{node.lineno} imports {n}" for n in names
+                      if n.startswith(("pipeline.config", "pydantic"))]
+    assert not found, found

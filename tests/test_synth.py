@@ -57,7 +57,7 @@ def test_truth_is_consistent(synth_trace):
     size = synth_trace.path.stat().st_size
     assert t["trace"]["bytes"] == size
     if not synth_trace.cfg.compress:
-        target = 3_000_000 if synth_trace.cfg.size == "3MB" else 2_000_000
+        target = 3_000_000 if synth_trace.cfg.size.text == "3MB" else 2_000_000
         assert 0.5 * target < size < 2.5 * target
 
 

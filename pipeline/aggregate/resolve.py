@@ -71,13 +71,12 @@ def duckdb_for(ctx):
     return timings.timed(con)
 
 
-def section_memory(limit: str, at_once: int) -> int:
+def section_memory(limit: int, at_once: int) -> int:
     """One section's share of the stage's DuckDB memory: an even share among the ``at_once`` sections that run at
     once, at least the smallest limit the setting allows (or the whole limit, when it is smaller still)."""
-    from pipeline.config import AGGREGATE_MEMORY_MIN, parse_size
+    from pipeline.config import AGGREGATE_MEMORY_MIN
 
-    total = parse_size(limit)
-    return max(total // max(at_once, 1), min(total, AGGREGATE_MEMORY_MIN))
+    return max(limit // max(at_once, 1), min(int(limit), AGGREGATE_MEMORY_MIN))
 
 
 def connect(ctx, *tables: str):

@@ -136,11 +136,10 @@ def symbolic_missing() -> str | None:
 
 def fetch_limits(cfg):
     """The download limits of the ``symbolize`` config section."""
-    from pipeline.config import parse_size
     from pipeline.symbolize.symbolpath import Fetch
 
     return Fetch(timeout_s=cfg.download_timeout_s, deadline_s=cfg.download_deadline_s,
-                 max_bytes=parse_size(cfg.download_max_bytes), redirect_hosts=tuple(cfg.redirect_hosts))
+                 max_bytes=cfg.download_max_bytes, redirect_hosts=tuple(cfg.redirect_hosts))
 
 
 def headline(summary: SymbolizeSummary) -> str:

@@ -225,7 +225,7 @@ def preload() -> None:
     numba's code generator): called on a thread while the partitions run, once one of them has found
     snapshot chunks, so that the assembly after them starts at once."""
     from pipeline.decode.etl.kernels import add_pairs
-    from pipeline.warmup import load_kernels
+    from pipeline.cluster.warmup import load_kernels
 
     load_kernels((parse_blob, hash_frame_lists, stack_ids, add_pairs))
 
@@ -238,21 +238,19 @@ SNAPSHOT_SCHEMA = pa.schema([
 ])
 
 
-def assemble(scratch: Path, out, errors: list[ErrorRow], path: str, memory_limit: str = "256MB") -> dict[str, int]:
+def assemble(scratch: Path, out, errors: list[ErrorRow], path: str, memory_limit: int = 256 * 10**6) -> dict[str, int]:
     """Write ``heap_snapshots``, ``heap_snapshot_blocks`` and the scratch table ``_heapsnap_stacks`` (frames
     with their stack ids, for the ``stacks`` table: each distinct stack once, from the first snapshot
     that has it).
 
     Chunks come from ordered queries, each over the snapshots of one batch (``_batches``: a share of
-    ``memory_limit`` each); in Python only the chunks of one (pid, instance) are in memory at a time, and
+    ``memory_limit`` bytes each); in Python only the chunks of one (pid, instance) are in memory at a time, and
     blocks are written as each snapshot is parsed.
     """
     import duckdb
 
-    from pipeline.config import parse_size     # here: the workers import this module, and need none of it
-
     chunks_dir, ends_dir = scratch / "_heapsnap_chunks.parquet", scratch / "_heapsnap_ends.parquet"
-    con = duckdb.connect(config={"memory_limit": f"{parse_size(memory_limit)}B", "temp_directory": str(scratch / "duckdb.tmp"),
+    con = duckdb.connect(config={"memory_limit": f"{memory_limit}B", "temp_directory": str(scratch / "duckdb.tmp"),
                                  "threads": 1})
     ends: dict[tuple, list] = {}
     if ends_dir.exists():
@@ -270,7 +268,7 @@ def assemble(scratch: Path, out, errors: list[ErrorRow], path: str, memory_limit
 
     if chunks_dir.exists():
         chunk_files = f"read_parquet({sql_path(parquet_glob(chunks_dir))})"
-        budget = parse_size(memory_limit) // BATCH_SHARE
+        budget = memory_limit // BATCH_SHARE
         # Usually everything fits in one query (None: no filter); the parquet footers tell without reading the chunks.
         batches = _batches(con, chunk_files, budget) if _data_bytes(chunks_dir) > budget else [None]
         for keys in batches:

@@ -85,9 +85,7 @@ def connect(scratch: Path, cfg):
     ``scratch``. The decode opens it while the partitions run, so that its opening costs no wall time."""
     import duckdb
 
-    from pipeline.config import parse_size
-
-    return duckdb.connect(config={"memory_limit": f"{parse_size(cfg.join_memory_limit)}B",
+    return duckdb.connect(config={"memory_limit": f"{cfg.join_memory_limit}B",
                                   "temp_directory": str(scratch / "duckdb.tmp"), "preserve_insertion_order": False})
 
 

@@ -1,4 +1,5 @@
-"""Partition-side adoption and settling of the ETL decode.
+"""Partition-side adoption and settling of the ETL decode: the tables read, the outputs allocated and the kernels
+(:mod:`.settle_kernels`) called here.
 
 A sample adopts the stack pieces that directly follow it in its buffer (``adopt_pieces``) and carries its stack
 id; a sample (or heap event) whose adopted stack is complete and whose (time, thread) no other row of the
@@ -9,124 +10,26 @@ partition (``settle_keyed_samples``, ``keyed_samples_task``). The rest goes to t
 
 from __future__ import annotations
 
-from collections import namedtuple
 from pathlib import Path
+from typing import NamedTuple
 
-import numba as nb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.decode.etl.batch import to_ns, unique_pairs
-from pipeline.decode.etl.kernels import JIT, POLY_B1, POLY_B2, poly_pow, stack_ids
+from pipeline.decode.etl.kernels import stack_ids
 from pipeline.decode.etl.scratch import ADOPTED_FIELDS, KEYED_SAMPLES, column_array, stack_column, mapped, write_final
 from pipeline.decode.etl.stackkeys import defined_ids, first_at_or_after, load_defs
-from pipeline.decode.etl.stacks import Stacks, run_has
+from pipeline.decode.etl.settle_kernels import (adopted_hashes, candidates, claim_adjacent, in_bitmap_kernel,
+                                                 mark_keys, settled_rows)
+from pipeline.decode.etl.stacks import Stacks
 from pipeline.decode.etl.tables import THREAD_STACKED
 from pipeline.decode.etl.tasks import BucketResult, KeyedSamplesTask
 from pipeline.decode.etl.workerstate import reuse_freed_memory, write_stacks_once
 
 #: At most this many stack pieces that directly follow a sample in its buffer are looked at.
 ADOPT_WINDOW = 8
-
-
-#: What a sample carries for each adopted piece beside its hashes: the piece's time after the sample's
-#: (ticks) and its distance in records, which give back its (timestamp, cpu, stream_pos) in the buckets.
-ADOPT_MAX_DT = 0xFFFF
-
-
-@nb.njit(**JIT)
-def claim_adjacent(rows, rbuf, piece_at, pieces, window, out):
-    """``_claim_adjacent`` with the powers of the hash bases up to the largest frame count at hand."""
-    pw1 = np.ones(1, np.uint64)
-    pw2 = np.ones(1, np.uint64)
-    p_n = pieces[7]            # (the frame counts: the last of the pieces' columns)
-    if p_n.shape[0]:
-        top = max(0, p_n.max()) + 1
-        pw1 = np.empty(top, np.uint64)
-        pw2 = np.empty(top, np.uint64)
-        pw1[0] = 1
-        pw2[0] = 1
-        for i in range(1, top):
-            pw1[i] = pw1[i - 1] * POLY_B1
-            pw2[i] = pw2[i - 1] * POLY_B2
-    _claim_adjacent(rows, rbuf, piece_at, pieces, window, out, pw1, pw2)
-
-
-@nb.njit(**JIT)
-def _claim_adjacent(rows, rbuf, piece_at, pieces, window, out, pw1, pw2):
-    """For each sample (``rows``: record ``s_rec``, time, thread), the stack pieces (``pieces``: the
-    ``PIECE_CLAIM_COLUMNS`` then h1, h2, frame count) of its (time, thread) that directly follow it in its buffer (consecutive records, at most
-    ``window``; ``piece_at``: the piece at each record, -1 none): at most one kernel piece (``out.k``) and one
-    user piece (``out.u``), -1 for none, with their time after the sample and distance in records. A sample
-    adopts nothing (both -1) when a side has two pieces there, a piece was adopted already, its time is too
-    far, or the two pieces name different processes: its pieces then go through the buckets as before.
-
-    ``out.key1``/``out.key2``: what tells adopted stacks apart: the hashes of the concatenated frames (as
-    ``group_pieces`` computes them), with the frame count and the kernel piece's frame count folded in."""
-    s_rec, s_ts, s_tid = rows
-    p_ev, p_tid, p_user, p_pid, p_ts, p_h1, p_h2, p_n = pieces
-    k_out, u_out, k_dt, u_dt, k_d, u_d, pid_out, key1, key2, claimed = out
-    n = rbuf.shape[0]
-    for s in range(s_rec.shape[0]):
-        r = s_rec[s]
-        k = -1
-        u = -1
-        kd = 0
-        ud = 0
-        ok = True
-        q = r + 1
-        end = min(r + window + 1, n)
-        while q < end and rbuf[q] == rbuf[r]:
-            p = piece_at[q]
-            if p < 0 or p_ev[p] != s_ts[s] or p_tid[p] != s_tid[s]:
-                break
-            dt = p_ts[p] - s_ts[s]
-            if claimed[p] or dt < 0 or dt > ADOPT_MAX_DT:
-                ok = False
-                break
-            if p_user[p]:
-                if u >= 0:
-                    ok = False
-                    break
-                u = p
-                ud = q - r
-            else:
-                if k >= 0:
-                    ok = False
-                    break
-                k = p
-                kd = q - r
-            q += 1
-        if ok and k >= 0 and u >= 0 and p_pid[k] != p_pid[u]:
-            ok = False
-        if not ok or (k < 0 and u < 0):
-            continue                        # the outputs hold "nothing adopted" already
-        k_out[s] = k
-        u_out[s] = u
-        h1 = np.uint64(0)
-        h2 = np.uint64(0)
-        kn = 0
-        un = 0
-        if k >= 0:
-            h1 = p_h1[k]
-            h2 = p_h2[k]
-            kn = p_n[k]
-        if u >= 0:
-            un = p_n[u]
-            h1 = h1 * pw1[un] + p_h1[u]
-            h2 = h2 * pw2[un] + p_h2[u]
-        key1[s] = h1 ^ (np.uint64(kn + un) * np.uint64(0x9E3779B97F4A7C15)) ^ (np.uint64(kn) * np.uint64(0xD6E8FEB86659FD93))
-        pid_out[s] = p_pid[k] if k >= 0 else p_pid[u]
-        key2[s] = h2 ^ (np.uint64(pid_out[s]) * np.uint64(0xBF58476D1CE4E5B9))
-        k_dt[s] = p_ts[k] - s_ts[s] if k >= 0 else 0
-        u_dt[s] = p_ts[u] - s_ts[s] if u >= 0 else 0
-        k_d[s] = kd
-        u_d[s] = ud
-        if k >= 0:
-            claimed[k] = True
-        if u >= 0:
-            claimed[u] = True
 
 
 def adopt_pieces(samples: pa.Table, refs: pa.Table, rbuf: np.ndarray) -> tuple[pa.Table, pa.Table]:
@@ -146,9 +49,9 @@ def adopt_pieces(samples: pa.Table, refs: pa.Table, rbuf: np.ndarray) -> tuple[p
     distinct = pa.StructArray.from_arrays([pa.array(c.d[f]) for f in ADOPTED_FIELDS], names=list(ADOPTED_FIELDS))
     samples = samples.append_column("adopted", pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32(), mask=codes < 0),
                                                                                distinct))
-    for name, values in (("k_dt", c.k_dt), ("u_dt", c.u_dt), ("k_d", c.k_d), ("u_d", c.u_d)):
-        samples = samples.append_column(name, pa.array(values))
-    return samples, c.left(c.claimed)
+    for name in ("k_dt", "u_dt", "k_d", "u_d"):
+        samples = samples.append_column(name, pa.array(getattr(c.claims, name)))
+    return samples, c.left(c.claims.claimed)
 
 
 def claimable(refs: pa.Table, full: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -166,30 +69,69 @@ def claimable(refs: pa.Table, full: bool) -> tuple[np.ndarray, np.ndarray]:
     return np.flatnonzero(has), prec
 
 
+class ClaimingRows(NamedTuple):
+    """The rows that claim stack pieces (samples, heap events): per row, its record index in the partition, its
+    time and its thread."""
+
+    rec: np.ndarray
+    timestamp: np.ndarray
+    tid: np.ndarray
+
+
 #: The columns of a stack piece that ``claim_adjacent`` matches a row's with.
 PIECE_CLAIM_COLUMNS = ("event_ts", "tid", "user", "pid", "timestamp")
-#: ``claim_adjacent``'s outputs (the kernel takes them as a plain tuple in this order: see
-#: ``batch.record_columns``).
-Claims = namedtuple("Claims", ["k", "u", "k_dt", "u_dt", "k_d", "u_d", "pid", "key1", "key2", "claimed"])
 
 
-def claim_pieces(rows: list[np.ndarray], rbuf: np.ndarray, at: np.ndarray, recs: np.ndarray,
-                 pieces: list[np.ndarray], h1: np.ndarray, h2: np.ndarray, cnt: np.ndarray) -> dict[str, np.ndarray]:
-    """``claim_adjacent`` with its outputs made: ``rows`` (record index, time, thread of each row) claim
-    the pieces at positions ``at`` of ``pieces`` (``PIECE_CLAIM_COLUMNS`` arrays; ``h1``, ``h2``, ``cnt``
-    their hashes and frame count), logged at records ``recs``. Returns per row ``k`` and ``u`` (the
-    position of its kernel and user piece, -1 for none), ``k_dt``, ``u_dt``, ``k_d``, ``u_d``, ``pid``,
-    ``key1``, ``key2`` (see ``claim_adjacent``), and ``claimed``, per piece."""
-    n = len(rows[0])
-    c = Claims(k=np.full(n, -1, np.int64), u=np.full(n, -1, np.int64), k_dt=np.zeros(n, np.uint16),
-               u_dt=np.zeros(n, np.uint16), k_d=np.zeros(n, np.uint8), u_d=np.zeros(n, np.uint8),
-               pid=np.zeros(n, np.uint32), key1=np.zeros(n, np.uint64), key2=np.zeros(n, np.uint64),
-               claimed=np.zeros(len(pieces[0]), np.bool_))
+class Pieces(NamedTuple):
+    """The stack pieces (or stack-key references) that rows may claim: the ``PIECE_CLAIM_COLUMNS``, then the two
+    hashes of each piece's frames and its frame count (a key reference: its key, and zeros)."""
+
+    event_ts: np.ndarray
+    tid: np.ndarray
+    user: np.ndarray
+    pid: np.ndarray
+    timestamp: np.ndarray
+    h1: np.ndarray
+    h2: np.ndarray
+    n: np.ndarray
+
+    @classmethod
+    def of(cls, refs: pa.Table, h1: np.ndarray, h2: np.ndarray, n: np.ndarray, at=lambda a: a) -> Pieces:
+        """The pieces of ``refs`` (``at``: the rows taken) with these hashes and frame counts."""
+        return cls(*(at(refs.column(c).to_numpy()) for c in PIECE_CLAIM_COLUMNS), h1, h2, n)
+
+
+class Claims(NamedTuple):
+    """What ``claim_adjacent`` finds (it fills these arrays, given as a plain tuple in this order): per row, the
+    position of its ``kernel`` and ``user`` piece (-1: none), their time after the row (``k_dt``, ``u_dt``) and
+    distance in records (``k_d``, ``u_d``), the ``pid`` they name and the ``key1``/``key2`` of the stack they make;
+    per piece, whether a row ``claimed`` it."""
+
+    kernel: np.ndarray
+    user: np.ndarray
+    k_dt: np.ndarray
+    u_dt: np.ndarray
+    k_d: np.ndarray
+    u_d: np.ndarray
+    pid: np.ndarray
+    key1: np.ndarray
+    key2: np.ndarray
+    claimed: np.ndarray
+
+
+def claim_pieces(rows: ClaimingRows, rbuf: np.ndarray, at: np.ndarray, recs: np.ndarray, pieces: Pieces) -> Claims:
+    """``claim_adjacent`` with its outputs made: ``rows`` claim the pieces at positions ``at`` of ``pieces``, logged
+    at records ``recs``."""
+    n = len(rows.rec)
+    claims = Claims(kernel=np.full(n, -1, np.int64), user=np.full(n, -1, np.int64), k_dt=np.zeros(n, np.uint16),
+                    u_dt=np.zeros(n, np.uint16), k_d=np.zeros(n, np.uint8), u_d=np.zeros(n, np.uint8),
+                    pid=np.zeros(n, np.uint32), key1=np.zeros(n, np.uint64), key2=np.zeros(n, np.uint64),
+                    claimed=np.zeros(len(pieces.event_ts), np.bool_))
     if len(at):                             # (no pieces of the kind: nothing to claim)
         piece_at = np.full(len(rbuf), -1, np.int64)
         piece_at[recs] = at
-        claim_adjacent(tuple(rows), rbuf, piece_at, (*pieces, h1, h2, cnt), ADOPT_WINDOW, tuple(c))
-    return c._asdict()
+        claim_adjacent(tuple(rows), rbuf, piece_at, tuple(pieces), ADOPT_WINDOW, tuple(claims))
+    return claims
 
 
 class Claim:
@@ -202,28 +144,30 @@ class Claim:
         self.refs = refs
         stackwalk, prec = claimable(refs, full=True)
         col = lambda t, c: t.column(c).to_numpy()  # noqa: E731
-        h1, h2, cnt = col(refs, "h1"), col(refs, "h2"), col(refs, "n")
-        c = claim_pieces([col(rows, f) for f in ("_rec", "timestamp", "tid")], rbuf, stackwalk, prec[stackwalk],
-                         [col(refs, f) for f in PIECE_CLAIM_COLUMNS], h1, h2, cnt)
-        k, u, pid, key1, key2 = c["k"], c["u"], c["pid"], c["key1"], c["key2"]
-        self.k_dt, self.u_dt, self.k_d, self.u_d, self.claimed = c["k_dt"], c["u_dt"], c["k_d"], c["u_d"], c["claimed"]
-        self.k, self.u = k, u
+        h1, h2, frames = col(refs, "h1"), col(refs, "h2"), col(refs, "n")
+        self.claims = c = claim_pieces(ClaimingRows(*(col(rows, f) for f in ("_rec", "timestamp", "tid"))), rbuf,
+                                       stackwalk, prec[stackwalk], Pieces.of(refs, h1, h2, frames))
         # One dictionary entry per distinct adopted stack (and cut into kernel and user piece).
-        some = np.flatnonzero((k >= 0) | (u >= 0))
+        some = np.flatnonzero((c.kernel >= 0) | (c.user >= 0))
         codes = np.full(n, -1, np.int32)
-        first = np.zeros(0, np.int64)
+        first = np.zeros(0, np.int64)       # (the first row of each distinct stack)
         if len(some):
-            first, codes[some] = unique_pairs(key1[some], key2[some])
+            first, codes[some] = unique_pairs(c.key1[some], c.key2[some])
             first = some[first]
         self.codes = codes
-        kf, uf = k[first], u[first]
-        h1, h2, cnt = np.append(h1, np.uint64(0)), np.append(h2, np.uint64(0)), np.append(cnt, 0).astype(np.int64)
-        dh1, dh2, dn = np.empty(len(first), np.uint64), np.empty(len(first), np.uint64), np.empty(len(first), np.int64)
-        adopted_hashes(h1[kf], h2[kf], cnt[kf], h1[uf], h2[uf], cnt[uf], dh1, dh2, dn)
+        # (the pieces of each distinct stack; -1, no piece, takes the appended zeros)
+        kernel_piece, user_piece = c.kernel[first], c.user[first]
+        h1, h2 = np.append(h1, np.uint64(0)), np.append(h2, np.uint64(0))
+        frames = np.append(frames, 0).astype(np.int64)
+        stack_h1, stack_h2 = np.empty(len(first), np.uint64), np.empty(len(first), np.uint64)
+        stack_frames = np.empty(len(first), np.int64)
+        adopted_hashes(h1[kernel_piece], h2[kernel_piece], frames[kernel_piece], h1[user_piece], h2[user_piece],
+                       frames[user_piece], stack_h1, stack_h2, stack_frames)
         sid, check = np.empty(len(first), np.int64), np.empty(len(first), np.uint64)
-        stack_ids(dh1, dh2, dn, sid, check)
-        self.d = dict(zip(ADOPTED_FIELDS, (sid, check, h1[kf], h2[kf], cnt[kf].astype(np.int32), h1[uf], h2[uf],
-                                           cnt[uf].astype(np.int32), pid[first])))
+        stack_ids(stack_h1, stack_h2, stack_frames, sid, check)
+        self.d = dict(zip(ADOPTED_FIELDS, (sid, check, h1[kernel_piece], h2[kernel_piece],
+                                           frames[kernel_piece].astype(np.int32), h1[user_piece], h2[user_piece],
+                                           frames[user_piece].astype(np.int32), c.pid[first])))
 
     def left(self, gone: np.ndarray) -> pa.Table:
         """``refs`` without the pieces marked in ``gone``."""
@@ -233,19 +177,11 @@ class Claim:
     def pieces_of(self, rows: np.ndarray) -> np.ndarray:
         """Mask over ``refs`` of the pieces that ``rows`` claimed."""
         gone = np.zeros(self.refs.num_rows, np.bool_)
-        for side in (self.k[rows], self.u[rows]):
+        for side in (self.claims.kernel[rows], self.claims.user[rows]):
             gone[side[side >= 0]] = True
         return gone
 
 
-@nb.njit(**JIT)
-def adopted_hashes(kh1, kh2, kn, uh1, uh2, un, h1, h2, count):
-    """Hashes and frame count of kernel pieces followed by user pieces (the order ``group_pieces`` gives
-    them; a count of 0 is no piece)."""
-    for i in range(kh1.shape[0]):
-        h1[i] = kh1[i] * poly_pow(POLY_B1, un[i]) + uh1[i]
-        h2[i] = kh2[i] * poly_pow(POLY_B2, un[i]) + uh2[i]
-        count[i] = kn[i] + un[i]
 
 
 #: Processes whose threads never run in user mode (Idle, System): a kernel piece is their whole stack.
@@ -349,59 +285,16 @@ def _bitmaps(keys: int, bits_per_key: int) -> tuple[np.ndarray, np.ndarray]:
     return np.zeros(words, np.uint64), np.zeros(words, np.uint64)
 
 
-@nb.njit(**JIT)
-def _log2(n):
-    b = 0
-    while (1 << (b + 1)) <= n:
-        b += 1
-    return b
 
 
-@nb.njit(**JIT)
-def _key_bit(t, k, bits):
-    """The bit of the key (t, k) in a bitmap of 2**bits bits."""
-    h = (np.uint64(t) * np.uint64(0x9E3779B97F4A7C15)) ^ (np.uint64(k) * np.uint64(0xC2B2AE3D27D4EB4F))
-    h ^= h >> np.uint64(31)
-    return (h * np.uint64(0xBF58476D1CE4E5B9)) >> np.uint64(64 - bits)
 
 
-@nb.njit(**JIT)
-def _has_bit(bitmap, bits, t, k):
-    b = _key_bit(t, k, bits)
-    return (bitmap[b >> np.uint64(6)] >> (b & np.uint64(63))) & np.uint64(1) != 0
 
 
-@nb.njit(**JIT)
-def mark_keys(ts, key, once, twice):
-    """Set the bit of each key (ts, key) in ``once``, and in ``twice`` when it was set already (``twice``
-    empty: not kept)."""
-    bits = _log2(once.shape[0] * 64)
-    for i in range(ts.shape[0]):
-        b = _key_bit(ts[i], key[i], bits)
-        w, m = b >> np.uint64(6), np.uint64(1) << (b & np.uint64(63))
-        if once[w] & m:
-            if twice.shape[0]:
-                twice[w] |= m
-        else:
-            once[w] |= m
 
 
-@nb.njit(**JIT)
-def candidates(ts, tid, cpu, whole, twice, va, final, check):
-    """Per row: ``check`` when the bit of its (time, thread) is set in ``twice`` or, for a whole row, the bit of
-    its (time, cpu) in ``va``; ``final`` for the other whole rows."""
-    bits, va_bits = _log2(twice.shape[0] * 64), _log2(va.shape[0] * 64)
-    for i in range(ts.shape[0]):
-        c = _has_bit(twice, bits, ts[i], tid[i]) or (whole[i] and _has_bit(va, va_bits, ts[i], cpu[i]))
-        check[i] = c
-        final[i] = whole[i] and not c
 
 
-@nb.njit(**JIT)
-def in_bitmap_kernel(ts, key, bitmap, out):
-    bits = _log2(bitmap.shape[0] * 64)
-    for i in range(ts.shape[0]):
-        out[i] = _has_bit(bitmap, bits, ts[i], key[i])
 
 
 def in_bitmap(ts: np.ndarray, key: np.ndarray, bitmap: np.ndarray) -> np.ndarray:
@@ -430,7 +323,7 @@ def settle_heap_events(heap: pa.Table, refs: pa.Table, rbuf: np.ndarray, others:
     whole = np.append(c.d["u_n"] > 0, False)[c.codes]
     if not whole.any():
         return None, heap, refs, Stacks.empty()
-    mine = c.left(c.claimed)
+    mine = c.left(c.claims.claimed)
     final = unshared(heap, whole, others + [(column_array(mine, "event_ts"), column_array(mine, "tid"))], vallocs)
     done = np.flatnonzero(final)
     if not len(done):
@@ -456,7 +349,7 @@ def settle_keyed_samples(samples: pa.Table, refs: pa.Table, rbuf: np.ndarray,
     at the rundown at its end). So the rows go to a scratch file of the partition's own, in record order:
     their final columns but the stack, and the key of their kernel and user reference (``k_key``,
     ``u_key``; ``sides``: bit 0 kernel, bit 1 user) with the reference's time after the sample (``k_dt``,
-    ``u_dt``: ticks, at most ``ADOPT_MAX_DT``). ``keyed_samples_task`` resolves the keys once every
+    ``u_dt``: ticks, at most ``settle_kernels.ADOPT_MAX_DT``). ``keyed_samples_task`` resolves the keys once every
     definition is known, without the buckets' sort and grouping. Samples that adopted a StackWalk piece
     are not looked at.
 
@@ -474,37 +367,36 @@ def settle_keyed_samples(samples: pa.Table, refs: pa.Table, rbuf: np.ndarray,
     at_free = (lambda a: a) if len(free) == samples.num_rows else (lambda a: a[free])  # noqa: E731
     r_ev, r_tid = col(refs, "event_ts"), col(refs, "tid")
     key = at_which(col(refs, "key"))
-    zeros = np.zeros(len(which), np.uint64)
-    # (the hash inputs are unused here: a reference's frames are not known yet)
-    c = claim_pieces([at_free(col(samples, f)) for f in ("_rec", "timestamp", "tid")], rbuf, np.arange(len(which)),
-                     prec[which], [at_which(col(refs, f)) for f in PIECE_CLAIM_COLUMNS], key, zeros,
-                     np.zeros(len(which), np.int32))
-    k, u, k_dt, u_dt, pid, claimed = c["k"], c["u"], c["k_dt"], c["u_dt"], c["pid"], c["claimed"]
-    complete = (u >= 0) | ((k >= 0) & kernel_only(pid))
+    # (the hashes are the key, and no frames: a reference's frames are not known yet)
+    c = claim_pieces(ClaimingRows(*(at_free(col(samples, f)) for f in ("_rec", "timestamp", "tid"))), rbuf,
+                     np.arange(len(which)), prec[which],
+                     Pieces.of(refs, key, np.zeros(len(which), np.uint64), np.zeros(len(which), np.int32), at_which))
+    complete = (c.user >= 0) | ((c.kernel >= 0) & kernel_only(c.pid))
     if not complete.any():
         return None, samples, refs, 0
     whole = np.zeros(samples.num_rows, np.bool_)
     whole[free[complete]] = True
     mine = np.ones(refs.num_rows, np.bool_)          # the references no sample claimed
-    mine[which[claimed]] = False
+    mine[which[c.claimed]] = False
     final = unshared(samples, whole, others + [(r_ev[mine], r_tid[mine])], vallocs)
     done = np.flatnonzero(final[free])             # positions among ``free``
     if not len(done):
         return None, samples, refs, 0
     rows = free[done]
-    kd, ud = k[done], u[done]
+    kernel_ref, user_ref = c.kernel[done], c.user[done]        # (positions among ``which``; -1: none)
     keep = np.ones(samples.num_rows, np.bool_)
     keep[rows] = False
     # (filters, not takes: most rows are kept, and a take first joins a column's chunks into one)
     s = samples.select(["timestamp", "cpu", "tid", "ip", "stream_pos"]).filter(pa.array(~keep))
     out = pa.table({
-        "timestamp": s.column("timestamp"), "cpu": s.column("cpu"), "tid": s.column("tid"), "pid": pid[done],
+        "timestamp": s.column("timestamp"), "cpu": s.column("cpu"), "tid": s.column("tid"), "pid": c.pid[done],
         "ip": s.column("ip"), "stream_pos": s.column("stream_pos"),
-        "k_key": np.where(kd >= 0, key[kd], 0), "u_key": np.where(ud >= 0, key[ud], 0),
-        "k_dt": k_dt[done], "u_dt": u_dt[done], "sides": ((kd >= 0) + 2 * (ud >= 0)).astype(np.uint8)})
+        "k_key": np.where(kernel_ref >= 0, key[kernel_ref], 0), "u_key": np.where(user_ref >= 0, key[user_ref], 0),
+        "k_dt": c.k_dt[done], "u_dt": c.u_dt[done],
+        "sides": ((kernel_ref >= 0) + 2 * (user_ref >= 0)).astype(np.uint8)})
     left = np.ones(refs.num_rows, np.bool_)
-    left[which[kd[kd >= 0]]] = False
-    left[which[ud[ud >= 0]]] = False
+    left[which[kernel_ref[kernel_ref >= 0]]] = False
+    left[which[user_ref[user_ref >= 0]]] = False
     rest = samples.filter(pa.array(keep)) if keep.any() else samples.slice(0, 0)    # (a filter to nothing has no chunks)
     return out, rest, refs.filter(pa.array(left)), int(refs.num_rows - left.sum())
 
@@ -566,35 +458,6 @@ def keyed_samples_task(task: KeyedSamplesTask) -> BucketResult:
                         samples_settled_by_keys=n, stack_keys_unresolved=unresolved)
 
 
-@nb.njit(**JIT)
-def settled_rows(order, ts, tid, cpu, whole, o_ts, o_tid, va_ts, va_cpu, out):
-    """``out[r]``: row ``r`` (a sample or a heap event) is ``whole`` and shares its (time, thread) with no
-    other of these rows and no row of (``o_ts``, ``o_tid``) (sorted by time), and its (time, cpu) with no
-    VirtualAlloc event (``va_ts``, ``va_cpu``, sorted by time). ``order`` sorts the rows by time."""
-    n = order.shape[0]
-    j = 0
-    m = 0
-    i = 0
-    while i < n:
-        t = ts[order[i]]
-        e = i + 1
-        while e < n and ts[order[e]] == t:
-            e += 1
-        while j < o_ts.shape[0] and o_ts[j] < t:
-            j += 1
-        while m < va_ts.shape[0] and va_ts[m] < t:
-            m += 1
-        for a in range(i, e):
-            r = order[a]
-            if not whole[r]:
-                continue
-            hit = run_has(va_ts, va_cpu, m, t, cpu[r]) or run_has(o_ts, o_tid, j, t, tid[r])
-            c = i
-            while not hit and c < e:
-                hit = c != a and tid[order[c]] == tid[r]
-                c += 1
-            out[r] = not hit
-        i = e
 
 
 def adopted_stacks(d: dict[str, np.ndarray], codes: np.ndarray) -> Stacks:

@@ -25,8 +25,8 @@ import pyarrow as pa
 from pipeline.decode.etl.batch import PairSet
 from pipeline.decode.etl.scratch import write_part
 from pipeline.decode.etl.stackkeys import forget_defs
+from pipeline.cluster import gcpolicy
 from pipeline.decode.etl.stacks import Stacks
-from pipeline.warmup import set_aside
 
 
 #: glibc malloc settings for the decode tasks (see :func:`reuse_freed_memory`).
@@ -51,7 +51,6 @@ _trim_timer: threading.Timer | None = None
 
 
 _last_kind: list[str] = []
-_set_aside: list[bool] = []
 
 
 @contextlib.contextmanager
@@ -72,14 +71,7 @@ def reuse_freed_memory(kind: str = "partition"):
     if _last_kind and _last_kind[-1] != kind:
         release_freed_memory()
     _last_kind[:] = [kind]
-    # The objects of the imports (numba, pyarrow, dask: ~150,000 in a worker) are set aside from the
-    # garbage collector once, at a process's first task: full collections scanned them again and again
-    # (2.5 % of a decode's CPU in a profile). Set aside for good: thawed after each task (as before) they
-    # were scanned again by the worker's event loop between tasks (perf: ~3 % of a decode's samples).
-    # Only what exists at the first task is frozen, so later garbage is collected as usual.
-    if not _set_aside:
-        set_aside()
-        _set_aside.append(True)
+    gcpolicy.set_aside_at_first_task()
     libc = _glibc()
     if libc is None:
         yield

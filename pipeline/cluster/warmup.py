@@ -1,6 +1,6 @@
 """Worker warm-up: a local cluster's workers have imported the modules the stages will run and loaded
 their numba kernels from the on-disk cache before their first task. They are forked from one server
-process that did so while the cluster started (:func:`prepare_fork_server`, via :mod:`pipeline.prefork`);
+process that did so while the cluster started (:func:`prepare_fork_server`, via :mod:`pipeline.cluster.prefork`);
 what that server lacks (it serves every cluster of the process that started it, warmed up for the first)
 a worker loads on a background thread as soon as it starts (:func:`dask_setup`), as every worker did
 when workers were spawned.
@@ -10,7 +10,7 @@ imports and ~0.25 s of loading compiled kernels (numba's code generator set-up i
 decoding a 1 GB trace with one worker. It starts with the worker and overlaps with the rest of the
 cluster's start and with the client's work up to its first tasks.
 
-The first ``map`` of a pool (:class:`pipeline.cluster.Pool`) waits until the warm-up of every worker
+The first ``map`` of a pool (:class:`pipeline.cluster.pool.Pool`) waits until the warm-up of every worker
 has ended (:func:`ready`) before it sends a task; the client's own work before it (a decode's input
 checks, imports and buffer walk) goes on meanwhile. Tasks that ran beside an unfinished warm-up (it used
 to pause while a task ran and go on in between) shared one interpreter with it: the first task reached
@@ -23,25 +23,25 @@ the stage but not out of the run, and lost the overlap: over 11 pairs the CLI ru
 against 6.29 s for waiting at the first map, and the stage 4.05 s against 3.89.
 
 Modules come from ``BOOTPROF_WARM_UP`` (comma-separated module names) in the worker's environment,
-which :func:`pipeline.cluster.connect` sets from what the stages declare (``WARM_UP`` in a stage
+which :func:`pipeline.cluster.pool.connect` sets from what the stages declare (``WARM_UP`` in a stage
 package). Only overloads already compiled for this machine are loaded: warm-up never compiles. Private
 kernels (a leading ``_``: called only by other kernels, whose cached code contains them) are skipped.
 
-A worker also ends quickly: its objects stay out of the collector as it exits (:func:`_at_exit`).
+A worker also ends quickly: its objects stay out of the collector as it exits (:mod:`pipeline.cluster.gcpolicy`).
+Imported by workers as they start (dask's preload): it imports no configuration.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
-import gc
 import importlib
 import logging
 import os
 import signal
-import sys
 import threading
 import time
+
+from pipeline.cluster import gcpolicy
 
 ENV = "BOOTPROF_WARM_UP"
 #: How long :func:`ready` waits for a warm-up at most (one that hangs must not stop the stage: the tasks then
@@ -57,9 +57,9 @@ _warmed: dict[str, int] = {}
 
 def dask_setup(worker) -> None:
     """distributed's preload hook: start the warm-up and return at once. Whatever it warms up, the worker
-    ends as :func:`_at_exit` says, keeps quiet about its scheduler closing (:class:`QuietClose`), and leaves a
-    Ctrl-C to the command that started it."""
-    _on_exit()
+    ends as :func:`pipeline.cluster.gcpolicy.keep_aside_at_exit` says, keeps quiet about its scheduler closing
+    (:class:`QuietClose`), and leaves a Ctrl-C to the command that started it."""
+    gcpolicy.keep_aside_at_exit()
     logging.getLogger("distributed.worker").addFilter(QuietClose())
     if threading.current_thread() is threading.main_thread():
         # A Ctrl-C at the terminal reaches every process of the command's group, these local workers too: the
@@ -104,7 +104,7 @@ def warm_up(names: list[str]) -> int:
     """Import ``names`` and load every cached overload of the public numba dispatchers they define; returns
     how many overloads were loaded. Failures are logged and skipped: warm-up only saves time. What was imported
     lives as long as the worker, so it is then set aside from the garbage collector's full collections
-    (:func:`set_aside`)."""
+    (:func:`pipeline.cluster.gcpolicy.set_aside_for_good`)."""
     loaded = 0
     # numba's first call with an array imports numpy.ma (its typeof looks for masked arrays), which a worker's
     # first partition paid otherwise.
@@ -118,12 +118,12 @@ def warm_up(names: list[str]) -> int:
         for attr, value in list(vars(module).items()):
             if getattr(value, "__module__", None) == name and not attr.startswith("_"):
                 loaded += _load_cached(value)
-    set_aside()
+    gcpolicy.set_aside_for_good()
     return loaded
 
 
 def prepare_fork_server() -> None:
-    """In the process that local workers are forked from (:func:`pipeline.cluster.connect`): import what a
+    """In the process that local workers are forked from (:func:`pipeline.cluster.forkserver.start`): import what a
     worker runs (distributed's nanny and worker) and warm up the modules named in ``BOOTPROF_WARM_UP``,
     so that every worker forked from it starts warm. Failures are logged and skipped, as in
     :func:`warm_up`: a worker that misses something imports it itself."""
@@ -140,40 +140,6 @@ def load_kernels(dispatchers) -> int:
     process that is not a worker: the first load in a process also sets up numba's code generator (~0.2 s
     here), which is better paid while the process waits than when it needs the kernels."""
     return sum(_load_cached(d) for d in dispatchers)
-
-
-_exit_registered: list[bool] = []
-
-
-def set_aside() -> None:
-    """Move every object that exists now out of the garbage collector's full collections, for the rest
-    of the process (a worker's imports: ~150,000 objects the collector would otherwise scan again and
-    again). At exit, see :func:`_at_exit`."""
-    gc.freeze()
-    _on_exit()
-
-
-def _on_exit() -> None:
-    if not _exit_registered:
-        atexit.register(_at_exit)
-        _exit_registered.append(True)
-
-
-def _at_exit() -> None:
-    """What a worker, or a process that set objects aside, does with them as it exits.
-
-    Without DuckDB (a worker): everything is set aside, so the interpreter's teardown has no object to
-    scan in its full collections, which scanned the worker's imports several times over while the cluster's
-    close waited for the worker process to end.
-    Objects in reference cycles are then never finalized; nothing a worker keeps needs it.
-
-    With DuckDB (a process that ran a stage in-process): everything is thawed, so teardown runs as
-    usual. DuckDB's bindings report every one of their objects that teardown did not finalize as leaked,
-    on stderr."""
-    if "_duckdb" in sys.modules:
-        gc.unfreeze()
-    else:
-        gc.freeze()
 
 
 def _load_cached(dispatcher) -> int:

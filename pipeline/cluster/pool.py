@@ -1,4 +1,4 @@
-"""The dask client every parallel stage uses.
+"""The pool every parallel stage hands its tasks to: a dask client, or this process.
 
 Tasks receive small descriptors (a file path and byte ranges) and return paths and small
 statistics, never bulk bytes. ``map_tasks`` is the one place that fans work out, so the
@@ -7,31 +7,18 @@ statistics, never bulk bytes. ``map_tasks`` is the one place that fans work out,
 
 from __future__ import annotations
 
-import atexit
-import concurrent.futures
 import contextlib
 import logging
 import os
 import threading
-import time
-import weakref
-from typing import Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
-from pipeline import ENV_DEFAULTS, warmup
-from pipeline.config import ClusterConfig
+from pipeline.cluster import forkserver, gcpolicy, warmup
+
+if TYPE_CHECKING:
+    from pipeline.config import ClusterConfig
 
 log = logging.getLogger(__name__)
-
-
-#: Environment of local workers. Arrow's allocator (mimalloc) gives freed memory back to the kernel 10 ms
-#: after it is freed, so each task's tables landed on fresh pages again; on VMs whose host backs guest
-#: memory lazily a fresh page is a fault into the host. Kept for a second, the next task reuses it, and a
-#: worker touches far fewer fresh pages. (Never purging,
-#: -1, did as well, but then ``release_unused`` could no longer empty the pool of an idle worker.)
-WORKER_ENV = {"MIMALLOC_PURGE_DELAY": "1000"}
-#: One thread for numpy's BLAS in the processes the workers are forked from, as dask sets for the workers
-#: it spawns (and the CLI for itself): read when numpy is imported, which the fork server does.
-FORK_SERVER_ENV = ENV_DEFAULTS
 
 
 class Pool:
@@ -81,11 +68,9 @@ class Pool:
     def set_aside(self) -> None:
         """With a cluster: the objects that exist now (a stage's own imports, made after the cluster started:
         DuckDB, the numba kernels the client runs) also stay out of the garbage collector's full
-        collections until the cluster closes (see ``_gc_set_aside``)."""
+        collections until the cluster closes (:func:`pipeline.cluster.gcpolicy.set_aside_now`)."""
         if self._client is not None or self._eager:   # (a lazy pool that has no cluster yet may never need one)
-            import gc
-
-            gc.freeze()
+            gcpolicy.set_aside_now()
 
     def require_shared(self, directory, what: str) -> None:
         """With workers that may be on other machines (``cluster.mode: address``): unless each of them sees
@@ -158,9 +143,7 @@ class Pool:
 
 def runs_inline(cfg: ClusterConfig, size: int | None) -> bool:
     """Whether inputs of ``size`` bytes run in this process (``cluster.inline_below``, mode 'local' only)."""
-    from pipeline.units import parse_size
-
-    return cfg.mode == "local" and size is not None and size < parse_size(cfg.inline_below)
+    return cfg.mode == "local" and size is not None and size < cfg.inline_below
 
 
 @contextlib.contextmanager
@@ -170,8 +153,8 @@ def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = (), lazy:
 
     ``warm_up``: modules (the stages' ``WARM_UP``) that local workers have imported, with their compiled
     kernels, before their first task: local workers are forked from one server process that loaded them
-    while this cluster started (:func:`_fork_server`); modules it lacks (it serves every cluster of this
-    process) a worker loads on a thread as it starts (:mod:`pipeline.warmup`). The pool's first ``map``
+    while this cluster started (:func:`pipeline.cluster.forkserver.start`); modules it lacks (it serves every
+    cluster of this process) a worker loads on a thread as it starts (:mod:`pipeline.cluster.warmup`). The pool's first ``map``
     waits until every worker has them, so that no task shares a worker with its warm-up.
 
     ``lazy``: the cluster starts (or the scheduler is connected to) only when the pool first needs it,
@@ -186,7 +169,10 @@ def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = (), lazy:
 
     ``size``: bytes of the command's inputs; below ``cluster.inline_below`` a local cluster is not started at
     all and tasks run in this process (:func:`runs_inline`)."""
-    cfg = cfg or ClusterConfig()
+    if cfg is None:
+        from pipeline.config import ClusterConfig       # (not at the top: workers import this package)
+
+        cfg = ClusterConfig()
     warm_up = list(warm_up)
     if runs_inline(cfg, size):
         yield Pool(None)
@@ -201,7 +187,7 @@ def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = (), lazy:
     if background and cfg.mode == "local":
         # (the imports here, on the caller's thread, beside the fork server's warm-up: the thread only starts
         # the scheduler and waits for the workers, and never imports a module the caller imports too)
-        if _fork_server(warm_up):
+        if forkserver.start(warm_up):
             _import(warm_up)
         import distributed  # noqa: F401
         starting = _Starting(cfg, warm_up)
@@ -212,7 +198,7 @@ def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = (), lazy:
         return
     # First the fork server, which warms up while this process imports what it runs of the stage (the same
     # modules: a decode's client plans and joins with them) and distributed, and starts the scheduler.
-    forked = cfg.mode == "local" and _fork_server(warm_up)
+    forked = cfg.mode == "local" and forkserver.start(warm_up)
     if forked:
         _import(warm_up)
     from distributed import Client
@@ -237,7 +223,7 @@ def connect(cfg: ClusterConfig | None = None, warm_up: Iterable[str] = (), lazy:
         with client:
             yield Pool(client, remote=address)
         return
-    with local_cluster(cfg, warm_up, forked) as cluster, Client(cluster) as client, _gc_set_aside():
+    with local_cluster(cfg, warm_up, forked) as cluster, Client(cluster) as client, gcpolicy.set_aside_while():
         yield Pool(client, warming=bool(warm_up))
 
 
@@ -260,7 +246,7 @@ def _scheduler_file_address(path: str | None) -> str:
 @contextlib.contextmanager
 def local_cluster(cfg: ClusterConfig, warm_up: list[str], forked: bool, **options):
     """The ``LocalCluster`` of mode 'local': ``cfg``'s workers on 127.0.0.1, forked from the fork server when ``forked``
-    (:func:`_fork_server`), each warming up ``warm_up`` as it starts."""
+    (:func:`pipeline.cluster.forkserver.start`), each warming up ``warm_up`` as it starts."""
     import dask
     from distributed import LocalCluster
 
@@ -275,68 +261,13 @@ def local_cluster(cfg: ClusterConfig, warm_up: list[str], forked: bool, **option
         dashboard_address="127.0.0.1:0",
         memory_limit=cfg.memory_limit,
         silence_logs=40,
-        preload=["pipeline.warmup"],
+        preload=["pipeline.cluster.warmup"],
         # (a forked worker has the fork server's environment: it gets this process's as it is now, as a
         # spawned one would)
-        env={**os.environ, warmup.ENV: ",".join(warm_up), **WORKER_ENV},
+        env={**os.environ, warmup.ENV: ",".join(warm_up), **forkserver.WORKER_ENV},
         **options,
     ) as cluster:
         yield cluster
-
-
-def processes(n: int):
-    """A ``concurrent.futures.ProcessPoolExecutor`` of ``n`` processes, for Python-bound work that threads would
-    only run in turns (the report's sections). They are forked from the fork server of local dask workers
-    (:func:`_fork_server`, started now when no cluster of this process started it), which has numpy, pyarrow
-    and distributed loaded, so a process starts in milliseconds; not from this process, which may hold
-    DuckDB's and dask's threads. Spawned where the platform has no fork server."""
-    import multiprocessing
-
-    method = "forkserver" if _fork_server([]) else "spawn"
-    pool = _Processes(n, mp_context=multiprocessing.get_context(method), initializer=_die_with,
-                      initargs=(os.getpid(),))
-    _POOLS.add(pool)
-    return pool
-
-
-#: The process pools of this process, ended before the fork server is waited for at exit (their processes are its
-#: children: it would wait for them, and they for this process).
-_POOLS: "weakref.WeakSet[_Processes]" = weakref.WeakSet()
-
-
-def _die_with(pid: int) -> None:
-    """In a pool's process: end when the command that made the pool is gone, however it went (killed, or
-    interrupted in a moment its ``with`` could not act on): the process is the fork server's child, so nothing
-    else would end it."""
-    from pipeline.portable import pid_alive
-
-    def watch() -> None:
-        while pid_alive(pid):
-            time.sleep(0.5)
-        os._exit(0)
-
-    threading.Thread(target=watch, name="die-with-the-command", daemon=True).start()
-
-
-class _Processes(concurrent.futures.ProcessPoolExecutor):
-    """A process pool that ends its processes when its ``with`` is left by an error or an interrupt. (A worker
-    forked from the fork server holds the write end of its own call queue, so it never sees its parent go: one left
-    waiting after a Ctrl-C kept the fork server, and the pipes of the command's caller, open for good.)"""
-
-    def __exit__(self, kind, exc, tb):
-        if kind is None:
-            try:
-                return super().__exit__(kind, exc, tb)
-            except BaseException:       # (interrupted while it waited for its processes: end them, as below)
-                self._end()
-                raise
-        self._end()
-        return False
-
-    def _end(self) -> None:
-        for proc in list((self._processes or {}).values()):
-            proc.kill()
-        self.shutdown(wait=False, cancel_futures=True)
 
 
 class _Starting:
@@ -378,54 +309,6 @@ class _Starting:
             log.warning("the local dask cluster failed: %s", self._error)
 
 
-_fork_lock = threading.Lock()
-
-
-def _fork_server(warm_up: list[str]) -> bool:
-    """Start the process that this process's local workers are forked from (once per process: clusters
-    started later fork from the same one); whether it runs.
-
-    It imports what a worker runs (distributed's worker, the ``warm_up`` modules) and loads their cached
-    numba kernels once (:mod:`pipeline.prefork`), on the other core while this process imports distributed
-    and starts the scheduler, so a worker is warm as soon as it is forked. A spawned worker (dask's default)
-    is a fresh interpreter that does all of it again after the cluster is up, each worker its own copy,
-    and the stage waits for it before its first task.
-    Modules a later cluster names beyond the first one's are warmed up by each of its workers, as
-    spawned ones were (:func:`pipeline.warmup.dask_setup`).
-
-    Ended with this process (it waits for the server, whose children the workers were, so their CPU
-    time is accounted to this process as a spawned worker's was). False (workers are spawned) where
-    the platform has no fork server."""
-    import multiprocessing
-    from multiprocessing import forkserver
-
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return False
-    with _fork_lock:
-        if not _fork_servers:
-            env = {warmup.ENV: ",".join(warm_up), **WORKER_ENV, **FORK_SERVER_ENV}
-            saved = {k: os.environ.get(k) for k in env}
-            os.environ.update(env)           # (the server inherits this process's environment as it starts)
-            try:
-                multiprocessing.get_context("forkserver").set_forkserver_preload(["pipeline.prefork"])
-                forkserver.ensure_running()
-            except OSError as exc:
-                log.warning("cannot start a fork server for the workers (%s): spawning them", exc)
-                return False
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        del os.environ[k]
-                    else:
-                        os.environ[k] = v
-            _fork_servers.append(True)
-            atexit.register(_stop_fork_server)
-    return True
-
-
-_fork_servers: list[bool] = []
-
-
 def _import(names: list[str]) -> None:
     """Import these modules now (one that fails is left for the stage to import and report)."""
     import importlib
@@ -437,35 +320,6 @@ def _import(names: list[str]) -> None:
             log.debug("cannot import %s", name, exc_info=True)
 
 
-def _stop_fork_server() -> None:
-    """At exit: end the fork server and wait for it (multiprocessing's own stop, which its tests use)."""
-    from multiprocessing import forkserver
-
-    for pool in list(_POOLS):
-        pool._end()
-    stop = getattr(getattr(forkserver, "_forkserver", None), "_stop", None)
-    if stop is not None:
-        try:
-            stop()
-        except OSError:
-            pass
-
-
-@contextlib.contextmanager
-def _gc_set_aside():
-    """While the cluster runs, the objects that exist once it is up (the imports of numpy, pyarrow,
-    duckdb, dask: about a million) are kept out of the garbage collector's full collections, which
-    otherwise scanned them again and again as the scheduler allocated (about 4 % of a decode's CPU in the
-    client process). Given back at the end, so shutdown finalizes them as usual."""
-    import gc
-
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
 def run_once(name: str, run_dir, config, size: int | None, inputs: list | None = None, eager: bool = False):
     """``bootprof <stage>``: the stage once on ``run_dir``, with a pool sized by ``size`` (the bytes its tasks read:
     below ``cluster.inline_below`` they run in this process). The pool is lazy (a cluster starts only when a task
@@ -474,6 +328,6 @@ def run_once(name: str, run_dir, config, size: int | None, inputs: list | None =
     from pipeline import stages
 
     module = stages.get(name).load()
-    with connect(config.cluster, warm_up=getattr(module, "WARM_UP", ()), lazy=not eager, background=eager,
+    with connect(config.cluster, warm_up=stages.warm_up(module), lazy=not eager, background=eager,
                  size=size) as pool:
         return module.run(run_dir, config, pool, inputs=inputs)
