@@ -13,12 +13,13 @@ from tests.conftest import ROOT, fixture_path
 PACKAGE = ROOT / "pipeline"
 #: What every stage stands on: configuration, run directories, the cluster, inputs and stores, progress, errors, the
 #: platform, the stage registry (which names stages, and imports none), the typed contracts between them, and the
-#: named moments where a test can hold a command, and the files shipped beside the code (jobs, configs).
+#: named moments where a test can hold a command, the files shipped beside the code (jobs, configs), and where a
+#: stage's time went (timings).
 RUNTIME = {"pipeline", "pipeline.config", "pipeline.runs", "pipeline.sources", "pipeline.mirror", "pipeline.cluster",
            "pipeline.cluster.pool", "pipeline.cluster.forkserver", "pipeline.cluster.prefork",
            "pipeline.cluster.warmup", "pipeline.cluster.gcpolicy", "pipeline.progress", "pipeline.errors",
            "pipeline.portable", "pipeline.units", "pipeline.stages", "pipeline.contracts", "pipeline.steps",
-           "pipeline.checkpoints", "pipeline.escape", "pipeline.packaged"}
+           "pipeline.checkpoints", "pipeline.escape", "pipeline.packaged", "pipeline.timings"}
 #: A stage's module may import another stage's only along the registry's ``upstream`` or here, each with its reason.
 ACROSS = {
     ("pipeline.capture.record", "pipeline.decode"): "a capture decodes the trace it recorded, so `bootprof run` finds it done",
