@@ -287,8 +287,17 @@ class AggregateSections(TypedDict, total=False):
 AggregateSummary = AggregateSections
 
 
+class SectionTimings(TypedDict):
+    """Where an aggregate section's time went (:mod:`pipeline.timings`): its seconds, and those of its largest
+    statements (``create cs_funcs``, ``copy cpu_by_function``) and waits (``wait symbolized``), the rest as ``other``."""
+
+    seconds: float
+    steps: dict[str, float]
+
+
 class AggregatedManifest(Manifest):
     sections: AggregateSections
+    timings: dict[str, SectionTimings]      # by section
 
 
 # ------------------------------------------------------------------------------------------------------------ report
@@ -324,8 +333,13 @@ class BuildFacts(TypedDict):
 ReportSummary = dict[str, dict[str, object]]
 
 
+class ReportTimings(TypedDict):
+    seconds: float | None
+
+
 class ReportedManifest(Manifest):
     sections: ReportSummary
+    timings: dict[str, ReportTimings]       # by section id: what it took
 
 
 # ---------------------------------------------------------------------------------------------- warehouse and compare
