@@ -1,7 +1,7 @@
 """Symbolization throughput: unique frames per second, cold and warm symbol cache.
 
 Fixed seed. Builds Breakpad symbol files for a few large synthetic images (FUNC + line records, as the
-synth stage writes them), decoded tables whose stacks hold ~1M unique frames spread over those
+synthesizer writes them), decoded tables whose stacks hold ~1M unique frames spread over those
 images, then runs the symbolize stage twice: cold (empty cache: symbolic parses the .sym files and
 the address tables are built) and warm (tables from the cache). Also times the core lookup alone
 (searchsorted + inline-chain gathers) on 1M RVAs, and a cold table build from the largest real PDB

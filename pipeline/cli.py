@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "--set warehouse.labels.workload=stage2; repeatable")
     run.add_argument("--force", action="store_true", help="run every stage, even those that are up to date")
     run.add_argument("--demo", action="store_true", help="analyse a synthesized demo trace (made in the run by the "
-                     "job's synth stage); without it, a run with no input is an error")
+                     "job's synth step); without it, a run with no input is an error")
     run.set_defaults(_module=None)
     return parser
 

@@ -1,6 +1,6 @@
 """Synthesized traces with their Breakpad symbol files: every frame resolves to the ground-truth name.
 
-The synth stage writes ``<trace>.truth.json`` (stack templates: frames leaf first and the function of
+The synthesizer writes ``<trace>.truth.json`` (stack templates: frames leaf first and the function of
 each frame as ``module!name``) and one Breakpad ``.sym`` per image under ``symbols/``. Here the
 decoded tables are built from the truth file (one process per stack template that loads the user
 images of that stack, kernel images under pid 0: the synthetic system loads different rustc_driver

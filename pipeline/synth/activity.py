@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.synth import layout as L
-from pipeline.synth.workload import HEAP_RATE, MARGIN, SAMPLE_PERIOD, VA_RATE, Workload, seeded_hash
+from pipeline.synth.catalog import seeded_hash
+from pipeline.synth.workload import HEAP_RATE, MARGIN, SAMPLE_PERIOD, VA_RATE, Workload
 
 
 def cpu_phase(c: int) -> int:

@@ -19,7 +19,8 @@ def run(out: Path, cfg) -> dict[str, Any]:
     """Synthesize the trace described by ``cfg`` (a SynthConfig) into ``out``; returns a summary."""
     from pipeline.runs import atomic_write_text
     from pipeline.synth import activity, truth, writer
-    from pipeline.synth.workload import Rerun, build_workload, templates_through
+    from pipeline.synth.stacks import templates_through
+    from pipeline.synth.workload import Rerun, build_workload
 
     started = time.perf_counter()
     out = Path(out)
@@ -31,10 +32,10 @@ def run(out: Path, cfg) -> dict[str, Any]:
     rerun = Rerun(cfg.rerun, cfg.noise, tuple((n, f) for k, n, f in changes if k == "crate"))
     w = build_workload(cfg.seed, cfg.cpus, p, target, cfg.stack_caching, cfg.stack_variety, rerun)
     for _, name, factor in (c for c in changes if c[0] == "function"):
-        w.pools.favor(templates_through(w, name), factor)
+        w.pools.favor(templates_through(w.catalog, w.stacks, name), factor)
     commit_factor: dict[int, float] = {}
     for _, name, factor in (c for c in changes if c[0] == "commit"):
-        for t in templates_through(w, name):
+        for t in templates_through(w.catalog, w.stacks, name):
             commit_factor[t] = commit_factor.get(t, 1.0) * factor
     heaps, virtuals, snaps = activity.heap_and_virtual(w, cfg.seed, cfg.rerun, cfg.noise, commit_factor)
     heap_of = {h.proc: h for h in heaps}

@@ -141,7 +141,7 @@ def build_truth(w: Workload, counter: SampleCounter, heaps: list[HeapBlocks], vi
 
 
 def critical_path(w: Workload) -> list[dict]:
-    """What bounded the build's wall time, by construction of its dependency graph (``workload._link_phase``): from
+    """What bounded the build's wall time, by construction of its dependency graph (``workload.link_phase``): from
     the rustc process that ended last, back through the crate each one read that ended last before it, first to
     last."""
     rustcs = [q for q in w.procs if q.kind == "rustc" and not q.rundown]
