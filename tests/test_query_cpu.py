@@ -151,7 +151,7 @@ def test_query_cpu_takes_its_frames_from_the_cpu_section(both, tmp_path, monkeyp
     stage.join(timeout=600)
     assert not stage.is_alive(), "query_cpu waits for an offer that never comes"
     assert adopted == [True]
-    monkeypatch.setattr(aggregate, "OFFERS", {})        # (query_cpu waits for nothing and resolves its units)
+    monkeypatch.setattr(aggregate.stage, "OFFERS", {})  # (query_cpu waits for nothing and resolves its units)
     aggregate.run(copies[1], config, dask_pool)
     assert adopted == [True, False]
     assert assert_same_tables(copies[0] / "aggregated", copies[1] / "aggregated") > 20

@@ -901,8 +901,10 @@ def test_sections_in_process_run_apart_and_keep_their_order(tmp_path, monkeypatc
 
     if (os.cpu_count() or 1) < 2:
         pytest.skip("one core: every section runs in this process")
-    monkeypatch.setattr(report, "SECTIONS", [_pid_section, _other_pid_section, _pid_section])
-    monkeypatch.setattr(report, "IN_PROCESS", (_other_pid_section,))
+    from pipeline.report import stage
+
+    monkeypatch.setattr(stage, "SECTIONS", [_pid_section, _other_pid_section, _pid_section])
+    monkeypatch.setattr(stage, "IN_PROCESS", (_other_pid_section,))
     ctx = report.Context(tmp_path, load_config(None), Pool(None), StageOutput(tmp_path, "report", tmp_path))
     first, apart, last = report.run_sections(ctx)
     assert first.html == last.html == str(os.getpid()) != apart.html
