@@ -341,14 +341,24 @@ def resolve_units(con, ctx, name: str) -> None:
         SELECT k.unit_id, k.pos, k.inline_depth, k.module, k.function, k.raw_name, n.crate, n.label
         FROM k JOIN names n ON n.module IS NOT DISTINCT FROM k.module AND n.function = k.function
          AND n.raw_name IS NOT DISTINCT FROM k.raw_name""")
-    # The leaf as a struct, because arg_max skips NULL arguments (unresolved leaves have no module).
+    # Each unit's folded stack: its labels' numbers in order, then the text of each distinct sequence once (the 1 GB
+    # synth's 41,151 units have 997 distinct folded stacks of ~1 KB: joining them unit by unit was most of the
+    # statement). The leaf as a struct, because arg_max skips NULL arguments (unresolved leaves have no module).
+    con.execute(f"""CREATE TEMP TABLE {name}_lid AS
+                    SELECT label, (row_number() OVER ())::INTEGER AS lid FROM (SELECT DISTINCT label FROM {name}_funcs)""")
     con.execute(f"""
         CREATE TABLE {name}_stacks AS
-        SELECT unit_id, folded, leaf.m AS leaf_module, leaf.f AS leaf_function, leaf.r AS leaf_raw_name,
-               leaf.c AS leaf_crate
-        FROM (SELECT unit_id, string_agg(replace(label, ';', ':'), ';' ORDER BY pos DESC, inline_depth) AS folded,
-                     arg_max({{'m': module, 'f': function, 'r': raw_name, 'c': crate}}, pos * -65536 + inline_depth) AS leaf
-              FROM {name}_funcs GROUP BY unit_id)""")
+        WITH u AS (SELECT f.unit_id, list(l.lid ORDER BY f.pos DESC, f.inline_depth) AS seq,
+                          arg_max({{'m': f.module, 'f': f.function, 'r': f.raw_name, 'c': f.crate}},
+                                  f.pos * -65536 + f.inline_depth) AS leaf
+                   FROM {name}_funcs f JOIN {name}_lid l USING (label) GROUP BY f.unit_id),
+        s AS (SELECT x.seq, string_agg(replace(l.label, ';', ':'), ';' ORDER BY x.i) AS folded
+              FROM (SELECT seq, unnest(seq) AS lid, unnest(range(len(seq))) AS i FROM (SELECT DISTINCT seq FROM u)) x
+              JOIN {name}_lid l USING (lid) GROUP BY x.seq)
+        SELECT u.unit_id, s.folded, u.leaf.m AS leaf_module, u.leaf.f AS leaf_function, u.leaf.r AS leaf_raw_name,
+               u.leaf.c AS leaf_crate
+        FROM u JOIN s USING (seq)""")
+    con.execute(f"DROP TABLE {name}_lid")
     con.execute(f"DROP TABLE {name}_pos")
     con.execute(f"DROP TABLE {name}_pick")
     con.execute(f"DROP TABLE {name}_img")
