@@ -34,21 +34,25 @@ SECTIONS: list[Callable[["Context"], Section | None]] = [summary.section, covera
 #: reads its own inputs. The others (small, or users of the dask pool, which
 #: belongs to this process) run here meanwhile.
 IN_PROCESS = (cpu.section, query_cpu.section, memory.section)
+#: Fewer cores than this, and every section runs in this process: on 2 cores (a job runs the warehouse's ingest
+#: beside the report) the processes cost more than they gain: the 1 GB synth run's report took 2.55-2.78 s with
+#: its sections apart and 1.68-2.00 s without (bench/HISTORY.md).
+APART_MIN_CORES = 4
 
 
 def run_sections(ctx: Context) -> list[Section | None]:
     """Every section of ``SECTIONS``, in that order: those of ``IN_PROCESS`` each in a process of its own
     (:func:`pipeline.cluster.processes`), the rest here meanwhile. The processes get the context without its
-    pool. All run here on a machine of one core, and for a run whose inputs are small enough to decode in one
-    process (``cluster.inline_below``): there starting the fork server would cost more than the sections
-    take."""
+    pool. All run here on a machine of fewer than ``APART_MIN_CORES`` cores, and for a run whose inputs are small
+    enough to decode in one process (``cluster.inline_below``): there the processes would cost more than the
+    sections take."""
     import os
 
     from pipeline.cluster import processes, runs_inline
     from pipeline.runs import decoded_input_bytes
 
     apart = [fn for fn in SECTIONS if fn in IN_PROCESS]
-    if not apart or (os.cpu_count() or 1) < 2 or runs_inline(ctx.config.cluster, decoded_input_bytes(ctx.run_dir)):
+    if not apart or (os.cpu_count() or 1) < APART_MIN_CORES or runs_inline(ctx.config.cluster, decoded_input_bytes(ctx.run_dir)):
         return [timed_section(fn, ctx) for fn in SECTIONS]
     lone = Context(ctx.run_dir, ctx.config, None, ctx.out)
     with processes(len(apart)) as procs:
