@@ -35,7 +35,7 @@ def test_a_decoder_change_that_alters_a_table_is_reported(tmp_path):
     subprocess.run(["git", "worktree", "add", "--detach", str(tree), "HEAD"], cwd=ROOT, check=True,
                    capture_output=True)
     try:
-        source = tree / "pipeline" / "decode" / "etl" / "__init__.py"
+        source = tree / "pipeline" / "decode" / "etl" / "decoder.py"
         text = source.read_text()
         assert '"perf_freq": f["perf_freq"],' in text
         source.write_text(text.replace('"perf_freq": f["perf_freq"],', '"perf_freq": f["perf_freq"] + 1,'))
