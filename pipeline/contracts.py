@@ -120,8 +120,35 @@ class SelfProfileCounts(TypedDict, total=False):
     elapsed_s: float
 
 
+class PerfCounts(TypedDict, total=False):
+    """What the decode of one perf.data file counted (:func:`pipeline.decode.perf.decode_perf`)."""
+
+    file: str
+    file_size: int
+    records: int
+    samples: int
+    samples_with_stack: int
+    stacks: int
+    stack_id_collisions: int
+    processes: int
+    threads: int
+    images: int
+    images_inherited: int
+    build_ids: int
+    errors: int
+    lost_events: int
+    lost_samples: int
+    bytes_skipped: int
+    resyncs: int
+    walk_s: float
+    decode_s: float
+    tables_s: float
+    mb_per_s: float
+
+
 class DecodeSummary(TypedDict, total=False):
     etl: EtlCounts
+    perf: PerfCounts
     self_profile: SelfProfileCounts
     hash_wait_s: float          # what the decode waited for its inputs' hashes after it was done
 

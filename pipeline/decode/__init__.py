@@ -28,6 +28,7 @@ STAGE = DECODED
 
 ETL = "etl"
 SELF_PROFILE = "mm_profdata"
+PERF = "perf"   # a Linux perf.data file (``pipeline.decode.perf``): the run's one trace, as an ETL trace would be
 #: What the workers of a local cluster load while it starts (``pipeline.warmup``): the ETL tasks and kernels.
 WARM_UP = ("pipeline.decode.etl.kernels", "pipeline.decode.etl.batch", "pipeline.decode.etl.partition", "pipeline.decode.etl.buckets",
            "pipeline.decode.etl.settle", "pipeline.decode.etl.stackkeys", "pipeline.decode.etl.scratch",
@@ -39,6 +40,8 @@ def sniff(path: sources.Input) -> str:
     head = sources.read_head(path, 0x50)
     if head[:4] == b"MMPD":
         return SELF_PROFILE
+    if head[:8] in (b"PERFILE2", b"2ELIFREP"):     # (a big-endian one is refused by the perf decoder, by name)
+        return PERF
     if len(head) >= 0x4C:
         buffer_type = struct.unpack_from("<H", head, 0x36)[0]
         header_type, marker_flags = head[0x4A], head[0x4B]
@@ -73,7 +76,7 @@ def classify(inputs: list[sources.Input]) -> tuple[sources.Input | None, list[so
             profiles.extend(found)
             continue
         kind = sniff(path)
-        (etl if kind == ETL else profiles).append(path)
+        (etl if kind in (ETL, PERF) else profiles).append(path)
     if len(etl) > 1:
         raise InputError(f"one run holds one ETL trace, got {len(etl)}: {', '.join(map(str, etl))}")
     return (etl[0] if etl else None), profiles
@@ -94,7 +97,11 @@ def run(run_dir: Path, config, pool, inputs: list[sources.Input]) -> DecodeSumma
         with stage_output(run_dir, STAGE, inputs=[], config=config.resolved()) as out:
             checkpoint("decode.started")
             try:
-                if trace is not None:
+                if trace is not None and sniff(trace) == PERF:
+                    from pipeline.decode.perf import decode_perf
+
+                    summary["perf"] = decode_perf(trace, out, config.decode, pool)
+                elif trace is not None:
                     from pipeline.decode.etl import decode_etl
 
                     summary["etl"] = decode_etl(trace, out, config.decode, pool)
@@ -106,7 +113,7 @@ def run(run_dir: Path, config, pool, inputs: list[sources.Input]) -> DecodeSumma
                 # (an input removed or replaced meanwhile, which the decode met as a file gone: said as such)
                 refuse_changed(sources.changed(pins))
                 raise
-            nothing = (trace is None or not summary["etl"].get("records")) and \
+            nothing = (trace is None or not (summary.get("etl") or summary.get("perf") or {}).get("records")) and \
                 (not profiles or not summary["self_profile"].get("decoded"))
             if nothing:     # (no data is not a result: nothing is written, nothing ingested or compared)
                 errors = (summary.get("self_profile") or {}).get("error_messages") or []
@@ -139,6 +146,10 @@ def headline(summary: DecodeSummary) -> str:
         lost = [f"{etl[k]:,} {k.replace('_', ' ')}" for k in ("events_lost", "buffers_lost", "buffers_skipped") if etl.get(k)]
         parts.append(f"{etl.get('records', 0):,} records ({etl.get('errors', 0):,} errors{''.join(', ' + x for x in lost)}), "
                      f"{etl.get('samples', 0):,} samples, {etl.get('heap_snapshots', 0):,} heap snapshots")
+    perf = summary.get("perf")
+    if perf:
+        parts.append(f"{perf.get('records', 0):,} perf records ({perf.get('errors', 0):,} errors), "
+                     f"{perf.get('samples', 0):,} samples, {perf.get('processes', 0):,} processes")
     profiles = summary.get("self_profile")
     if profiles:
         bad = profiles.get("errors", 0) + profiles.get("skipped", 0)
