@@ -186,6 +186,9 @@ class ImageIdentity(TypedDict, total=False):
     age: int
     code_file: str
     code_key: str
+    elf_path: str           # a Linux image (pipeline.symbolize.elf): the mapped file, and its build id if known
+    build_id: str | None
+    kernel: bool            # the kernel of a perf run
 
 
 class SymbolLookup(TypedDict, total=False):
