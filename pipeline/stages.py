@@ -114,11 +114,11 @@ def outputs() -> tuple[str, ...]:
 
 for _row in (
     Stage("capture", "pipeline.capture", CAPTURED, cluster="none", command="pipeline.capture.cli",
-          help="record a build (rustc -Z self-profile; WPR/xperf on Windows)", writes_run=True),
+          help="record a build (rustc -Z self-profile; WPR/xperf on Windows; perf on Linux)", writes_run=True),
     Stage("synth", "pipeline.synth", None, "synth", cluster="none", command="pipeline.synth.cli",
           help="write a synthetic rustc-bootstrap ETL trace with its ground truth"),
     Stage("decode", "pipeline.decode", DECODED, "decode", command="pipeline.decode.cli",
-          help="decode an ETL trace or .mm_profdata files into parquet", writes_run=True),
+          help="decode an ETL trace, a perf.data file or .mm_profdata files into parquet", writes_run=True),
     Stage("symbolize", "pipeline.symbolize", SYMBOLIZED, "symbolize", upstream=("decode",),
           command="pipeline.symbolize.cli", help="resolve stack frames to modules, functions and lines",
           writes_run=True),

@@ -1,0 +1,160 @@
+"""Linux: the build recorded with ``perf record`` (CPU samples with call stacks), always stopped.
+
+``perf record -e cpu-clock -F RATE -g -o RUN_DIR/input/perf.partial.data -- BUILD...`` runs the build as its
+workload. ``cpu-clock`` is a software event, so it works where the machine has no hardware counters (VMs); it
+samples each thread of the build (perf follows forks, so every rustc cargo starts) ``RATE`` times a CPU-second;
+``-g`` records the frame-pointer call chain of each sample. perf runs in a session of its own
+(``portable.shielded``), so a Ctrl-C meant for the build does not cut its writing short: on Ctrl-C or SIGTERM the
+build's process tree is ended (:func:`stop`), perf sees its workload end and writes the file as usual. Only a
+complete file (its header says how much data it holds) is moved to ``RUN_DIR/input/perf.data``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from pipeline import portable
+from pipeline.errors import BootprofError
+
+#: Samples per CPU-second: rustc's phases last milliseconds to seconds, and at ~1 kHz a 2-second crate gets ~2000
+#: samples while the file grows ~150 KB a CPU-second with frame-pointer stacks. perf's default (4000 Hz) quadruples
+#: both, and a prime rate keeps the sampling out of step with periodic work.
+DEFAULT_RATE = 999
+#: How long perf may take to write its file (build ids of every image it saw) once its workload has ended.
+FINISH_S = 120.0
+
+PARTIAL = Path("input") / "perf.partial.data"
+TRACE = Path("input") / "perf.data"
+
+
+def executable() -> str:
+    """The ``perf`` on PATH, or why there is none."""
+    found = shutil.which("perf")
+    if found is None:
+        raise BootprofError("capture --perf: no `perf` on PATH (Debian/Ubuntu: apt-get install linux-perf or "
+                            "linux-tools-$(uname -r))")
+    return found
+
+
+def command(perf: str, out: Path, rate: int, build: list[str]) -> list[str]:
+    return [perf, "record", "-e", "cpu-clock", "-F", str(rate), "-g", "-o", str(out), "--", *build]
+
+
+def check(perf: str) -> str:
+    """perf's version, after a one-process recording that shows it may record here (perf_event_paranoid, a
+    container without perf_event_open); BootprofError with perf's own words otherwise."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="bootprof-perf-") as tmp:
+        probe = subprocess.run([perf, "record", "-e", "cpu-clock", "-q", "-o", str(Path(tmp) / "probe.data"), "--",
+                                "true"], capture_output=True, text=True, encoding="utf-8", errors="replace",
+                               timeout=60)
+    if probe.returncode != 0:
+        raise BootprofError(f"capture --perf: `perf record` cannot record here ({probe.returncode}): "
+                            f"{(probe.stdout + probe.stderr).strip()[-500:] or 'no output'} (as root, or with "
+                            "/proc/sys/kernel/perf_event_paranoid at 1 or below)")
+    version = subprocess.run([perf, "--version"], capture_output=True, text=True, errors="replace")
+    return version.stdout.strip()
+
+
+def stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """End the build that perf runs (its workload and everything that started), SIGINT first as a Ctrl-C would,
+    then SIGTERM and SIGKILL for what is left; perf itself is left to finish its file (:func:`wait`)."""
+    import psutil
+
+    def tree() -> list[psutil.Process]:
+        try:
+            return [p for p in psutil.Process(proc.pid).children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+        except psutil.Error:
+            return []
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+        rest = tree()
+        if not rest:
+            return
+        for p in rest:
+            try:
+                p.send_signal(sig)
+            except psutil.Error:
+                pass
+        psutil.wait_procs(rest, timeout=grace_s)
+
+
+def wait(proc: subprocess.Popen) -> dict[str, Any]:
+    """Wait for perf (and so the build) to end, sampling perf's own CPU time meanwhile; its CPU seconds (what the
+    recording cost, beside the build's) and those of the build."""
+    import psutil
+
+    before = os.times()
+    own = 0.0
+    try:
+        me = psutil.Process(proc.pid)
+    except psutil.Error:
+        me = None
+    while proc.poll() is None:
+        if me is not None:
+            try:
+                t = me.cpu_times()
+                own = t.user + t.system
+            except psutil.Error:
+                pass
+        try:
+            proc.wait(timeout=portable.WAIT_STEP_S)
+        except subprocess.TimeoutExpired:
+            pass
+    after = os.times()
+    tree = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    return {"perf_cpu_s": round(own, 3), "build_cpu_s": round(max(tree - own, 0.0), 3)}
+
+
+def finish(proc: subprocess.Popen, interrupted: bool) -> dict[str, Any]:
+    """After the build: perf given ``FINISH_S`` to write its file (then SIGINT, then SIGKILL); its exit code."""
+    deadline = time.monotonic() + FINISH_S
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return {"perf_exit_code": proc.returncode, "stopped": True, "interrupted": interrupted}
+
+
+def place(run_dir: Path, info: dict[str, Any], elapsed_s: float) -> dict[str, Any]:
+    """Move the recording into place when it is a complete perf.data file; what it is (or its error)."""
+    from pipeline.decode import PERF, sniff
+    from pipeline.decode.perf.header import read_header
+    from pipeline.decode.perf.records import load
+    from pipeline.errors import InputError
+
+    partial, final = run_dir / PARTIAL, run_dir / TRACE
+    info.update(path=None, size=None)
+    if not partial.is_file():
+        info["error"] = f"perf wrote no {partial} (exit code {info.get('perf_exit_code')})"
+        return info
+    try:
+        if sniff(partial) != PERF:
+            raise InputError(f"{partial}: not a perf.data file")
+        hdr = read_header(partial, load(partial))
+    except InputError as exc:
+        info["error"] = f"the stopped recording is not a usable perf.data file: {exc}"
+        return info
+    if hdr.errors:
+        info["error"] = f"the recording is incomplete: {hdr.errors[0]['message']}"
+        return info
+    portable.replace(partial, final)
+    size = final.stat().st_size
+    info.update(path=str(final), size=size, bytes_per_s=round(size / max(elapsed_s, 1e-9)),
+                build_ids=[{"file": b.filename, "build_id": b.build_id, "kernel": b.kernel} for b in hdr.build_ids],
+                perf_cmdline=hdr.cmdline, perf_version=hdr.perf_version)
+    if info.get("build_cpu_s"):
+        info["overhead_pct"] = round(100 * info["perf_cpu_s"] / info["build_cpu_s"], 2)
+    return info
