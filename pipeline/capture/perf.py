@@ -128,11 +128,23 @@ def finish(proc: subprocess.Popen, interrupted: bool) -> dict[str, Any]:
     return {"perf_exit_code": proc.returncode, "stopped": True, "interrupted": interrupted}
 
 
+def build_ids(path: Path) -> list[dict[str, Any]]:
+    """The build ids perf wrote into the file (``perf buildid-list``): one per image with samples."""
+    out = subprocess.run([shutil.which("perf") or "perf", "buildid-list", "-i", str(path)], capture_output=True,
+                         text=True, encoding="utf-8", errors="replace", timeout=120)
+    rows = []
+    for line in out.stdout.splitlines():
+        bid, _, name = line.partition(" ")
+        if bid and name:
+            rows.append({"file": name.strip(), "build_id": bid, "kernel": name.strip().startswith("[kernel")})
+    return rows
+
+
 def place(run_dir: Path, info: dict[str, Any], elapsed_s: float) -> dict[str, Any]:
     """Move the recording into place when it is a complete perf.data file; what it is (or its error)."""
+    import struct
+
     from pipeline.decode import PERF, sniff
-    from pipeline.decode.perf.header import read_header
-    from pipeline.decode.perf.records import load
     from pipeline.errors import InputError
 
     partial, final = run_dir / PARTIAL, run_dir / TRACE
@@ -143,18 +155,20 @@ def place(run_dir: Path, info: dict[str, Any], elapsed_s: float) -> dict[str, An
     try:
         if sniff(partial) != PERF:
             raise InputError(f"{partial}: not a perf.data file")
-        hdr = read_header(partial, load(partial))
     except InputError as exc:
         info["error"] = f"the stopped recording is not a usable perf.data file: {exc}"
         return info
-    if hdr.errors:
-        info["error"] = f"the recording is incomplete: {hdr.errors[0]['message']}"
+    size = partial.stat().st_size
+    with open(partial, "rb") as f:
+        head = f.read(104)
+    # (perf writes the data section's size into the header as it stops: 0, or past the end, is a file cut short)
+    data_offset, data_size = struct.unpack_from("<QQ", head, 40) if len(head) == 104 else (0, 0)
+    if data_size == 0 or data_offset + data_size > size:
+        info["error"] = f"{partial}: incomplete (its header says {data_size} bytes of data at {data_offset})"
         return info
     portable.replace(partial, final)
-    size = final.stat().st_size
     info.update(path=str(final), size=size, bytes_per_s=round(size / max(elapsed_s, 1e-9)),
-                build_ids=[{"file": b.filename, "build_id": b.build_id, "kernel": b.kernel} for b in hdr.build_ids],
-                perf_cmdline=hdr.cmdline, perf_version=hdr.perf_version)
+                build_ids=build_ids(final))
     if info.get("build_cpu_s"):
         info["overhead_pct"] = round(100 * info["perf_cpu_s"] / info["build_cpu_s"], 2)
     return info

@@ -168,10 +168,16 @@ def _elf_table(path: Path, desc: ImageIdentity, meta: dict) -> tuple[Any, str | 
     return table, None
 
 
+def _table_result(result: SymbolLookup, table, directory: Path) -> SymbolLookup:
+    result.update(status="ok", table_dir=str(directory), functions=len(table.names), ranges=int(len(table.starts)))
+    return result
+
+
 def resolve_elf(desc: ImageIdentity, cache: Path, result: SymbolLookup) -> SymbolLookup:
     """The task of :func:`pipeline.symbolize.build.resolve_debug_id` for a Linux image: its cached table, or the
     table built from the kernel's one name or from the ELF file at the recorded path."""
-    from pipeline.symbolize.build import _table_result, have_symbolic
+    import importlib.util
+
     from pipeline.symbolize.table import TABLE_VERSION, load_cached, symbolic_version, table_dir
 
     key = desc["key"]
@@ -184,7 +190,7 @@ def resolve_elf(desc: ImageIdentity, cache: Path, result: SymbolLookup) -> Symbo
         table = _kernel_table(meta)
     else:
         path = Path(desc["elf_path"])
-        if not have_symbolic():
+        if importlib.util.find_spec("symbolic") is None:
             result.update(status="missing", reason=f"reading ELF file {path} needs the `symbolic` package")
             return result
         if not path.is_file():
