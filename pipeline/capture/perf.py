@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import portable
+from pipeline.capture.paths import PERF_TRACE
 from pipeline.errors import BootprofError
 
 #: Samples per CPU-second: rustc's phases last milliseconds to seconds, and at ~1 kHz a 2-second crate gets ~2000
@@ -30,7 +31,7 @@ DEFAULT_RATE = 999
 FINISH_S = 120.0
 
 PARTIAL = Path("input") / "perf.partial.data"
-TRACE = Path("input") / "perf.data"
+TRACE = PERF_TRACE
 
 
 def executable() -> str:

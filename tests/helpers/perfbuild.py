@@ -30,16 +30,49 @@ def cannot_record() -> str | None:
 
 
 def record(root: Path, rate: int = 999) -> Path:
-    """The workspace built from clean under ``bootprof capture --perf`` into ``root/run``; the run directory."""
+    """The workspace built from clean under ``bootprof capture --perf --self-profile`` into ``root/run`` (perf's
+    samples and every rustc's self-profile of one build); the run directory."""
     ws = write_workspace(root / "ws", CRATES)
-    env = rust_env()
+    env = rust_env()        # (RUSTC_BOOTSTRAP=1: -Z self-profile on the stable toolchain)
     env.pop("CARGO_HOME", None)
     subprocess.run(["cargo", "clean", "--quiet"], cwd=ws, env=env, check=True)
     run = root / "run"
-    subprocess.run([sys.executable, "-m", "pipeline", "capture", "--perf", "--perf-rate", str(rate), "--run", str(run),
-                    "--", "cargo", "build", "--offline", "--quiet"], cwd=ws, env=env, check=True,
+    subprocess.run([sys.executable, "-m", "pipeline", "capture", "--perf", "--perf-rate", str(rate), "--self-profile",
+                    "--run", str(run), "--", "cargo", "build", "--offline", "--quiet"], cwd=ws, env=env, check=True,
                    stdout=subprocess.DEVNULL)
     return run
+
+
+_made: dict[str, Path] = {}
+
+
+def recorded(tmp_path_factory) -> Path:
+    """The session's one recorded build (:func:`record`), shared by every perf test module."""
+    if "recorded" not in _made:
+        _made["recorded"] = record(tmp_path_factory.mktemp("perf"))
+    return _made["recorded"]
+
+
+def analyze(run: Path, tmp: Path, *trace: Path) -> Path:
+    """``bootprof run jobs/single-trace.yaml`` on ``run`` (its capture, or ``--trace`` a pack), every stage up to
+    the warehouse in ``tmp``; the run directory."""
+    from tests.conftest import ROOT
+
+    extra = [a for t in trace for a in ("--trace", str(t))]
+    subprocess.run([sys.executable, "-m", "pipeline", "run", str(ROOT / "jobs" / "single-trace.yaml"), "--run", str(run),
+                    *extra, "--set", f"symbolize.cache_dir={tmp / 'symcache'}", "--set",
+                    f"warehouse.path={tmp / 'wh.duckdb'}"], check=True, cwd=tmp, capture_output=True, text=True)
+    return run
+
+
+def analyzed(tmp_path_factory) -> Path:
+    """A copy of the recorded run through every stage (:func:`analyze`), once a session."""
+    if "analyzed" not in _made:
+        tmp = tmp_path_factory.mktemp("perf-analyzed")
+        run = tmp / "run"
+        shutil.copytree(recorded(tmp_path_factory), run)
+        _made["analyzed"] = analyze(run, tmp)
+    return _made["analyzed"]
 
 
 def perf_script_counts(data: Path) -> tuple[Counter, Counter]:
