@@ -140,6 +140,9 @@ class PerfCounts(TypedDict, total=False):
     lost_samples: int
     bytes_skipped: int
     resyncs: int
+    origin_unix_ns: int | None          # Unix time of timestamp_ns 0 (perf's CLOCK_DATA), None without
+    command_lines_from_profiles: int     # processes named by a self-profile of the same decode
+    profiles_unmatched: int              # self-profiles that named no process of the recording
     walk_s: float
     decode_s: float
     tables_s: float

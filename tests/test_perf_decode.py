@@ -5,6 +5,7 @@ of the file; then the whole pipeline on the captured run."""
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 from collections import Counter
@@ -59,8 +60,6 @@ def test_layouts_match_the_format_notes():
 
 
 def test_capture_manifest_names_the_recording(perf_run):
-    import json
-
     rec = json.loads((perf_run / "capture" / "_manifest.json").read_text())["recording"]
     assert rec["tool"] == "perf" and rec["stopped"] and rec["perf_exit_code"] == 0
     assert Path(rec["path"]).parts[-2:] == ("input", "perf.data") and rec["bytes_per_s"] > 0
@@ -118,6 +117,9 @@ def test_top_functions_equal_perf_report(perf_run):
     assert our_kernel == their_kernel       # (perf names kernel functions from kallsyms; bootprof says [kernel])
     files = {Path(f).name: f for f in pq.read_table(perf_run / "decoded" / "images.parquet",
                                                     columns=["file_name"]).column(0).to_pylist()}
+    # (the [vdso] has no path: symbolize read it from perf's build-id cache or this process's own)
+    lookups = json.loads((perf_run / "symbolized" / "_manifest.json").read_text())["debug_ids"]
+    files["[vdso]"] = next((d["source"] for d in lookups if "vdso" in (d.get("source") or "")), "[vdso]")
     # perf's top 20 named user-space functions (rows perf could not name, shown as addresses, left out)
     named = [(name, n) for name, n in theirs.most_common() if not name.startswith("0x")][:20]
     assert len(named) == 20
@@ -127,6 +129,20 @@ def test_top_functions_equal_perf_report(perf_run):
             names = set().union(*[perfbuild.aliases(files[d], name) for d in dsos[name] if d in files]) or {name}
             got = sum(ours.get(a, 0) for a in names)
         assert abs(got - n) <= max(1, 0.01 * n), (name, n, got)
+
+
+def test_the_vdso_is_read_from_this_process_without_perfs_cache(perf_run, tmp_path, monkeypatch):
+    """Where perf's build-id cache is gone, the [vdso] of the kernel that was recorded is this process's own."""
+    from symbolic import Archive
+
+    from pipeline.symbolize.elf import VDSO, vdso_file
+
+    images = pq.read_table(perf_run / "decoded" / "images.parquet", columns=["file_name", "build_id"]).to_pylist()
+    bid = next(i["build_id"] for i in images if i["file_name"] == VDSO and i["build_id"])
+    monkeypatch.setattr(Path, "home", lambda: tmp_path / "home")
+    path, reason = vdso_file(bid, tmp_path / "cache")
+    assert reason is None and path.parent == tmp_path / "cache"
+    assert next(iter(Archive.open(str(path)).iter_objects())).code_id == bid
 
 
 def _damaged(perf_run: Path, tmp_path: Path, kind: str) -> Path:

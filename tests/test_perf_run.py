@@ -93,3 +93,67 @@ def test_a_pack_with_two_recordings_or_a_stray_input_is_refused(tmp_path):
         with pytest.raises(InputError, match="not part of a capture"):
             unpack_into(make("stray.zip", {"capture/_manifest.json": manifest, stray: b"x"}), tmp_path / "r2")
     assert not (tmp_path / "r2" / "input").exists()
+
+
+def test_crates_and_queries_of_a_perf_run(recorded, tmp_path_factory):
+    """``capture --perf --self-profile``: each rustc process is named by its self-profile (command line, so crate),
+    CPU by crate counts the samples of those pids, and the samples are attributed to the queries running on their
+    threads (the sample clock put on the wall clock by perf's CLOCK_DATA)."""
+    import duckdb
+
+    run = perfbuild.analyzed(tmp_path_factory)
+    capture = json.loads((run / "capture" / "_manifest.json").read_text())
+    assert capture["recording"]["clock"] == "monotonic" and len(capture["files"]) >= 4
+    perf = json.loads((run / "decoded" / "_manifest.json").read_text())["perf"]
+    profiles = pq.read_table(run / "decoded" / "self_profiles.parquet").to_pylist()
+    ok = [p for p in profiles if p["status"] == "ok"]
+    assert {p["crate"] for p in ok} >= {"tiny", "small", "app", "build_script_build"}
+    assert perf["command_lines_from_profiles"] == len(ok) and perf["profiles_unmatched"] == 0
+    origin = pq.read_table(run / "decoded" / "perf_file.parquet").column("origin_unix_ns")[0].as_py()
+    assert origin is not None and abs(origin - min(p["start_time_ns"] for p in ok)) < 60e9
+
+    procs = pq.read_table(run / "decoded" / "processes.parquet").to_pylist()
+    named = {p["pid"]: p["command_line"] for p in procs if p["command_line"]}
+    assert named == {p["pid"]: p["cmd"].rstrip() for p in ok}
+
+    # CPU by crate: the samples of each rustc pid its self-profile names, crate by crate
+    per_pid = duckdb.sql(f"SELECT pid, count(*) FROM read_parquet('{run}/decoded/samples.parquet') GROUP BY pid"
+                         ).fetchall()
+    per_pid = dict(per_pid)
+    want = {}
+    for p in ok:
+        want[p["crate"]] = want.get(p["crate"], 0) + per_pid.get(p["pid"], 0)
+    by_crate = {r["crate"]: r["samples"] for r in pq.read_table(run / "aggregated" / "cpu_by_crate.parquet").to_pylist()}
+    assert by_crate == {c: n for c, n in want.items() if n}
+    assert sum(by_crate.values()) > 100
+
+    # CPU by query: every sample of a profiled rustc process attributed, most inside a query
+    by_query = pq.read_table(run / "aggregated" / "cpu_by_query.parquet").to_pylist()
+    build = [r for r in by_query if r["scope"] == "build"]
+    assert sum(r["samples"] for r in build) == sum(by_crate.values())
+    inside = sum(r["samples"] for r in build if r["attribution"] == "query")
+    assert inside >= 0.6 * sum(by_crate.values()), (inside, sum(by_crate.values()))
+    labels = {r["label"] for r in build if r["attribution"] == "query"}
+    assert {"typeck", "LLVM_passes"} & labels or {"codegen_module"} & labels, sorted(labels)[:20]
+
+    # the report: the crates, the queries and what they burn CPU in, the critical path through the crates
+    page = (run / "report" / "index.html").read_text(encoding="utf-8")
+    for section in ('id="queries"', 'id="query-cpu"'):
+        assert section in page
+    assert f"{len(ok)} rustc processes are named by their self-profile" in page
+    # (shown when the path has two crates or more: a library, then app, which takes it with --extern)
+    assert "critical path (from their command lines' <code>--extern</code>)" in page
+
+
+def test_a_profile_names_the_instance_of_its_pid_alive_at_its_start():
+    from pipeline.decode.perf.commands import match
+
+    procs = [{"pid": 5, "start_ns": 0, "end_ns": 100}, {"pid": 5, "start_ns": 200, "end_ns": None},
+             {"pid": 6, "start_ns": None, "end_ns": 50}]
+    origin = 1_000_000
+    profiles = [{"pid": 5, "cmd": "rustc --crate-name b ", "start_time_ns": origin + 250},
+                {"pid": 6, "cmd": "rustc --crate-name c ", "start_time_ns": None},
+                {"pid": 7, "cmd": "rustc --crate-name d ", "start_time_ns": origin}]
+    assert match(procs, profiles, origin) == ({1: "rustc --crate-name b", 2: "rustc --crate-name c"}, 1)
+    # (without perf's clock a reused pid cannot be told apart: counted, not guessed)
+    assert match(procs, profiles[:1], None) == ({}, 1)

@@ -1,9 +1,10 @@
 """Linux: the build recorded with ``perf record`` (CPU samples with call stacks), always stopped.
 
-``perf record -e cpu-clock -F RATE -g -o RUN_DIR/input/perf.partial.data -- BUILD...`` runs the build as its
-workload. ``cpu-clock`` is a software event, so it works where the machine has no hardware counters (VMs); it
+``perf record -e cpu-clock -F RATE -g -k monotonic -o RUN_DIR/input/perf.partial.data -- BUILD...`` runs the build
+as its workload. ``cpu-clock`` is a software event, so it works where the machine has no hardware counters (VMs); it
 samples each thread of the build (perf follows forks, so every rustc cargo starts) ``RATE`` times a CPU-second;
-``-g`` records the frame-pointer call chain of each sample. perf runs in a session of its own
+``-g`` records the frame-pointer call chain of each sample; ``-k monotonic`` times samples on CLOCK_MONOTONIC and
+has perf write the wall-clock time of one moment of it. perf runs in a session of its own
 (``portable.shielded``), so a Ctrl-C meant for the build does not cut its writing short: on Ctrl-C or SIGTERM the
 build's process tree is ended (:func:`stop`), perf sees its workload end and writes the file as usual. Only a
 complete file (its header says how much data it holds) is moved to ``RUN_DIR/input/perf.data``.
@@ -27,6 +28,10 @@ from pipeline.errors import BootprofError
 #: samples while the file grows ~150 KB a CPU-second with frame-pointer stacks. perf's default (4000 Hz) quadruples
 #: both, and a prime rate keeps the sampling out of step with periodic work.
 DEFAULT_RATE = 999
+#: The sample clock (``perf record -k``): with a clock named, perf writes the Unix time of one moment of it
+#: (HEADER_CLOCK_DATA), which puts samples on the self-profiles' clock (wall time) for CPU by query; CLOCK_MONOTONIC
+#: does not jump with the wall clock during the build.
+CLOCK = "monotonic"
 #: How long perf may take to write its file (build ids of every image it saw) once its workload has ended.
 FINISH_S = 120.0
 
@@ -44,7 +49,7 @@ def executable() -> str:
 
 
 def command(perf: str, out: Path, rate: int, build: list[str]) -> list[str]:
-    return [perf, "record", "-e", "cpu-clock", "-F", str(rate), "-g", "-o", str(out), "--", *build]
+    return [perf, "record", "-e", "cpu-clock", "-F", str(rate), "-g", "-k", CLOCK, "-o", str(out), "--", *build]
 
 
 def check(perf: str) -> str:

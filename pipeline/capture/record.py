@@ -148,7 +148,8 @@ def run(run_dir: Path, config, pool=None, inputs: list[str] | None = None, event
     if perf_rate is not None:
         perf_exe = linux_perf.executable()
         manifest["recording"] = {"tool": "perf", "executable": perf_exe, "version": linux_perf.check(perf_exe),
-                                 "event": "cpu-clock", "rate_hz": perf_rate, "call_graph": "fp"}
+                                 "event": "cpu-clock", "rate_hz": perf_rate, "call_graph": "fp",
+                                 "clock": linux_perf.CLOCK}
         (run_dir / linux_perf.PARTIAL).parent.mkdir(parents=True, exist_ok=True)
         (run_dir / linux_perf.PARTIAL).unlink(missing_ok=True)
     if recording is not None:

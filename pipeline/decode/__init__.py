@@ -109,6 +109,10 @@ def run(run_dir: Path, config, pool, inputs: list[sources.Input]) -> DecodeSumma
                     from pipeline.decode.measureme import decode_profiles
 
                     summary["self_profile"] = decode_profiles(profiles, out, config.decode, pool)
+                if summary.get("perf") and profiles:    # (perf records no command lines; the self-profiles have them)
+                    from pipeline.decode.perf import name_from_profiles
+
+                    name_from_profiles(out, summary["perf"])
             except OSError:
                 # (an input removed or replaced meanwhile, which the decode met as a file gone: said as such)
                 refuse_changed(sources.changed(pins))

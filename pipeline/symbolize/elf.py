@@ -10,7 +10,8 @@ functions in one table.
 
 Identity: the build id perf recorded for the file (HEADER_BUILD_ID or the MMAP2 record), checked against the
 file found at the recorded path; a file without a build id (librustc_driver has none) is taken by its path as it
-is now, which the report's symbol line says. Kernel images (pid 0) resolve to one function, ``[kernel]``.
+is now, which the report's symbol line says. Kernel images (pid 0) resolve to one function, ``[kernel]``; the
+``[vdso]`` is read from perf's build-id cache or, on the kernel that was recorded, from this process's own.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ KERNEL_KEY = "linux-kernel"
 #: ``*-dbg``/``*-dbgsym`` packages, Fedora's ``debuginfo``): searched before the mapped file itself.
 DEBUG_DIRS = (Path("/usr/lib/debug"),)
 KERNEL_FUNCTION = "[kernel]"
+#: The kernel's virtual shared object that perf names by its build id (``clock_gettime`` and friends run there).
+VDSO = "[vdso]"
 PT_LOAD = 1
 
 
@@ -50,6 +53,38 @@ def identities(images, ids: list) -> None:
         elif name.startswith("/"):
             key = f"elf-{bid}" if bid else _path_key(name)
             ids[i] = {"key": key, "debug_id": key, "pdb_name": None, "elf_path": name, "build_id": bid}
+        elif name == VDSO and bid:
+            ids[i] = {"key": f"elf-{bid}", "debug_id": f"elf-{bid}", "pdb_name": None, "elf_path": VDSO,
+                      "build_id": bid}
+
+
+def vdso_file(build_id: str, cache: Path) -> tuple[Path | None, str | None]:
+    """The ``[vdso]`` whose build id perf recorded, as a file: perf's own copy (its build-id cache,
+    ``~/.debug/[vdso]/<build id>/vdso``), else this process's vdso when the kernel is the one recorded (same build
+    id), written into ``cache``; or why there is none."""
+    import sys
+
+    saved = Path.home() / ".debug" / VDSO / build_id / "vdso"
+    if saved.is_file():
+        return saved, None
+    if not sys.platform.startswith("linux"):
+        return None, f"{VDSO} {build_id}: not in perf's build-id cache ({saved}) and this is no Linux machine"
+    import ctypes
+
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            line = next((ln for ln in f if ln.rstrip().endswith(VDSO)), None)
+    except OSError as exc:
+        return None, f"{VDSO}: /proc/self/maps: {exc}"
+    if line is None:
+        return None, f"{VDSO}: this process has none"
+    lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+    out = cache / f"vdso-{build_id}.so"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_bytes(ctypes.string_at(lo, hi - lo))     # (the kernel's vdso image is one readable mapping)
+    tmp.replace(out)
+    return out, None
 
 
 def _path_key(name: str) -> str:
@@ -193,7 +228,12 @@ def resolve_elf(desc: ImageIdentity, cache: Path, result: SymbolLookup) -> Symbo
         if importlib.util.find_spec("symbolic") is None:
             result.update(status="missing", reason=f"reading ELF file {path} needs the `symbolic` package")
             return result
-        if not path.is_file():
+        if desc["elf_path"] == VDSO:
+            path, reason = vdso_file(desc["build_id"], cache / "vdso")
+            if path is None:
+                result.update(status="missing", reason=reason)
+                return result
+        elif not path.is_file():
             result.update(status="missing", reason=f"{path} is not on this machine (symbolize a perf run where "
                                                    "it was recorded)")
             return result

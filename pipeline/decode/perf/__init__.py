@@ -2,7 +2,8 @@
 
 Entry point :func:`decode_perf`, called by :func:`pipeline.decode.run` for an input that starts with ``PERFILE2``.
 Three layers: ``header`` (file header, attrs, feature sections), ``kernels``/``records`` (the numba walk over
-the data section's records), ``tables`` (processes, threads, images, samples, stacks). Tables and columns, and
+the data section's records), ``tables`` (processes, threads, images, samples, stacks); ``commands`` names the rustc
+processes from the self-profiles decoded beside the file (:func:`name_from_profiles`). Tables and columns, and
 what each means for perf: ``schema.md``.
 """
 
@@ -14,6 +15,10 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from pipeline import sources
+
+from pipeline.decode.perf.commands import name_from_profiles
+
+__all__ = ["decode_perf", "name_from_profiles"]
 
 if TYPE_CHECKING:
     from pipeline.contracts import PerfCounts
@@ -59,6 +64,8 @@ def decode_perf(path: sources.Input, out, cfg, pool) -> PerfCounts:
         "type": pa.array([c[0] for c in counts], pa.uint32()), "name": pa.array([c[1] for c in counts], pa.string()),
         "count": pa.array([c[2] for c in counts], pa.int64())}))
     attr = hdr.attrs[0]
+    # (the Unix time of timestamp_ns 0, when perf wrote its clock's reference: what puts samples on the wall clock)
+    origin_unix_ns = origin - hdr.clock_ref_ns + hdr.clock_wall_ns if hdr.clock_ref_ns is not None and origin else None
     out.write_table(FILE_TABLE, pa.Table.from_pylist([{
         "file": str(path), "file_size": hdr.file_size, "data_offset": hdr.data_offset, "data_size": hdr.data_size,
         "hostname": hdr.hostname, "os_release": hdr.os_release, "perf_version": hdr.perf_version, "arch": hdr.arch,
@@ -66,7 +73,8 @@ def decode_perf(path: sources.Input, out, cfg, pool) -> PerfCounts:
         "events": len(hdr.attrs), "event_type": attr.type, "event_config": attr.config,
         "sample_type": attr.sample_type_names(), "sample_freq": attr.sample_period if attr.freq else None,
         "sample_period": None if attr.freq else attr.sample_period, "clockid": attr.clockid,
-        "origin_timestamp": origin, "first_sample_time": hdr.first_sample_time,
+        "origin_timestamp": origin, "origin_unix_ns": origin_unix_ns,
+        "first_sample_time": hdr.first_sample_time,
         "last_sample_time": hdr.last_sample_time,
         "features": ",".join(L.FEATURE_NAMES.get(b, str(b)) for b in hdr.features),
         "build_ids": len(hdr.build_ids),
@@ -81,7 +89,7 @@ def decode_perf(path: sources.Input, out, cfg, pool) -> PerfCounts:
         "threads": len(life.threads), "images": images.num_rows, "images_inherited": inherited,
         "build_ids": len(hdr.build_ids), "errors": total_errors, "lost_events": int(tot[K.N_LOST]),
         "lost_samples": int(tot[K.N_LOST_SAMPLES]), "bytes_skipped": int(tot[K.N_SKIPPED]),
-        "resyncs": int(tot[K.N_RESYNCS]), "walk_s": round(rec.walk_s, 3),
+        "resyncs": int(tot[K.N_RESYNCS]), "origin_unix_ns": origin_unix_ns, "walk_s": round(rec.walk_s, 3),
         "decode_s": round(elapsed, 3), "tables_s": round(elapsed - (t_walk - t0), 3),
         "mb_per_s": round(hdr.file_size / 1e6 / max(elapsed, 1e-9), 1),
     }

@@ -76,6 +76,8 @@ class PerfHeader:
     cmdline: list[str] | None = None
     first_sample_time: int | None = None
     last_sample_time: int | None = None
+    clock_wall_ns: int | None = None    # HEADER_CLOCK_DATA: Unix time (ns) ...
+    clock_ref_ns: int | None = None     # ... and the sample clock's time at the same moment
     build_ids: list[BuildId] = field(default_factory=list)
     errors: list[dict] = field(default_factory=list)
 
@@ -208,6 +210,10 @@ def _read_features(path, raw, hdr: PerfHeader, table: int) -> None:
                 hdr.cmdline = args
             elif bit == L.FEAT_SAMPLE_TIME and length >= 16:
                 hdr.first_sample_time, hdr.last_sample_time = struct.unpack_from("<QQ", raw, off)
+            elif bit == L.FEAT_CLOCK_DATA and length >= L.CLOCK_DATA_SIZE:
+                version, _clockid, wall, ref = struct.unpack_from("<IIQQ", raw, off)
+                if version >= 1 and wall and ref:
+                    hdr.clock_wall_ns, hdr.clock_ref_ns = wall, ref
             elif bit == L.FEAT_BUILD_ID:
                 _read_build_ids(path, raw, hdr, off, end)
         except ValueError as exc:

@@ -150,6 +150,9 @@ FEATURE_NAMES = {
     20: "CACHE", 21: "SAMPLE_TIME", 22: "MEM_TOPOLOGY", 23: "CLOCKID", 24: "DIR_FORMAT", 25: "BPF_PROG_INFO",
     26: "BPF_BTF", 27: "COMPRESSED", 28: "CPU_PMU_CAPS", 29: "CLOCK_DATA", 30: "HYBRID_TOPOLOGY", 31: "PMU_CAPS",
 }
+#: HEADER_CLOCK_DATA (``perf record -k CLOCK``): u32 version, u32 clockid, u64 wall-clock ns (gettimeofday), u64
+#: ns of the sample clock, read at one moment: what turns a sample's time into Unix time.
+CLOCK_DATA_SIZE = 4 + 4 + 8 + 8
 #: HEADER_BUILD_ID entry: perf_event_header, s32 pid, u8 build_id[24] (20 used, byte 20 the size with
 #: MISC_BUILD_ID_SIZE), char filename[] up to the entry's size.
 BUILD_ID_PID, BUILD_ID_BYTES, BUILD_ID_SIZE_BYTE, BUILD_ID_FILENAME = 8, 12, 32, 36
