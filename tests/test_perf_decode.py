@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -208,3 +210,29 @@ def test_whole_pipeline_on_the_captured_run(tmp_path_factory):
     functions = pq.read_table(run / "aggregated" / "cpu_by_function.parquet").to_pylist()
     assert any(f["function"] == "[kernel]" for f in functions)
     assert any((f["module"] or "").startswith("librustc_driver") for f in functions)
+
+
+def test_decode_without_jit_equals_compiled(perf_run, tmp_path):
+    """The perf walk once more as plain Python (NUMBA_DISABLE_JIT=1), on the recorded build and its self-profiles
+    (and on a damaged copy, for the error and resync paths): the same tables as the compiled walk."""
+    import os
+
+    from tests.conftest import ROOT, assert_same_tables
+
+    flipped = _damaged(perf_run, tmp_path, "flipped")
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(json.dumps({"cluster": {"mode": "synchronous"}}))
+    for name, inputs in (("real", [perf_run / "input" / "perf.data", perf_run / "selfprofile"]), ("flipped", [flipped])):
+        runs = {}
+        for mode, extra in (("jit", {}), ("nojit", {"NUMBA_DISABLE_JIT": "1"})):
+            env = {k: v for k, v in os.environ.items() if k != "NUMBA_DISABLE_JIT"} | extra
+            runs[mode] = tmp_path / f"{name}-{mode}"
+            proc = subprocess.run([sys.executable, "-m", "pipeline", "--config", str(cfg), "decode", *map(str, inputs),
+                                   "--run", str(runs[mode])], cwd=ROOT, env=env, capture_output=True, text=True,
+                                  timeout=600)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+        assert assert_same_tables(runs["jit"] / "decoded", runs["nojit"] / "decoded") == (10 if name == "real" else 8)
+        manifests = [json.loads((runs[m] / "decoded" / "_manifest.json").read_text())["perf"] for m in ("jit", "nojit")]
+        keep = {k: v for k, v in manifests[0].items() if not k.endswith("_s") and k not in ("mb_per_s",)}
+        assert keep == {k: v for k, v in manifests[1].items() if k in keep}
+        assert manifests[0]["samples"] > 100 and (name == "real") == (manifests[0]["errors"] == 0)
