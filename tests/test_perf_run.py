@@ -157,3 +157,53 @@ def test_a_profile_names_the_instance_of_its_pid_alive_at_its_start():
     assert match(procs, profiles, origin) == ({1: "rustc --crate-name b", 2: "rustc --crate-name c"}, 1)
     # (without perf's clock a reused pid cannot be told apart: counted, not guessed)
     assert match(procs, profiles[:1], None) == ({}, 1)
+
+
+def test_a_linux_and_a_windows_run_in_one_warehouse(recorded, tmp_path, capsys):
+    """A perf run of the fixtures' cargo workspace beside a Windows run (an ETL fixture trace with the same
+    workspace's self-profiles, recorded by rustc 1.95) in one warehouse: each labelled with its platform, one job and
+    workload (the same crates), and ``warehouse compare`` gives the crates' and queries' differences and says the
+    runs were recorded on different platforms."""
+    from pipeline.cli import main as cli_main
+    from pipeline.warehouse import compare
+    from tests.conftest import fixture_path
+    from tests.helpers.selfprofile import workspace_copy
+    from tests.realbuild import rust_env
+
+    db = tmp_path / "wh.duckdb"
+    # Windows: the fixture trace (its start: 2019) and the fixture self-profiles, through every stage
+    windows = perfbuild.analyze(tmp_path / "xplat-20190101-000000", tmp_path, fixture_path("etl/airbus/AMSITrace.etl"),
+                                fixture_path("selfprofile/workspace-clean"), db=db)
+    # Linux: the same workspace built here under capture --perf --self-profile
+    ws = workspace_copy(tmp_path)
+    linux = tmp_path / "xplat-20260101-000000"
+    subprocess.run([sys.executable, "-m", "pipeline", "capture", "--perf", "--self-profile", "--run", str(linux), "--",
+                    "cargo", "build", "--offline", "--quiet"], cwd=ws, env=rust_env(), check=True,
+                   stdout=subprocess.DEVNULL)
+    perfbuild.analyze(linux, tmp_path, db=db)
+
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    runs = con.execute("SELECT run_id, job, workload, labels['platform'] FROM runs ORDER BY run_time").fetchall()
+    con.close()
+    assert [(r[0], r[3]) for r in runs] == [(windows.name, "windows"), (linux.name, "linux")]
+    assert runs[0][1:3] == runs[1][1:3] and runs[0][2].startswith("build of 3 crates")
+
+    c = compare(db, linux.name)
+    assert c["baseline_run_id"] == windows.name
+    assert "recorded on linux, the baseline on windows" in c["reason"]
+    rows = c["headline"] + c["changes"]
+    crates = {r["key"] for r in rows if r["kind"] in ("query_crate_ns", "crate_wall_ns")}
+    assert crates == {"app", "util", "mathx"}
+    queries = {r["key"]: r for r in rows if r["kind"] == "query_self_ns"}
+    assert {"typeck", "mir_borrowck", "LLVM_passes"} <= queries.keys()
+    assert all(r["baseline_value"] > 0 and r["value"] > 0 for k, r in queries.items() if k in ("typeck", "LLVM_passes"))
+    assert {f["key"] for f in c["families"] if f["family"] == "crate time"} >= {"app", "util", "mathx"}
+
+    capsys.readouterr()
+    code = cli_main(["warehouse", "--db", str(db), "compare", "--run", linux.name, "--all", "--limit", "100000"])
+    out = capsys.readouterr().out
+    assert code in (0, 1), out
+    assert f"vs baseline {windows.name}" in out and "recorded on linux, the baseline on windows" in out
+    assert "mathx" in out and "typeck" in out

@@ -53,15 +53,16 @@ def recorded(tmp_path_factory) -> Path:
     return _made["recorded"]
 
 
-def analyze(run: Path, tmp: Path, *trace: Path) -> Path:
-    """``bootprof run jobs/single-trace.yaml`` on ``run`` (its capture, or ``--trace`` a pack), every stage up to
-    the warehouse in ``tmp``; the run directory."""
+def analyze(run: Path, tmp: Path, *trace: Path, db: Path | None = None) -> Path:
+    """``bootprof run jobs/single-trace.yaml`` on ``run`` (its capture, or ``--trace`` files or a pack), every stage
+    up to the warehouse (``db``, else one in ``tmp``); the run directory."""
     from tests.conftest import ROOT
 
     extra = [a for t in trace for a in ("--trace", str(t))]
-    subprocess.run([sys.executable, "-m", "pipeline", "run", str(ROOT / "jobs" / "single-trace.yaml"), "--run", str(run),
-                    *extra, "--set", f"symbolize.cache_dir={tmp / 'symcache'}", "--set",
-                    f"warehouse.path={tmp / 'wh.duckdb'}"], check=True, cwd=tmp, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "run", str(ROOT / "jobs" / "single-trace.yaml"), "--run",
+                           str(run), *extra, "--set", f"symbolize.cache_dir={tmp / 'symcache'}", "--set",
+                           f"warehouse.path={db or tmp / 'wh.duckdb'}"], cwd=tmp, capture_output=True, text=True)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     return run
 
 
