@@ -141,6 +141,7 @@ class PerfCounts(TypedDict, total=False):
     bytes_skipped: int
     resyncs: int
     origin_unix_ns: int | None          # Unix time of timestamp_ns 0 (perf's CLOCK_DATA), None without
+    dwarf_unwind: dict[str, Any]        # --call-graph dwarf: images with CFI, rows, frames unwound (decode/perf/unwind.py)
     command_lines_from_profiles: int     # processes named by a self-profile of the same decode
     profiles_unmatched: int              # self-profiles that named no process of the recording
     walk_s: float

@@ -30,6 +30,9 @@ def add_arguments(p) -> None:
     p.add_argument("--perf", action="store_true",
                    help="record the build with Linux perf (cpu-clock samples with frame-pointer call stacks)")
     p.add_argument("--perf-rate", type=int, metavar="HZ", help="with --perf: samples per CPU-second (default 999)")
+    p.add_argument("--perf-call-graph", choices=("fp", "dwarf"), default=None,
+                   help="with --perf: call stacks by frame pointers (fp, default) or by DWARF unwinding of a copy of "
+                   "each sample's user stack (dwarf: deeper user stacks, ~30 times larger files)")
     p.add_argument("--profile", action="append", metavar="FILE.wprp!NAME",
                    help="with --wpr: a WPR profile to start instead of bootprof's CPU and VirtualAlloc "
                    "(FILE.wprp!NAME or a built-in name such as GeneralProfile); repeatable")
@@ -59,6 +62,14 @@ def _perf_rate(args) -> int | None:
     return (args.perf_rate or DEFAULT_RATE) if args.perf else None
 
 
+def _call_graph(args) -> str:
+    from pipeline.errors import InputError
+
+    if args.perf_call_graph is not None and not args.perf:
+        raise InputError("capture: --perf-call-graph goes with --perf")
+    return args.perf_call_graph or "fp"
+
+
 def main(args, config) -> int:
     from pipeline import capture
 
@@ -68,7 +79,7 @@ def main(args, config) -> int:
     run_dir = args.run_dir or fresh_dir(Path("runs") / f"capture-{time.strftime('%Y%m%d-%H%M%S')}")
     summary = capture.run(run_dir, config, None, inputs=command, events=args.events, self_profile=args.self_profile,
                           etw_tool=args.etw, profiles=args.profile, heap_period_s=args.heap_snapshots,
-                          symbols=args.symbols, perf_rate=_perf_rate(args))
+                          symbols=args.symbols, perf_rate=_perf_rate(args), perf_call_graph=_call_graph(args))
     for warning in summary["warnings"]:
         print(f"  warning: {warning}")
     if args.self_profile:

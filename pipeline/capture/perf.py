@@ -48,8 +48,17 @@ def executable() -> str:
     return found
 
 
-def command(perf: str, out: Path, rate: int, build: list[str]) -> list[str]:
-    return [perf, "record", "-e", "cpu-clock", "-F", str(rate), "-g", "-k", CLOCK, "-o", str(out), "--", *build]
+#: ``--perf-call-graph``: frame pointers (``-g``: perf walks the chain in the kernel; code built without them gives
+#: short or wrong user stacks), or ``dwarf``: each sample keeps the user registers and the top ``DWARF_STACK``
+#: bytes of the user stack, which the decoder unwinds with the images' ``.eh_frame`` (``pipeline/decode/perf/unwind.py``;
+#: ~8 KB a sample, so a file ~30 times larger at the same rate).
+CALL_GRAPHS = ("fp", "dwarf")
+DWARF_STACK = 8192
+
+
+def command(perf: str, out: Path, rate: int, build: list[str], call_graph: str = "fp") -> list[str]:
+    graph = ["-g"] if call_graph == "fp" else ["--call-graph", f"dwarf,{DWARF_STACK}"]
+    return [perf, "record", "-e", "cpu-clock", "-F", str(rate), *graph, "-k", CLOCK, "-o", str(out), "--", *build]
 
 
 def check(perf: str) -> str:

@@ -86,13 +86,13 @@ def _copy_symbols(run_dir: Path, trace: Path, checkout: Path, config) -> list[di
 def run(run_dir: Path, config, pool=None, inputs: list[str] | None = None, events: str | None = None,
         cwd: Path | None = None, *, self_profile: bool = True, etw_tool: str | None = None,
         profiles: list[str] | None = None, heap_period_s: float | None = None,
-        symbols: bool = True, perf_rate: int | None = None) -> dict[str, Any]:
+        symbols: bool = True, perf_rate: int | None = None, perf_call_graph: str = "fp") -> dict[str, Any]:
     """Run the build command ``inputs`` (argv) once, with self-profiling into ``RUN_DIR/selfprofile/``
     and/or inside a WPR or xperf recording (``etw_tool``) into ``RUN_DIR/input/trace.etl``. With ``symbols``, the
     recorded trace is decoded and the PDBs of its images that lie under the checkout are copied into
     ``RUN_DIR/symbols/`` (:mod:`pipeline.capture.bundle`), so that the run can be analyzed elsewhere. With
     ``perf_rate`` (Linux), the build runs under ``perf record`` at that many samples a CPU-second into
-    ``RUN_DIR/input/perf.data`` (:mod:`pipeline.capture.perf`)."""
+    ``RUN_DIR/input/perf.data`` (:mod:`pipeline.capture.perf`), with call stacks by ``perf_call_graph``."""
     from pipeline.capture import etw
     from pipeline.capture import perf as linux_perf
 
@@ -148,7 +148,7 @@ def run(run_dir: Path, config, pool=None, inputs: list[str] | None = None, event
     if perf_rate is not None:
         perf_exe = linux_perf.executable()
         manifest["recording"] = {"tool": "perf", "executable": perf_exe, "version": linux_perf.check(perf_exe),
-                                 "event": "cpu-clock", "rate_hz": perf_rate, "call_graph": "fp",
+                                 "event": "cpu-clock", "rate_hz": perf_rate, "call_graph": perf_call_graph,
                                  "clock": linux_perf.CLOCK}
         (run_dir / linux_perf.PARTIAL).parent.mkdir(parents=True, exist_ok=True)
         (run_dir / linux_perf.PARTIAL).unlink(missing_ok=True)
@@ -173,7 +173,8 @@ def run(run_dir: Path, config, pool=None, inputs: list[str] | None = None, event
         try:
             if perf_exe is not None:    # (perf in a session of its own: a Ctrl-C must not cut its file short)
                 proc = subprocess.Popen(linux_perf.command(perf_exe, run_dir / linux_perf.PARTIAL, perf_rate,
-                                                           list(inputs)), env=env, cwd=cwd, **portable.shielded())
+                                                           list(inputs), perf_call_graph),
+                                        env=env, cwd=cwd, **portable.shielded())
             else:
                 proc = subprocess.Popen(list(inputs), env=env, cwd=cwd, **portable.child_group())
         except OSError as exc:

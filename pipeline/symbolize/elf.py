@@ -17,11 +17,12 @@ is now, which the report's symbol line says. Kernel images (pid 0) resolve to on
 from __future__ import annotations
 
 import hashlib
-import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from pipeline.decode.perf.elfload import load_segments
 
 if TYPE_CHECKING:
     from pipeline.contracts import ImageIdentity, SymbolLookup
@@ -33,7 +34,6 @@ DEBUG_DIRS = (Path("/usr/lib/debug"),)
 KERNEL_FUNCTION = "[kernel]"
 #: The kernel's virtual shared object that perf names by its build id (``clock_gettime`` and friends run there).
 VDSO = "[vdso]"
-PT_LOAD = 1
 
 
 def identities(images, ids: list) -> None:
@@ -96,28 +96,6 @@ def _path_key(name: str) -> str:
     except OSError:
         return key
     return f"{key}-{st.st_size:x}-{st.st_mtime_ns:x}"
-
-
-def load_segments(path: Path) -> list[tuple[int, int, int]]:
-    """(p_offset, p_vaddr, p_filesz) of each PT_LOAD of a 64-bit little-endian ELF file, in file order."""
-    with open(path, "rb") as f:
-        ident = f.read(64)
-        if len(ident) < 64 or ident[:4] != b"\x7fELF":
-            raise ValueError(f"{path} is not an ELF file")
-        if ident[4] != 2 or ident[5] != 1:
-            raise ValueError(f"{path}: only 64-bit little-endian ELF files are read")
-        phoff, = struct.unpack_from("<Q", ident, 0x20)
-        phentsize, phnum = struct.unpack_from("<HH", ident, 0x36)
-        if phentsize < 56 or phnum > 4096:
-            raise ValueError(f"{path}: program headers of {phentsize} bytes x {phnum} cannot be")
-        f.seek(phoff)
-        table = f.read(phentsize * phnum)
-    out = []
-    for k in range(len(table) // phentsize):
-        p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz = struct.unpack_from("<IIQQQQ", table, k * phentsize)
-        if p_type == PT_LOAD:
-            out.append((p_offset, p_vaddr, p_filesz))
-    return out
 
 
 def to_file_offsets(starts: np.ndarray, range_loc: np.ndarray, segments: list[tuple[int, int, int]],

@@ -47,8 +47,15 @@ def decode_perf(path: sources.Input, out, cfg, pool) -> PerfCounts:
     hdr = rec.header
     origin = T.origin(rec)
     life = T.lifetimes(rec)
-    samples, stacks, collisions = T.samples_and_stacks(rec, origin)
     images, inherited = T.images_table(rec, life, origin)
+    unwound = None
+    if hdr.attrs[0].sample_type & L.SAMPLE_REGS_USER and hdr.attrs[0].sample_type & L.SAMPLE_STACK_USER:
+        # (perf record --call-graph dwarf: the user part of each stack is unwound here, from the stack copies)
+        from pipeline.decode.perf.unwind import user_stacks
+
+        counts, rec.frames, unwound = user_stacks(rec, images)
+        rec.samples[:, K.S_FRAMES] = counts
+    samples, stacks, collisions = T.samples_and_stacks(rec, origin)
     out.write_table("samples", samples)
     out.write_table("stacks", stacks.sort_by("stack_id"))
     out.write_table("processes", T.processes_table(life, origin))
@@ -93,5 +100,7 @@ def decode_perf(path: sources.Input, out, cfg, pool) -> PerfCounts:
         "decode_s": round(elapsed, 3), "tables_s": round(elapsed - (t_walk - t0), 3),
         "mb_per_s": round(hdr.file_size / 1e6 / max(elapsed, 1e-9), 1),
     }
+    if unwound is not None:
+        summary["dwarf_unwind"] = unwound
     out.manifest["perf"] = summary
     return summary

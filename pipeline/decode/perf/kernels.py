@@ -47,7 +47,7 @@ ERROR_KIND = {BAD_HEADER: "record", PAST_END: "truncated", SHORT_SAMPLE: "short_
 RESYNC_CHAIN = 4
 
 # Columns of the integer outputs (one row per record of that kind).
-S_REC, S_TIME, S_PID, S_TID, S_CPU, S_PERIOD, S_MISC, S_FRAMES, S_COLS = range(9)
+S_REC, S_TIME, S_PID, S_TID, S_CPU, S_PERIOD, S_MISC, S_FRAMES, S_REGS, S_STACK, S_STACK_SIZE, S_COLS = range(12)
 T_REC, T_TYPE, T_MISC, T_TIME, T_PID, T_TID, T_PPID, T_PTID, T_NAME, T_NAME_END, T_COLS = range(11)
 M_REC, M_TYPE, M_MISC, M_TIME, M_PID, M_TID, M_PROT, M_NAME, M_NAME_END, M_BUILD_ID, M_BUILD_ID_LEN, M_COLS = range(12)
 M_ADDR, M_LEN, M_PGOFF, M_ADDR_COLS = range(4)
@@ -194,8 +194,11 @@ def _sample(data, off, rend, st, read_fixed, read_head, read_per, regs_user, bra
                     frames[first + n] = v
                 n += 1
         p += 8 * np.int64(nr)
-    # the variable fields after it are only stepped over (their sizes checked): RAW, BRANCH_STACK, REGS_USER,
-    # STACK_USER (the user stack a DWARF unwinder needs)
+    # the variable fields after it, their sizes checked: RAW and BRANCH_STACK stepped over; of REGS_USER and
+    # STACK_USER (``perf record --call-graph dwarf``) where the registers and the copied stack lie, for the unwinder
+    regs_at = -1
+    stack_at = -1
+    stack_size = 0
     if st & L.SAMPLE_RAW:
         if p + 4 > rend:
             return SHORT_SAMPLE
@@ -213,6 +216,7 @@ def _sample(data, off, rend, st, read_fixed, read_head, read_per, regs_user, bra
         abi = read_u64(data, p)
         p += 8
         if abi != 0:
+            regs_at = p
             p += 8 * regs_user
     if st & L.SAMPLE_STACK_USER:
         if p + 8 > rend:
@@ -220,9 +224,17 @@ def _sample(data, off, rend, st, read_fixed, read_head, read_per, regs_user, bra
         size = read_u64(data, p)
         if size > np.uint64(rend - p):
             return SHORT_SAMPLE
+        stack_at = p + 8
         p += 8 + np.int64(size)
         if size != 0:
+            if p + 8 > rend:
+                return SHORT_SAMPLE
+            # dyn_size: how much of the copy the kernel filled (the rest is zeros)
+            dyn = read_u64(data, p)
+            stack_size = np.int64(dyn) if dyn < size else np.int64(size)
             p += 8
+        else:
+            stack_at = -1
     if p > rend:
         return SHORT_SAMPLE
     k = totals[N_SAMPLES]
@@ -235,6 +247,9 @@ def _sample(data, off, rend, st, read_fixed, read_head, read_per, regs_user, bra
         srow[k, S_PERIOD] = period
         srow[k, S_MISC] = misc
         srow[k, S_FRAMES] = n
+        srow[k, S_REGS] = regs_at if regs_at + 8 * regs_user <= rend else -1
+        srow[k, S_STACK] = stack_at
+        srow[k, S_STACK_SIZE] = stack_size
         sip[k] = ip
     totals[N_SAMPLES] = k + 1
     totals[N_FRAMES] = first + n

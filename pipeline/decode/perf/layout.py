@@ -111,6 +111,7 @@ MISC_CPUMODE_MASK = 0x7
 MISC_KERNEL = 1
 MISC_USER = 2
 MISC_COMM_EXEC = 1 << 13        # COMM: the name changed because the process exec'd
+MISC_MMAP_DATA = 1 << 13        # MMAP/MMAP2: a mapping without PROT_EXEC (``perf record -d``, and --call-graph dwarf)
 MISC_MMAP_BUILD_ID = 1 << 14    # MMAP2: the maj/min/ino fields hold a build id instead
 MISC_BUILD_ID_SIZE = 1 << 15    # HEADER_BUILD_ID entry: the build id's size is in its byte 20
 

@@ -33,6 +33,7 @@ class Records:
     type_counts: np.ndarray     # int64 (256,)
     totals: np.ndarray          # int64 (K.N_TOTALS,)
     walk_s: float = 0.0
+    data: np.ndarray | None = None     # the file's bytes (where the samples' register and stack copies lie)
 
 
 def load(path: sources.Input) -> np.ndarray:
@@ -100,7 +101,8 @@ def read_records(path: sources.Input, max_errors: int = 1 << 20) -> Records:
                    task_names=_strings(data, tasks[:, K.T_NAME], tasks[:, K.T_NAME_END]), mmaps=mmaps,
                    mmap_addrs=addrs, mmap_names=[s or "" for s in _strings(data, mmaps[:, K.M_NAME],
                                                                            mmaps[:, K.M_NAME_END])],
-                   mmap_build_ids=bids, errors=errors, type_counts=counts, totals=totals, walk_s=walk_s)
+                   mmap_build_ids=bids, errors=errors, type_counts=counts, totals=totals, walk_s=walk_s,
+                   data=data)
 
 
 def error_rows(path, rec: Records) -> list[dict]:

@@ -232,6 +232,8 @@ def images_table(rec: Records, life: Lifetimes, t0: int) -> tuple[pa.Table, int]
     kernel_seen = False
     for time, kind, i, _ in sorted(events):
         if kind == 0:
+            if m[i, K.M_MISC] & L.MISC_MMAP_DATA:      # (a data mapping: no code runs there)
+                continue
             pid = int(m[i, K.M_PID])
             name = rec.mmap_names[i]
             addr, length, pgoff = int(a[i, K.M_ADDR]), int(a[i, K.M_LEN]), int(a[i, K.M_PGOFF])
