@@ -11,16 +11,18 @@ import sys
 from collections import Counter
 
 import pyarrow.parquet as pq
+import pytest
 
 from tests.conftest import ROOT, assert_same_tables
 
 
-def test_the_made_up_file_decodes_to_its_truth_with_and_without_jit(tmp_path):
+@pytest.mark.parametrize("dwarf", [False, True], ids=["fp", "dwarf"])
+def test_the_made_up_file_decodes_to_its_truth_with_and_without_jit(tmp_path, dwarf):
     from pipeline.synth.perf import write_perf
 
     data = tmp_path / "perf.data"
-    truth = write_perf(data, seed=3)
-    assert write_perf(tmp_path / "again.data", seed=3) == truth
+    truth = write_perf(data, seed=3, dwarf=dwarf)
+    assert write_perf(tmp_path / "again.data", seed=3, dwarf=dwarf) == truth
     assert (tmp_path / "again.data").read_bytes() == data.read_bytes()
     runs = {}
     for mode, extra in (("jit", {}), ("nojit", {"NUMBA_DISABLE_JIT": "1"})):
@@ -44,3 +46,10 @@ def test_the_made_up_file_decodes_to_its_truth_with_and_without_jit(tmp_path):
                                                                   for i in images)
     perf = json.loads((decoded / "_manifest.json").read_text())["perf"]
     assert perf["errors"] == 0 and perf["origin_unix_ns"] == truth["origin_unix_ns"]
+    # each sample's frames: its callchain; with dwarf, the kernel part, then the user IP (the made-up files have no
+    # call frame information to unwind further with)
+    st = pq.read_table(decoded / "stacks.parquet").to_pydict()
+    frames = dict(zip(st["stack_id"], st["frames"]))
+    order = sorted(range(len(samples)), key=lambda i: samples[i]["stream_pos"])
+    assert [frames[samples[i]["stack_id"]] for i in order] == truth["stacks"]
+    assert ("dwarf_unwind" in perf) == dwarf

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pipeline.decode.perf.elfload import load_segments
+from pipeline.decode.perf.elfload import VDSO, load_segments, vdso_file
 
 if TYPE_CHECKING:
     from pipeline.contracts import ImageIdentity, SymbolLookup
@@ -32,8 +32,6 @@ KERNEL_KEY = "linux-kernel"
 #: ``*-dbg``/``*-dbgsym`` packages, Fedora's ``debuginfo``): searched before the mapped file itself.
 DEBUG_DIRS = (Path("/usr/lib/debug"),)
 KERNEL_FUNCTION = "[kernel]"
-#: The kernel's virtual shared object that perf names by its build id (``clock_gettime`` and friends run there).
-VDSO = "[vdso]"
 
 
 def identities(images, ids: list) -> None:
@@ -56,35 +54,6 @@ def identities(images, ids: list) -> None:
         elif name == VDSO and bid:
             ids[i] = {"key": f"elf-{bid}", "debug_id": f"elf-{bid}", "pdb_name": None, "elf_path": VDSO,
                       "build_id": bid}
-
-
-def vdso_file(build_id: str, cache: Path) -> tuple[Path | None, str | None]:
-    """The ``[vdso]`` whose build id perf recorded, as a file: perf's own copy (its build-id cache,
-    ``~/.debug/[vdso]/<build id>/vdso``), else this process's vdso when the kernel is the one recorded (same build
-    id), written into ``cache``; or why there is none."""
-    import sys
-
-    saved = Path.home() / ".debug" / VDSO / build_id / "vdso"
-    if saved.is_file():
-        return saved, None
-    if not sys.platform.startswith("linux"):
-        return None, f"{VDSO} {build_id}: not in perf's build-id cache ({saved}) and this is no Linux machine"
-    import ctypes
-
-    try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
-            line = next((ln for ln in f if ln.rstrip().endswith(VDSO)), None)
-    except OSError as exc:
-        return None, f"{VDSO}: /proc/self/maps: {exc}"
-    if line is None:
-        return None, f"{VDSO}: this process has none"
-    lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
-    out = cache / f"vdso-{build_id}.so"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_bytes(ctypes.string_at(lo, hi - lo))     # (the kernel's vdso image is one readable mapping)
-    tmp.replace(out)
-    return out, None
 
 
 def _path_key(name: str) -> str:

@@ -24,7 +24,7 @@ IP, TID, TIME, CALLCHAIN, PERIOD = 1 << 0, 1 << 1, 1 << 2, 1 << 5, 1 << 8
 # attr flag bits: disabled, inherit, mmap, comm, freq, task, sample_id_all, mmap2, comm_exec, use_clockid
 FLAGS = (1 << 0) | (1 << 1) | (1 << 8) | (1 << 9) | (1 << 10) | (1 << 13) | (1 << 18) | (1 << 23) | (1 << 24) \
     | (1 << 25)
-CONTEXT_KERNEL, CONTEXT_USER = (1 << 64) - 128, (1 << 64) - 512
+CONTEXT_KERNEL, CONTEXT_USER, CONTEXT_MAX = (1 << 64) - 128, (1 << 64) - 512, (1 << 64) - 4095
 FEAT_HOSTNAME, FEAT_SAMPLE_TIME, FEAT_CLOCK_DATA = 3, 21, 29
 ATTR_SIZE = 128
 #: Where the made-up files are mapped, and the kernel.
@@ -44,12 +44,22 @@ def _name(text: str) -> bytes:
     return raw + b"\0" * (-len(raw) % 8)
 
 
-def write_perf(path: Path, seed: int = 1, rustcs: int = 3, samples: int = 120) -> dict[str, Any]:
-    """Write the file; its truth: samples per pid and per (pid, tid), processes and their names."""
+#: ``dwarf``: the user registers perf asks for with ``--call-graph dwarf`` on x86-64 (AX..SS, R8..R15: 20 of them, in
+#: bit order; BP is the 7th, SP the 8th, IP the 9th), and the bytes of user stack copied with each sample.
+REGS_MASK, STACK_COPY = 0xFF0FFF, 64
+REGS_USER, STACK_USER, REGS_ABI_64 = 1 << 12, 1 << 13, 2
+
+
+def write_perf(path: Path, seed: int = 1, rustcs: int = 3, samples: int = 120, dwarf: bool = False) -> dict[str, Any]:
+    """Write the file; its truth: samples per pid and per (pid, tid), processes and their names, and each sample's
+    frames (leaf first). With ``dwarf``, as ``perf record --call-graph dwarf`` writes samples: the callchain holds
+    the kernel part only, then the user registers and a copy of the stack (of made-up files, which have no call
+    frame information on any machine: the user part of a stack is its IP)."""
     rng = random.Random(seed)
     t = 1_000_000_000
     out: list[bytes] = []
     per_tid: dict[tuple[int, int], int] = {}
+    stacks: list[list[int]] = []
 
     def trailer(pid: int, tid: int) -> bytes:    # (sample_id_all: TID and TIME, in sample_type order)
         return struct.pack("<IIQ", pid, tid, t)
@@ -84,9 +94,19 @@ def write_perf(path: Path, seed: int = 1, rustcs: int = 3, samples: int = 120) -
             user = [DRIVER + rng.randrange(0x1000, 0x400_0000) for _ in range(rng.randrange(1, 12))]
             chain = ([CONTEXT_KERNEL, KERNEL + rng.randrange(0x1000, 0x100_0000), CONTEXT_USER] if kernel
                      else [CONTEXT_USER]) + user
+            tail = b""
+            if dwarf:
+                chain = chain[:2] if kernel else []
+                regs = [0] * 20
+                regs[6], regs[7], regs[8] = 0x7FFF_0000_1000, 0x7FFF_0000_0F00, user[0]     # BP, SP, IP
+                tail = (struct.pack("<Q20Q", REGS_ABI_64, *regs) + struct.pack("<Q", STACK_COPY)
+                        + bytes(rng.randrange(256) for _ in range(STACK_COPY)) + struct.pack("<Q", STACK_COPY))
+                stacks.append([x for x in chain if x < CONTEXT_MAX] + [user[0]])
+            else:
+                stacks.append([x for x in chain if x < CONTEXT_MAX])
             out.append(_rec(SAMPLE, MISC_KERNEL if kernel else MISC_USER,
                             struct.pack("<QIIQQQ", chain[1] if kernel else user[0], pid, tid, t, 1_001_001, len(chain))
-                            + struct.pack(f"<{len(chain)}Q", *chain)))     # (PERIOD comes before CALLCHAIN)
+                            + struct.pack(f"<{len(chain)}Q", *chain) + tail))     # (PERIOD comes before CALLCHAIN)
             per_tid[(pid, tid)] = per_tid.get((pid, tid), 0) + 1
             if rng.random() < 0.05:
                 out.append(_rec(FINISHED_ROUND, 0, b""))
@@ -98,7 +118,10 @@ def write_perf(path: Path, seed: int = 1, rustcs: int = 3, samples: int = 120) -
     data = b"".join(out)
 
     attr = bytearray(ATTR_SIZE)
-    struct.pack_into("<IIQQQQQ", attr, 0, 1, ATTR_SIZE, 0, 999, IP | TID | TIME | CALLCHAIN | PERIOD, 0, FLAGS)
+    sample_type = IP | TID | TIME | CALLCHAIN | PERIOD | ((REGS_USER | STACK_USER) if dwarf else 0)
+    struct.pack_into("<IIQQQQQ", attr, 0, 1, ATTR_SIZE, 0, 999, sample_type, 0, FLAGS)
+    if dwarf:
+        struct.pack_into("<QI", attr, 80, REGS_MASK, STACK_COPY)    # sample_regs_user, sample_stack_user
     struct.pack_into("<i", attr, 92, 1)     # clockid: CLOCK_MONOTONIC
     header_size, attrs_at = 104, 104
     ids_at = attrs_at + ATTR_SIZE + 16
@@ -122,5 +145,5 @@ def write_perf(path: Path, seed: int = 1, rustcs: int = 3, samples: int = 120) -
     per_pid: dict[int, int] = {}
     for (pid, _), n in per_tid.items():
         per_pid[pid] = per_pid.get(pid, 0) + n
-    return {"samples": sum(per_pid.values()), "per_pid": per_pid, "per_tid": per_tid,
+    return {"samples": sum(per_pid.values()), "per_pid": per_pid, "per_tid": per_tid, "stacks": stacks,
             "origin_unix_ns": WALL_AT_ZERO + first}

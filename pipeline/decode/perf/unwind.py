@@ -15,6 +15,7 @@ with (its callchain's kernel frames, then the user frames).
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import numba as nb
@@ -22,6 +23,7 @@ import numpy as np
 
 from pipeline.decode.etl.kernels import read_u64
 from pipeline.decode.perf import cfi as C
+from pipeline.decode.perf.elfload import VDSO, vdso_file
 
 JIT = dict(nogil=True, cache=True)
 #: User frames at most per sample (perf's own limit for DWARF unwinding is 127 by default).
@@ -142,16 +144,22 @@ def user_stacks(rec, images) -> tuple[np.ndarray, np.ndarray, dict]:
     load = np.array([x or 0 for x in img["load_timestamp"]], np.int64)[order]
     unload = np.array([x or FAR for x in img["unload_timestamp"]], np.int64)[order]
     names = [img["file_name"][i] for i in order.tolist()]
+    bids = [img["build_id"][i] for i in order.tolist()]
     wanted = set(np.unique(s[has, K.S_PID]).tolist())
     tables: dict[str, int] = {}
     rules: list[np.ndarray] = []
     reasons: dict[str, str] = {}
     img_table = np.full(len(names), -1, np.int64)
     for k, name in enumerate(names):
-        if int(img_pid[k]) not in wanted or not name.startswith("/"):
+        if int(img_pid[k]) not in wanted or not (name.startswith("/") or (name == VDSO and bids[k])):
             continue
+        if name == VDSO:        # (clock_gettime: perf's copy of the [vdso], or this process's on the same kernel)
+            name = f"{VDSO} {bids[k]}"
         if name not in tables and name not in reasons:
-            rows, why = C.image_rules(Path(name)) if Path(name).is_file() else (None, f"{name}: not on this machine")
+            path, why = (vdso_file(name.split()[1], Path(tempfile.gettempdir()) / "bootprof-vdso")
+                         if name.startswith(VDSO) else (Path(name), None))
+            rows, why = (C.image_rules(path) if path is not None and path.is_file()
+                         else (None, why or f"{name}: not on this machine"))
             if rows is None:
                 reasons[name] = why or f"{name}: no call frame information"
                 continue
