@@ -26,6 +26,7 @@ def main() -> int:
     from pipeline import aggregate, decode, symbolize, synth
     from pipeline.cluster import Pool
     from pipeline.config import Config, SynthConfig
+    from pipeline.decode.perf import cfi
     from pipeline.synth.perf import write_perf
 
     t0 = time.perf_counter()
@@ -50,6 +51,7 @@ def main() -> int:
             perf = work / f"perf-{dwarf}" / "perf.data"
             write_perf(perf, seed=1, dwarf=dwarf)
             decode.run(work / f"run-perf-{dwarf}", config, Pool(None), inputs=[perf])
+        cfi.parse(b"STACK CFI INIT 10 8 .cfa: $rsp 8 + .ra: .cfa -8 + ^\nSTACK CFI 11 .cfa: $rsp 16 +\n")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"compile_kernels: numba kernels compiled and cached in {time.perf_counter() - t0:.1f} s")

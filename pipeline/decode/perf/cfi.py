@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import numba as nb
 import numpy as np
 
 #: ``cfa_reg``: the register the CFA is an offset from; ``UNSUPPORTED`` a row no unwinding goes past (an expression,
@@ -22,45 +23,162 @@ RSP, RBP, UNSUPPORTED = 0, 1, 2
 #: An offset that is not given: the return address has no rule (the outermost frame), or ``$rbp`` keeps its value.
 NO_OFFSET = -(1 << 31)
 RULES = np.dtype([("start", "<u8"), ("cfa_reg", "<i4"), ("cfa_off", "<i4"), ("ra_off", "<i4"), ("bp_off", "<i4")])
-_REG = {b"$rsp": RSP, b"$rbp": RBP}
+JIT = dict(nogil=True, cache=True)
+
+
+# Tokens of the text, as byte tuples (the kernel compares them in place).
+_STACK_CFI = (83, 84, 65, 67, 75, 32, 67, 70, 73, 32)       # "STACK CFI "
+_INIT = (73, 78, 73, 84, 32)                                 # "INIT "
+_CFA_RULE, _RA_RULE, _BP_RULE = (46, 99, 102, 97, 58), (46, 114, 97, 58), (36, 114, 98, 112, 58)   # .cfa: .ra: $rbp:
+_RSP, _RBP, _CFA = (36, 114, 115, 112), (36, 114, 98, 112), (46, 99, 102, 97)                        # $rsp $rbp .cfa
+_PLUS, _DEREF, _SPACE, _NEWLINE, _COLON = 43, 94, 32, 10, 58
+
+
+@nb.njit(**JIT)
+def _is(buf, a, b, lit):
+    if b - a != len(lit):
+        return False
+    for j in range(len(lit)):
+        if buf[a + j] != lit[j]:
+            return False
+    return True
+
+
+@nb.njit(**JIT)
+def _number(buf, a, b, base):
+    """The integer in ``buf[a:b]`` (hex or decimal with an optional '-'); ``ok`` False when it is not one."""
+    neg = b > a and buf[a] == 45
+    i = a + 1 if neg else a
+    if i >= b or b - i > 18:
+        return 0, False
+    v = 0
+    for j in range(i, b):
+        c = np.int64(buf[j])     # (not uint8 arithmetic: as plain Python, numpy would keep the byte's type)
+        if 48 <= c <= 57:
+            d = c - 48
+        elif base == 16 and 97 <= c <= 102:
+            d = c - 87
+        elif base == 16 and 65 <= c <= 70:
+            d = c - 55
+        else:
+            return 0, False
+        v = v * base + d
+    return (-v if neg else v), True
+
+
+@nb.njit(**JIT)
+def _offset_rule(buf, ts, te, nt):
+    """``.cfa N + ^`` (saved at CFA + N): N, else NO_OFFSET."""
+    if nt == 4 and _is(buf, ts[0], te[0], _CFA) and _is(buf, ts[2], te[2], (_PLUS,)) and \
+            _is(buf, ts[3], te[3], (_DEREF,)):
+        v, ok = _number(buf, ts[1], te[1], 10)
+        if ok:
+            return v
+    return NO_OFFSET
+
+
+@nb.njit(**JIT)
+def _scan(buf, fill, out):
+    """The rows of the STACK CFI text ``buf`` into ``out`` (n, 6): address, order (0: where an FDE ends, 1: a row),
+    cfa_reg, cfa_off, ra_off, bp_off; returns how many (counted without ``fill``). A line that is not a row is
+    skipped; one whose numbers do not read ends its FDE's rules (``UNSUPPORTED``)."""
+    n = buf.shape[0]
+    ts = np.zeros(8, np.int64)
+    te = np.zeros(8, np.int64)
+    k = 0
+    reg, cfa, ra, bp = UNSUPPORTED, 0, NO_OFFSET, NO_OFFSET
+    i = 0
+    while i < n:
+        e = i
+        while e < n and buf[e] != _NEWLINE:
+            e += 1
+        p = i + len(_STACK_CFI)
+        if p <= e and _is(buf, i, p, _STACK_CFI):
+            good = True
+            if p + len(_INIT) <= e and _is(buf, p, p + len(_INIT), _INIT):
+                p += len(_INIT)
+                q = p
+                while q < e and buf[q] != _SPACE:
+                    q += 1
+                addr, ok1 = _number(buf, p, q, 16)
+                r = q + 1
+                while r < e and buf[r] != _SPACE:
+                    r += 1
+                size, ok2 = _number(buf, q + 1, r, 16)
+                good = ok1 and ok2
+                if good:
+                    if fill:
+                        out[k, 0] = addr + size
+                        out[k, 1] = 0
+                        out[k, 2] = UNSUPPORTED
+                        out[k, 3] = 0
+                        out[k, 4] = NO_OFFSET
+                        out[k, 5] = NO_OFFSET
+                    k += 1
+                reg, cfa, ra, bp = UNSUPPORTED, 0, NO_OFFSET, NO_OFFSET
+                p = r + 1
+            else:
+                q = p
+                while q < e and buf[q] != _SPACE:
+                    q += 1
+                addr, good = _number(buf, p, q, 16)
+                p = q + 1
+            if not good:
+                reg, cfa, ra, bp = UNSUPPORTED, 0, NO_OFFSET, NO_OFFSET
+            else:
+                target = -1
+                nt = 0
+                while True:
+                    a = p
+                    while p < e and buf[p] != _SPACE:
+                        p += 1
+                    end_of_line = a >= e
+                    if end_of_line or buf[p - 1] == _COLON:
+                        # the rule before this one is complete: apply it
+                        if target == 0:
+                            if nt == 3 and _is(buf, ts[2], te[2], (_PLUS,)) and \
+                                    (_is(buf, ts[0], te[0], _RSP) or _is(buf, ts[0], te[0], _RBP)):
+                                v, ok = _number(buf, ts[1], te[1], 10)
+                                reg = (RSP if _is(buf, ts[0], te[0], _RSP) else RBP) if ok else UNSUPPORTED
+                                cfa = v if ok else 0
+                            else:
+                                reg, cfa = UNSUPPORTED, 0
+                        elif target == 1:
+                            ra = _offset_rule(buf, ts, te, nt)
+                        elif target == 2:
+                            bp = _offset_rule(buf, ts, te, nt)
+                        if end_of_line:
+                            break
+                        target = 0 if _is(buf, a, p, _CFA_RULE) else 1 if _is(buf, a, p, _RA_RULE) else \
+                            2 if _is(buf, a, p, _BP_RULE) else 3
+                        nt = 0
+                    else:
+                        if nt < 8:
+                            ts[nt] = a
+                            te[nt] = p
+                        nt += 1
+                    p += 1
+                if fill:
+                    out[k, 0] = addr
+                    out[k, 1] = 1
+                    out[k, 2] = reg
+                    out[k, 3] = cfa
+                    out[k, 4] = ra
+                    out[k, 5] = bp
+                k += 1
+        i = e + 1
+    return k
 
 
 def parse(text: bytes) -> np.ndarray:
     """The rows of Breakpad STACK CFI ``text``, sorted by address (relative to the image's load address), with an
     ``UNSUPPORTED`` row where each FDE ends (unless another starts there)."""
-    out: list[tuple[int, int, int, int, int, int]] = []      # (address, order, cfa_reg, cfa_off, ra_off, bp_off)
-    state = [UNSUPPORTED, 0, NO_OFFSET, NO_OFFSET]
-    for line in text.split(b"\n"):
-        t = line.split(b" ")
-        if len(t) < 4 or t[0] != b"STACK" or t[1] != b"CFI":
-            continue
-        try:
-            if t[2] == b"INIT":
-                addr, i = int(t[3], 16), 5
-                out.append((addr + int(t[4], 16), 0, UNSUPPORTED, 0, NO_OFFSET, NO_OFFSET))
-                state = [UNSUPPORTED, 0, NO_OFFSET, NO_OFFSET]
-            else:
-                addr, i = int(t[2], 16), 3
-            n = len(t)
-            while i < n:
-                name, j = t[i], i + 1
-                while j < n and not t[j].endswith(b":"):
-                    j += 1
-                e = t[i + 1:j]
-                if name == b".cfa:":
-                    ok = len(e) == 3 and e[2] == b"+" and e[0] in _REG
-                    state[0], state[1] = (_REG[e[0]], int(e[1])) if ok else (UNSUPPORTED, 0)
-                elif name in (b".ra:", b"$rbp:"):
-                    off = int(e[1]) if len(e) == 4 and e[0] == b".cfa" and e[2] == b"+" and e[3] == b"^" else NO_OFFSET
-                    state[2 if name == b".ra:" else 3] = off
-                i = j
-        except (ValueError, IndexError):
-            state = [UNSUPPORTED, 0, NO_OFFSET, NO_OFFSET]
-            continue
-        out.append((addr, 1, *state))
-    if not out:
+    buf = np.frombuffer(text, np.uint8)
+    n = _scan(buf, False, np.zeros((0, 6), np.int64))
+    a = np.zeros((n, 6), np.int64)
+    _scan(buf, True, a)
+    if not n:
         return np.zeros(0, RULES)
-    a = np.array(out, np.int64)
     order = np.lexsort((a[:, 1], a[:, 0]))      # (at one address an FDE's row wins over the end of the one before)
     a = a[order]
     keep = np.append(a[1:, 0] != a[:-1, 0], True)

@@ -32,6 +32,8 @@ MAX_DEPTH = 256
 #: starts from; a sample stores the registers of ``sample_regs_user`` in bit order.
 REG_BP, REG_SP, REG_IP = 6, 7, 8
 FAR = np.int64(1 << 62)     # an image's unload time when it was never unloaded
+#: A stack address at or above this is no user-space one (x86-64 user space ends at 2^47; 5-level paging 2^56).
+USER_LIMIT = np.int64(1 << 57)
 
 
 @nb.njit(**JIT)
@@ -72,8 +74,9 @@ def unwind(data, spid, stime, sregs, sstack, ssize, i_ip, i_sp, i_bp, pid_of, pi
         if ra < 0 or ra + 8 * (max(i_ip, max(i_sp, i_bp)) + 1) > data.shape[0] or i_ip < 0 or i_sp < 0:
             continue
         pc = read_u64(data, ra + 8 * i_ip)
-        sp = read_u64(data, ra + 8 * i_sp)
-        bp = read_u64(data, ra + 8 * i_bp) if i_bp >= 0 else np.uint64(0)
+        # (stack addresses as int64, user space lies below 2^47: no arithmetic here wraps, compiled or not)
+        sp = np.int64(read_u64(data, ra + 8 * i_sp))
+        bp = np.int64(read_u64(data, ra + 8 * i_bp)) if i_bp >= 0 else np.int64(0)
         base = sp
         st = sstack[s]
         size = ssize[s] if st >= 0 and st + ssize[s] <= data.shape[0] else 0
@@ -91,17 +94,20 @@ def unwind(data, spid, stime, sregs, sstack, ssize, i_ip, i_sp, i_bp, pid_of, pi
             r = _row(r_start, tab_lo[tb], tab_hi[tb], off)
             if r < 0 or r_reg[r] == C.UNSUPPORTED or r_ra[r] == C.NO_OFFSET:
                 break
-            cfa = (sp if r_reg[r] == C.RSP else bp) + np.uint64(np.int64(r_cfa[r]))
-            at = cfa + np.uint64(np.int64(r_ra[r]))
-            if at < base or at - base + np.uint64(8) > np.uint64(size):
+            frame = sp if r_reg[r] == C.RSP else bp
+            if frame <= 0 or frame >= USER_LIMIT:
                 break
-            ret = read_u64(data, st + np.int64(at - base))
+            cfa = frame + np.int64(r_cfa[r])
+            at = cfa + np.int64(r_ra[r])
+            if at < base or at - base + 8 > size:
+                break
+            ret = read_u64(data, st + (at - base))
             if r_bp[r] != C.NO_OFFSET:
-                bat = cfa + np.uint64(np.int64(r_bp[r]))
-                if bat < base or bat - base + np.uint64(8) > np.uint64(size):
-                    bp = np.uint64(0)
+                bat = cfa + np.int64(r_bp[r])
+                if bat < base or bat - base + 8 > size:
+                    bp = np.int64(0)
                 else:
-                    bp = read_u64(data, st + np.int64(bat - base))
+                    bp = np.int64(read_u64(data, st + (bat - base)))
             if ret == 0 or cfa <= sp:
                 break
             sp = cfa
