@@ -120,8 +120,39 @@ class SelfProfileCounts(TypedDict, total=False):
     elapsed_s: float
 
 
+class PerfCounts(TypedDict, total=False):
+    """What the decode of one perf.data file counted (:func:`pipeline.decode.perf.decode_perf`)."""
+
+    file: str
+    file_size: int
+    records: int
+    samples: int
+    samples_with_stack: int
+    stacks: int
+    stack_id_collisions: int
+    processes: int
+    threads: int
+    images: int
+    images_inherited: int
+    build_ids: int
+    errors: int
+    lost_events: int
+    lost_samples: int
+    bytes_skipped: int
+    resyncs: int
+    origin_unix_ns: int | None          # Unix time of timestamp_ns 0 (perf's CLOCK_DATA), None without
+    dwarf_unwind: dict[str, Any]        # --call-graph dwarf: images with CFI, rows, frames unwound (decode/perf/unwind.py)
+    command_lines_from_profiles: int     # processes named by a self-profile of the same decode
+    profiles_unmatched: int              # self-profiles that named no process of the recording
+    walk_s: float
+    decode_s: float
+    tables_s: float
+    mb_per_s: float
+
+
 class DecodeSummary(TypedDict, total=False):
     etl: EtlCounts
+    perf: PerfCounts
     self_profile: SelfProfileCounts
     hash_wait_s: float          # what the decode waited for its inputs' hashes after it was done
 
@@ -159,6 +190,9 @@ class ImageIdentity(TypedDict, total=False):
     age: int
     code_file: str
     code_key: str
+    elf_path: str           # a Linux image (pipeline.symbolize.elf): the mapped file, and its build id if known
+    build_id: str | None
+    kernel: bool            # the kernel of a perf run
 
 
 class SymbolLookup(TypedDict, total=False):

@@ -71,13 +71,14 @@ def captured_inputs(run_dir: Path) -> list[Path]:
         manifest = read_manifest(run_dir, CAPTURED)
     except ManifestError:
         return []
-    from pipeline.capture import PROFILE_DIR, TRACE
+    from pipeline.capture.paths import PROFILE_DIR, RECORDINGS
 
-    # (where they are in this run directory, else where the capture wrote them)
+    # (where they are in this run directory, else where the capture wrote them: an ETL trace or a perf.data file)
     found = []
     trace = (manifest.get("recording") or {}).get("path")
     if trace:
-        found += [p for p in (run_dir / TRACE, Path(trace)) if p.exists()][:1]
+        found += [p for p in (*(run_dir / t for t in RECORDINGS if t.name == Path(trace).name), Path(trace))
+                  if p.exists()][:1]
     if manifest.get("files") and manifest.get("profile_dir"):
         found += [p for p in (run_dir / PROFILE_DIR, Path(manifest["profile_dir"])) if p.is_dir()][:1]
     return found

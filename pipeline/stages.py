@@ -167,9 +167,10 @@ def outputs() -> tuple[str, ...]:
 
 for _row in (
     Stage("capture", "pipeline.capture.record", CAPTURED, command="pipeline.capture.cli",
-          help="record a build (rustc -Z self-profile; WPR/xperf on Windows)", writes_run=True, job=False),
+          help="record a build (rustc -Z self-profile; WPR/xperf on Windows; perf on Linux)", writes_run=True,
+          job=False),
     Stage("decode", "pipeline.decode.stage", DECODED, "decode", command="pipeline.decode.cli",
-          help="decode an ETL trace or .mm_profdata files into parquet", writes_run=True),
+          help="decode an ETL trace, a perf.data file or .mm_profdata files into parquet", writes_run=True),
     Stage("symbolize", "pipeline.symbolize.stage", SYMBOLIZED, "symbolize", upstream=("decode",),
           command="pipeline.symbolize.cli", help="resolve stack frames to modules, functions and lines",
           writes_run=True),

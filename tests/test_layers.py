@@ -23,6 +23,7 @@ RUNTIME = {"pipeline", "pipeline.config", "pipeline.runs", "pipeline.sources", "
 #: A stage's module may import another stage's only along the registry's ``upstream`` or here, each with its reason.
 ACROSS = {
     ("pipeline.capture.record", "pipeline.decode"): "a capture decodes the trace it recorded, so `bootprof run` finds it done",
+    ("pipeline.capture.perf", "pipeline.decode"): "a capture checks that what perf wrote is a perf.data file (sniff)",
     ("pipeline.capture.bundle", "pipeline.symbolize.pdbpublics"): "packing a run reads the PDB ids of its images",
     ("pipeline.compare.verdict", "pipeline.report.flame"): "the comparison page draws a differential flame graph",
     ("pipeline.decode.cli", "pipeline.capture.bundle"): "a pack given to `bootprof decode` is unpacked as a capture",

@@ -36,6 +36,7 @@ EVENTS = "query_events"
 FILES = "self_profiles"
 ETL_PROCESSES = "processes"
 ETL_TRACE = "trace"
+PERF_FILE = "perf_file"     # a perf run's one-row table (pipeline/decode/perf/schema.md)
 #: FILETIME (100 ns ticks since 1601-01-01) of the Unix epoch.
 FILETIME_UNIX_EPOCH = 116_444_736_000_000_000
 
@@ -303,7 +304,11 @@ def join_etl(profiles: list[dict], etl: list[dict], tolerance_ns: int) -> list[d
 
 def trace_start_unix_ns(ctx, con) -> int | None:
     """The ETL trace's start (its header's FILETIME) in ns since the Unix epoch: what makes the trace's times, ns
-    since its start, comparable with a self-profile's ``start_time``. None without a trace or a start time."""
+    since its start, comparable with a self-profile's ``start_time``; for a perf run, the Unix time of its
+    ``timestamp_ns`` 0 (``perf_file.origin_unix_ns``). None without a trace or a start time."""
+    if ctx.has(PERF_FILE):      # (a perf run: the Unix time of its timestamp_ns 0, when perf wrote its clock's)
+        row = con.execute("SELECT origin_unix_ns FROM read_parquet($1)", [parquet_glob(ctx.source(PERF_FILE))]).fetchall()
+        return int(row[0][0]) if row and row[0][0] is not None else None
     if not ctx.has(ETL_TRACE):
         return None
     ft = con.execute("SELECT start_filetime FROM read_parquet($1)", [parquet_glob(ctx.source(ETL_TRACE))]).fetchall()

@@ -5,8 +5,8 @@ at capture time, and one archive of the whole capture that any machine analyzes.
   ``image_ids`` table) and that lie under the build's checkout (the rustc, std and tool binaries just built) go
   into ``RUN_DIR/symbols/`` in symbol-store layout (``NAME.pdb/GUIDAGE/NAME.pdb``), which the symbolize stage
   searches first. A PDB is taken only when its own GUID (the PDB info stream) is the one the trace names.
-- :func:`pack`: ``bootprof pack RUN_DIR OUT`` writes one zip: the trace, the self-profiles, the symbols and the
-  capture manifest, with ``bootprof-pack.json`` listing them.
+- :func:`pack`: ``bootprof pack RUN_DIR OUT`` writes one zip: the trace (``trace.etl``, or ``perf.data`` of a
+  ``capture --perf``), the self-profiles, the symbols and the capture manifest, with ``bootprof-pack.json`` listing them.
 - :func:`unpack_into`: ``bootprof run --trace OUT`` and ``bootprof decode OUT`` take such an archive on any system:
   its files go into the run directory, as the capture left them.
 """
@@ -27,8 +27,8 @@ from pipeline.stages import CAPTURED, DECODED
 SYMBOLS = "symbols"
 #: The member that makes a zip a bootprof pack.
 PACK_MANIFEST = "bootprof-pack.json"
-#: What a pack holds, as paths in the run directory.
-PACKED = ("input/trace.etl", "selfprofile", SYMBOLS, "capture/_manifest.json")
+#: What a pack holds, as paths in the run directory: the recording (an ETL trace, or perf.data of ``capture --perf``).
+PACKED = ("input/trace.etl", "input/perf.data", "selfprofile", SYMBOLS, "capture/_manifest.json")
 #: Directories of a checkout never searched for PDBs.
 SKIP_DIRS = {".git", ".hg", "node_modules", "__pycache__"}
 
@@ -240,13 +240,16 @@ def unpacked(traces: list[sources.Input], run_dir: Path) -> list[sources.Input]:
         return traces
     if len(traces) > 1:
         raise BootprofError(f"{packs[0]}: a pack is a whole capture: give it alone as --trace")
-    from pipeline.capture.paths import PROFILE_DIR, TRACE
+    from pipeline.capture.paths import PROFILE_DIR, RECORDINGS
     from pipeline.runs import MANIFEST, stage_dir
 
     unpack_into(Path(packs[0]), run_dir)
     # (the unpacked files alone: the capture manifest's paths are those of the machine that captured, or whatever
     # the pack's maker wrote there)
-    found = [p for p in (run_dir / TRACE, run_dir / PROFILE_DIR) if p.exists()]
+    traces = [run_dir / t for t in RECORDINGS if (run_dir / t).is_file()]
+    if len(traces) > 1:
+        raise BootprofError(f"{packs[0]}: the pack holds an ETL trace and a perf.data file; a capture records one")
+    found = traces + [p for p in (run_dir / PROFILE_DIR,) if p.exists()]
     if not (stage_dir(run_dir, CAPTURED) / MANIFEST).is_file() or not found:
         raise BootprofError(f"{packs[0]}: the pack holds no capture (no capture manifest, trace or self-profiles): "
                             "make one with `bootprof pack RUN_DIR OUT.zip` of a run that `bootprof capture` recorded")
@@ -258,7 +261,7 @@ def unpacked(traces: list[sources.Input], run_dir: Path) -> list[sources.Input]:
 def localize_capture(run_dir: Path) -> None:
     """The capture manifest of an unpacked pack names the files where they are now, in ``run_dir`` (a later run of
     that directory without ``--trace`` reads those, not the paths of the machine that captured)."""
-    from pipeline.capture.paths import PROFILE_DIR, TRACE
+    from pipeline.capture.paths import PROFILE_DIR, RECORDINGS
     from pipeline.runs import MANIFEST, atomic_write_json, stage_dir
 
     path = stage_dir(run_dir, CAPTURED) / MANIFEST
@@ -269,10 +272,11 @@ def localize_capture(run_dir: Path) -> None:
     if not isinstance(manifest, dict):
         raise BootprofError(f"{path}: the pack's capture manifest is not a JSON object")
     recording = manifest.get("recording")
-    if not isinstance(recording, dict) and (run_dir / TRACE).is_file():     # (a trace the manifest did not name)
+    trace = next((run_dir / t for t in RECORDINGS if (run_dir / t).is_file()), None)
+    if not isinstance(recording, dict) and trace is not None:     # (a trace the manifest did not name)
         recording = manifest["recording"] = {}
     if isinstance(recording, dict):
-        recording["path"] = str(run_dir / TRACE) if (run_dir / TRACE).is_file() else None
+        recording["path"] = str(trace) if trace is not None else None
     if manifest.get("profile_dir") is not None:
         manifest["profile_dir"] = str(run_dir / PROFILE_DIR) if (run_dir / PROFILE_DIR).is_dir() else None
     atomic_write_json(path, manifest)

@@ -27,6 +27,12 @@ def add_arguments(p) -> None:
                       help="record the build with WPR (Windows; CPU samples and VirtualAlloc with stacks)")
     tool.add_argument("--xperf", action="store_const", const="xperf", dest="etw",
                       help="record the build with xperf's kernel logger (Windows Performance Toolkit)")
+    p.add_argument("--perf", action="store_true",
+                   help="record the build with Linux perf (cpu-clock samples with frame-pointer call stacks)")
+    p.add_argument("--perf-rate", type=int, metavar="HZ", help="with --perf: samples per CPU-second (default 999)")
+    p.add_argument("--perf-call-graph", choices=("fp", "dwarf"), default=None,
+                   help="with --perf: call stacks by frame pointers (fp, default) or by DWARF unwinding of a copy of "
+                   "each sample's user stack (dwarf: deeper user stacks, ~30 times larger files)")
     p.add_argument("--profile", action="append", metavar="FILE.wprp!NAME",
                    help="with --wpr: a WPR profile to start instead of bootprof's CPU and VirtualAlloc "
                    "(FILE.wprp!NAME or a built-in name such as GeneralProfile); repeatable")
@@ -45,6 +51,25 @@ def add_arguments(p) -> None:
     p.add_argument("build", nargs=argparse.REMAINDER, metavar="command", help="the build command, after --")
 
 
+def _perf_rate(args) -> int | None:
+    from pipeline.capture.perf import DEFAULT_RATE
+    from pipeline.errors import InputError
+
+    if args.perf_rate is not None and not args.perf:
+        raise InputError("capture: --perf-rate goes with --perf")
+    if args.perf_rate is not None and not 1 <= args.perf_rate <= 100_000:
+        raise InputError(f"capture --perf-rate: between 1 and 100000 samples a second, got {args.perf_rate}")
+    return (args.perf_rate or DEFAULT_RATE) if args.perf else None
+
+
+def _call_graph(args) -> str:
+    from pipeline.errors import InputError
+
+    if args.perf_call_graph is not None and not args.perf:
+        raise InputError("capture: --perf-call-graph goes with --perf")
+    return args.perf_call_graph or "fp"
+
+
 def main(args, config) -> int:
     from pipeline import capture
 
@@ -54,13 +79,18 @@ def main(args, config) -> int:
     run_dir = args.run_dir or fresh_dir(Path("runs") / f"capture-{time.strftime('%Y%m%d-%H%M%S')}")
     summary = capture.run(run_dir, config, None, inputs=command, events=args.events, self_profile=args.self_profile,
                           etw_tool=args.etw, profiles=args.profile, heap_period_s=args.heap_snapshots,
-                          symbols=args.symbols)
+                          symbols=args.symbols, perf_rate=_perf_rate(args), perf_call_graph=_call_graph(args))
     for warning in summary["warnings"]:
         print(f"  warning: {warning}")
     if args.self_profile:
         print(f"captured {summary['files']} self-profiles into {summary['profile_dir']}")
     if summary["trace"]:
         print(f"captured {summary['trace']} ({summary['trace_size'] / 1e6:.1f} MB)")
+    perf = summary.get("recording") or {}
+    if perf.get("bytes_per_s") is not None:
+        print(f"perf: {perf['bytes_per_s'] / 1e3:.0f} KB/s of build; perf's own CPU {perf.get('perf_cpu_s', 0):.2f} s "
+              f"beside the build's {perf.get('build_cpu_s', 0):.2f} s ({perf.get('overhead_pct', 0):.1f} %); "
+              f"{len(perf.get('build_ids') or [])} images with build ids")
     if summary.get("symbols") is not None:
         print(f"copied {len(summary['symbols'])} PDBs of the build's images into {Path(run_dir) / 'symbols'} "
               f"({sum(s['size'] for s in summary['symbols']) / 1e6:.1f} MB)")

@@ -11,3 +11,9 @@ PROFILE_DIR = "selfprofile"
 TRACE = Path("input") / "trace.etl"
 
 PARTIAL_TRACE = Path("input") / "trace.partial.etl"
+
+#: Where ``capture --perf`` puts the perf.data file once perf has written it whole (:mod:`pipeline.capture.perf`).
+PERF_TRACE = Path("input") / "perf.data"
+
+#: The recordings a capture may leave, one a run (the run's trace, whichever tool made it).
+RECORDINGS = (TRACE, PERF_TRACE)

@@ -86,18 +86,23 @@ def _copy_symbols(run_dir: Path, trace: Path, checkout: Path, config) -> list[di
 def run(run_dir: Path, config, pool=None, inputs: list[str] | None = None, events: str | None = None,
         cwd: Path | None = None, *, self_profile: bool = True, etw_tool: str | None = None,
         profiles: list[str] | None = None, heap_period_s: float | None = None,
-        symbols: bool = True) -> dict[str, Any]:
+        symbols: bool = True, perf_rate: int | None = None, perf_call_graph: str = "fp") -> dict[str, Any]:
     """Run the build command ``inputs`` (argv) once, with self-profiling into ``RUN_DIR/selfprofile/``
     and/or inside a WPR or xperf recording (``etw_tool``) into ``RUN_DIR/input/trace.etl``. With ``symbols``, the
     recorded trace is decoded and the PDBs of its images that lie under the checkout are copied into
-    ``RUN_DIR/symbols/`` (:mod:`pipeline.capture.bundle`), so that the run can be analyzed elsewhere."""
+    ``RUN_DIR/symbols/`` (:mod:`pipeline.capture.bundle`), so that the run can be analyzed elsewhere. With
+    ``perf_rate`` (Linux), the build runs under ``perf record`` at that many samples a CPU-second into
+    ``RUN_DIR/input/perf.data`` (:mod:`pipeline.capture.perf`), with call stacks by ``perf_call_graph``."""
     from pipeline.capture import etw
+    from pipeline.capture import perf as linux_perf
 
     if not inputs:
         raise InputError("capture: no build command given (bootprof capture --self-profile -- cargo build)")
-    if not self_profile and etw_tool is None:
+    if not self_profile and etw_tool is None and perf_rate is None:
         raise InputError("capture: say what to record: --self-profile (works anywhere), --wpr or --xperf "
-                         "(Windows), or --self-profile with one of them")
+                         "(Windows), --perf (Linux), or --self-profile with one of them")
+    if perf_rate is not None and etw_tool is not None:
+        raise InputError("capture: --perf records on Linux, --wpr and --xperf on Windows: one of them")
     if (profiles or heap_period_s is not None) and etw_tool != "wpr":
         raise InputError("capture: --profile and --heap-snapshots go with --wpr")
     run_dir = Path(run_dir).resolve()
@@ -139,6 +144,14 @@ def run(run_dir: Path, config, pool=None, inputs: list[str] | None = None, event
                               "cpus": os.cpu_count()}})
 
     log: list[dict] = []
+    perf_exe = None
+    if perf_rate is not None:
+        perf_exe = linux_perf.executable()
+        manifest["recording"] = {"tool": "perf", "executable": perf_exe, "version": linux_perf.check(perf_exe),
+                                 "event": "cpu-clock", "rate_hz": perf_rate, "call_graph": perf_call_graph,
+                                 "clock": linux_perf.CLOCK}
+        (run_dir / linux_perf.PARTIAL).parent.mkdir(parents=True, exist_ok=True)
+        (run_dir / linux_perf.PARTIAL).unlink(missing_ok=True)
     if recording is not None:
         manifest["recording"] = {"tool": recording.tool, "executable": recording.executable,
                                  "version": etw.version(recording.executable), "commands": log}
@@ -153,23 +166,31 @@ def run(run_dir: Path, config, pool=None, inputs: list[str] | None = None, event
             raise BootprofError(f"capture: `{' '.join(recording.start)}` failed ({started.returncode}): "
                                 f"{(started.stdout + started.stderr).strip()[-500:] or 'no output'}; nothing was built")
 
-    interrupted, proc, snapshots = None, None, None
+    interrupted, proc, snapshots, usage = None, None, None, {}
     previous = signal.signal(signal.SIGTERM, _sigterm) if threading.current_thread() is threading.main_thread() else None
     started_at, t0 = time.time(), time.perf_counter()
     try:
         try:
-            proc = subprocess.Popen(list(inputs), env=env, cwd=cwd, **portable.child_group())
+            if perf_exe is not None:    # (perf in a session of its own: a Ctrl-C must not cut its file short)
+                proc = subprocess.Popen(linux_perf.command(perf_exe, run_dir / linux_perf.PARTIAL, perf_rate,
+                                                           list(inputs), perf_call_graph),
+                                        env=env, cwd=cwd, **portable.shielded())
+            else:
+                proc = subprocess.Popen(list(inputs), env=env, cwd=cwd, **portable.child_group())
         except OSError as exc:
             raise InputError(f"cannot run {inputs[0]}: {exc.strerror or exc}") from exc
         if recording is not None and recording.heap_period_s is not None:
             snapshots = _Snapshots(recording, proc.pid, log)
             snapshots.start()
-        portable.wait(proc)
+        if perf_exe is not None:
+            usage = linux_perf.wait(proc)
+        else:
+            portable.wait(proc)
     except KeyboardInterrupt as exc:
         interrupted = "SIGTERM" if isinstance(exc, _Terminated) else "SIGINT"
         if proc is not None:
             with _deferred_sigint():        # (a second Ctrl-C must not cut the ending of the tree short)
-                portable.end_tree(proc)
+                linux_perf.stop(proc) if perf_exe is not None else portable.end_tree(proc)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
@@ -178,6 +199,10 @@ def run(run_dir: Path, config, pool=None, inputs: list[str] | None = None, event
             snapshots.done.set()
             snapshots.join()
         trace_info = _stop(recording, run_dir, log) if recording is not None else None
+        if perf_exe is not None and proc is not None:
+            with _deferred_sigint():
+                trace_info = linux_perf.place(run_dir, {**usage, **linux_perf.finish(proc, interrupted is not None)},
+                                              elapsed)
     exit_code = proc.returncode if proc is not None else None
 
     files = sorted(p for p in profile_dir.glob("*.mm_profdata") if p.name not in files_before) if self_profile else []
@@ -185,7 +210,8 @@ def run(run_dir: Path, config, pool=None, inputs: list[str] | None = None, event
     if trace_info and trace_info.get("path"):
         inputs_fp.append(fingerprint(Path(trace_info["path"])))
     copied = None
-    if symbols and trace_info and trace_info.get("path") and not interrupted and not trace_info.get("error"):
+    if symbols and trace_info and trace_info.get("path") and not interrupted and not trace_info.get("error") \
+            and perf_exe is None:
         copied = _copy_symbols(run_dir, Path(trace_info["path"]), cwd, config)
     with stage_output(run_dir, STAGE, inputs=inputs_fp, config=config.resolved()) as out:
         out.manifest.update(manifest)
@@ -200,13 +226,15 @@ def run(run_dir: Path, config, pool=None, inputs: list[str] | None = None, event
             "warnings": warnings,
             "files": [{"name": p.name, "size": p.stat().st_size} for p in files],
         })
+        if perf_exe is not None:
+            out.manifest["recording"].update(trace_info or {})
         if recording is not None:
             out.manifest["recording"].update(trace_info or {})
             out.manifest["recording"]["heap_snapshots"] = snapshots.taken if snapshots is not None else []
     summary = {"exit_code": exit_code, "files": len(files), "profile_dir": str(profile_dir) if self_profile else None,
                "elapsed_s": round(elapsed, 3), "warnings": warnings, "trace": (trace_info or {}).get("path"),
                "trace_size": (trace_info or {}).get("size"), "run_dir": str(run_dir),
-               "symbols": copied}
+               "symbols": copied, "recording": (trace_info or {}) if perf_exe is not None else None}
     where = f"capture manifest in {run_dir / STAGE}"
     if interrupted:
         raise KeyboardInterrupt(f"capture interrupted by {interrupted}; recording stopped; {where}")

@@ -6,8 +6,8 @@ trace by :mod:`.etl`, the self-profiles by :mod:`.measureme`. An input may be an
 (:mod:`pipeline.sources`): the tasks then read their parts of it from there.
 """
 
-from pipeline.decode.inputs import ETL, SELF_PROFILE, classify, sniff
+from pipeline.decode.inputs import ETL, PERF, SELF_PROFILE, classify, sniff
 from pipeline.decode.stage import STAGE, WARM_UP, headline, inputs_changed, refuse_changed, run
 
-__all__ = ["ETL", "SELF_PROFILE", "STAGE", "WARM_UP", "classify", "headline", "inputs_changed", "refuse_changed",
+__all__ = ["ETL", "PERF", "SELF_PROFILE", "STAGE", "WARM_UP", "classify", "headline", "inputs_changed", "refuse_changed",
            "run", "sniff"]

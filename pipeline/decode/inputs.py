@@ -13,6 +13,7 @@ from pipeline.errors import InputError
 
 ETL = "etl"
 SELF_PROFILE = "mm_profdata"
+PERF = "perf"   # a Linux perf.data file (``pipeline.decode.perf``): the run's one trace, as an ETL trace would be
 
 
 def sniff(path: sources.Input) -> str:
@@ -20,6 +21,8 @@ def sniff(path: sources.Input) -> str:
     head = sources.read_head(path, 0x50)
     if head[:4] == b"MMPD":
         return SELF_PROFILE
+    if head[:8] in (b"PERFILE2", b"2ELIFREP"):     # (a big-endian one is refused by the perf decoder, by name)
+        return PERF
     if len(head) >= 0x4C:
         buffer_type = struct.unpack_from("<H", head, 0x36)[0]
         header_type, marker_flags = head[0x4A], head[0x4B]
@@ -54,7 +57,7 @@ def classify(inputs: list[sources.Input]) -> tuple[sources.Input | None, list[so
             profiles.extend(found)
             continue
         kind = sniff(path)
-        (etl if kind == ETL else profiles).append(path)
+        (etl if kind in (ETL, PERF) else profiles).append(path)
     if len(etl) > 1:
         raise InputError(f"one run holds one ETL trace, got {len(etl)}: {', '.join(map(str, etl))}")
     return (etl[0] if etl else None), profiles

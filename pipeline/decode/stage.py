@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from pipeline import sources
 from pipeline.checkpoints import checkpoint
-from pipeline.decode.inputs import classify
+from pipeline.decode.inputs import PERF, classify, sniff
 from pipeline.errors import InputError
 from pipeline.runs import stage_output
 from pipeline.stages import DECODED
@@ -43,7 +43,11 @@ def run(run_dir: Path, config, pool, inputs: list[sources.Input]) -> DecodeSumma
         with stage_output(run_dir, STAGE, inputs=[], config=config.resolved()) as out:
             checkpoint("decode.started")
             try:
-                if trace is not None:
+                if trace is not None and sniff(trace) == PERF:
+                    from pipeline.decode.perf import decode_perf
+
+                    summary["perf"] = decode_perf(trace, out, config.decode, pool)
+                elif trace is not None:
                     from pipeline.decode.etl.decoder import decode_etl
 
                     summary["etl"] = decode_etl(trace, out, config.decode, pool)
@@ -51,11 +55,15 @@ def run(run_dir: Path, config, pool, inputs: list[sources.Input]) -> DecodeSumma
                     from pipeline.decode.measureme.decoder import decode_profiles
 
                     summary["self_profile"] = decode_profiles(profiles, out, config.decode, pool)
+                if summary.get("perf") and profiles:    # (perf records no command lines; the self-profiles have them)
+                    from pipeline.decode.perf import name_from_profiles
+
+                    name_from_profiles(out, summary["perf"])
             except OSError:
                 # (an input removed or replaced meanwhile, which the decode met as a file gone: said as such)
                 refuse_changed(sources.changed(pins))
                 raise
-            nothing = (trace is None or not summary["etl"].get("records")) and \
+            nothing = (trace is None or not (summary.get("etl") or summary.get("perf") or {}).get("records")) and \
                 (not profiles or not summary["self_profile"].get("decoded"))
             if nothing:     # (no data is not a result: nothing is written, nothing ingested or compared)
                 errors = (summary.get("self_profile") or {}).get("error_messages") or []
@@ -98,6 +106,10 @@ def headline(summary: DecodeSummary) -> str:
         lost = [f"{etl[k]:,} {k.replace('_', ' ')}" for k in ("events_lost", "buffers_lost", "buffers_skipped") if etl.get(k)]
         parts.append(f"{etl.get('records', 0):,} records ({etl.get('errors', 0):,} errors{''.join(', ' + x for x in lost)}), "
                      f"{etl.get('samples', 0):,} samples, {etl.get('heap_snapshots', 0):,} heap snapshots")
+    perf = summary.get("perf")
+    if perf:
+        parts.append(f"{perf.get('records', 0):,} perf records ({perf.get('errors', 0):,} errors), "
+                     f"{perf.get('samples', 0):,} samples, {perf.get('processes', 0):,} processes")
     profiles = summary.get("self_profile")
     if profiles:
         bad = profiles.get("errors", 0) + profiles.get("skipped", 0)

@@ -1,7 +1,7 @@
 """Coverage section of the report: what the trace holds and what it lacks, and how to record or resolve the
 rest. A view with no data says why instead of showing an empty flame graph and empty tables.
 
-Applies to ETL runs (``decoded/`` has ``trace``). Each missing kind of data names the WPR profile or the xperf
+Applies to ETL runs (``decoded/`` has ``trace``) and perf runs (``perf_file``: what names their processes). Each missing kind of data names the WPR profile or the xperf
 flags that record it; frames that resolved poorly name the symbol path (``--symbol-path``,
 ``_NT_SYMBOL_PATH``) and list the images without symbols, with their reasons.
 """
@@ -28,15 +28,30 @@ RECORD = {
 POOR_RESOLUTION = 0.5
 
 
+def perf_notes(decoded: dict) -> list[str]:
+    """What a perf run's processes are named by: perf records no command lines, the self-profiles give rustc's."""
+    perf = decoded.get("perf") or {}
+    named = perf.get("command_lines_from_profiles") or 0
+    if not named:
+        return ["<li><b>No command lines</b>: perf records none, so processes are named by their <code>comm</code> "
+                "only (<code>rustc</code>, <code>cargo</code>) and CPU by crate, the critical path and CPU by query "
+                "are left out. To have them: <code>bootprof capture --perf --self-profile -- BUILD</code> (each "
+                "rustc's self-profile carries its command line).</li>"]
+    return [f"<li><b>Command lines from self-profiles</b>: {named:,} rustc processes are named by their "
+            "self-profile's command line; the other processes (cargo, the linker, build scripts) by their "
+            "<code>comm</code> only, as perf records no command lines.</li>"]
+
+
 def section(ctx):
-    if not has_table(ctx.run_dir, DECODED, "trace"):
+    perf = has_table(ctx.run_dir, DECODED, "perf_file")
+    if not has_table(ctx.run_dir, DECODED, "trace") and not perf:
         return None
     from pipeline.report.base import Section
 
     decoded = read_manifest(ctx.run_dir, DECODED)
     rows = decoded.get("tables", {})
-    notes = []
-    for table, how in RECORD.items():
+    notes = perf_notes(decoded) if perf else []
+    for table, how in RECORD.items() if not perf else ():
         if not rows.get(table):
             notes.append(f"<li><b>No {how.split(':')[0]}</b> in this trace: the views of them are left out. "
                          f"To record them: {how.split(':', 1)[1].strip()}.</li>")

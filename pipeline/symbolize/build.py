@@ -244,7 +244,11 @@ def resolve_debug_id(desc: ImageIdentity, entries: list[Entry], cache_dir: str, 
     result: SymbolLookup = {"key": desc["key"], "debug_id": desc.get("debug_id"),
                               "pdb_name": desc.get("pdb_name"), "requests": 0, "cached": False}
     try:
-        if desc.get("code_file"):
+        if desc.get("elf_path") or desc.get("kernel"):
+            from pipeline.symbolize.elf import resolve_elf
+
+            resolve_elf(desc, cache, result)
+        elif desc.get("code_file"):
             result["code_file"] = desc["code_file"]
             _resolve_binary(desc, entries, cache, fetch, result)
         else:

@@ -44,6 +44,9 @@ def image_debug_ids(images, image_ids) -> list[ImageIdentity | None]:
             ck = code_key(stamps[i], sizes[i])
             ids[i] = {"key": f"pe:{file}/{ck}", "code_file": file, "code_key": ck, "debug_id": None,
                       "pdb_name": None}
+    from pipeline.symbolize.elf import identities
+
+    identities(images, ids)     # (the ELF images and the kernel of a perf run)
     return ids
 
 

@@ -30,6 +30,8 @@ def assemble(mapped: dict, images, ids: list, status: dict[str, dict]):
     modules = [module_name(f) for f in images.column("file_name").to_pylist()]
     has_image = image >= 0
     safe = np.maximum(image, 0)
+    if "pgoff" in images.column_names:     # (a perf run's image is a mapping: its RVAs are file offsets, see .elf)
+        bases = bases - column(images, "pgoff", "images", 0).astype(np.uint64)
     rva = np.where(has_image, mapped["address"] - bases[safe], 0).astype(np.uint64)
     # identity keys as small integer codes: code 0 = none, k = keys[k]
     keys = [None] + sorted({i["key"] for i in ids if i})

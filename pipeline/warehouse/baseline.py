@@ -41,6 +41,13 @@ def compare(db: Path, run: str, baseline: str | None = None, lock_timeout_s: flo
             if other != workload:
                 out["reason"] = f"the baseline is of another workload ('{other}'): differences include the workload's"
         out["baseline_run_id"] = base_id
+        platforms = [r[0] for r in con.execute("SELECT labels['platform'] FROM runs WHERE run_id IN (?, ?) "
+                                                "ORDER BY run_id = ? DESC", [run_id, base_id, run_id]).fetchall()]
+        if len(platforms) == 2 and None not in platforms and platforms[0] != platforms[1]:
+            # (perf's cpu-clock and ETW's sampled profile count CPU alike, at their own rates and costs)
+            note = (f"this run was recorded on {platforms[0]}, the baseline on {platforms[1]}: crate and query times "
+                    "compare; CPU samples differ by recorder and rate")
+            out["reason"] = f"{out['reason']}; {note}" if out["reason"] else note
         rows = comparison.judge(con, run_id, base_id, before, settings)
         fams = comparison.families(rows)
         out["explanations"] = {f["key"]: comparison.explain(con, run_id, base_id, f["key"]) for f in fams

@@ -62,6 +62,20 @@ def recorded_us(con, run_dir: Path, trace_start_us: int | None) -> int | None:
     return None
 
 
+#: The ``platform`` label of a run that has none given: what its decode read (an ETL trace: Windows; perf.data: Linux).
+PLATFORMS = (("perf_file.parquet", "linux"), ("trace.parquet", "windows"))
+
+
+def with_platform(run_dir: Path, labels: dict[str, str] | None) -> dict[str, str]:
+    """``labels`` as text, with ``platform`` (``linux``, ``windows``) from the run's decode unless one is given; runs of
+    both in one warehouse then tell apart (``labels['platform']``), and a comparison across them says so."""
+    out = {str(k): str(v) for k, v in (labels or {}).items()}
+    found = next((name for table, name in PLATFORMS if (stage_dir(run_dir, DECODED) / table).exists()), None)
+    if found is not None:
+        out.setdefault("platform", found)
+    return out
+
+
 def holds(db: Path, run_dir: Path, labels: dict[str, str], lock_timeout_s: float = 300.0) -> bool:
     """Whether the warehouse holds ``run_dir`` as it is now: the same directory, labels and stage manifests
     (what ``ingest`` would write again)."""
@@ -79,7 +93,7 @@ def holds(db: Path, run_dir: Path, labels: dict[str, str], lock_timeout_s: float
                                   [run_dir.name]).fetchall())
     finally:
         con.close()
-    if row is None or row[0] != location(run_dir) or dict(row[1] or {}) != {str(k): str(v) for k, v in labels.items()}:
+    if row is None or row[0] != location(run_dir) or dict(row[1] or {}) != with_platform(run_dir, labels):
         return False
     now = {stage: json.loads(json.dumps(m, sort_keys=True, default=str)) for stage, m in manifests.items()}
     return {stage: json.loads(m) for stage, m in stored.items()} == now
@@ -146,6 +160,9 @@ def _ingest(db: Path, run_dir: Path, labels: dict[str, str] | None, job: str | N
             trace = parquet_glob(stage_dir(run_dir, DECODED) / "trace.parquet")
             # epoch microseconds: a TIMESTAMPTZ would need pytz on the way through Python
             trace_start = con.execute("SELECT epoch_us(min(start_utc)) FROM read_parquet($1)", [trace]).fetchone()[0]
+        elif (stage_dir(run_dir, DECODED) / "perf_file.parquet").exists():     # (a perf run: its clock's Unix time)
+            trace_start = con.execute("SELECT origin_unix_ns // 1000 FROM read_parquet($1)",
+                                      [parquet_glob(stage_dir(run_dir, DECODED) / "perf_file.parquet")]).fetchone()[0]
         recorded = recorded_us(con, run_dir, trace_start)
         if after is not None:
             after()
@@ -153,7 +170,7 @@ def _ingest(db: Path, run_dir: Path, labels: dict[str, str] | None, job: str | N
         sections = manifests[AGGREGATED].get("sections", {})
         query_total = con.execute("SELECT sum(total_ns) FROM query_totals WHERE run_id = ? AND scope = 'build'",
                                   [run_id]).fetchone()[0]
-        labels = {str(k): str(v) for k, v in (labels or {}).items()}
+        labels = with_platform(run_dir, labels)
         job = job or labels.get("job") or job_of(run_dir)
         con.execute("""INSERT INTO runs (run_id, job, workload, run_dir, run_time, trace_start_utc, trace_sha256, trace_files,
                                          trace_bytes, labels, stages, project_version, ingested_utc, cpu_samples,

@@ -1,0 +1,95 @@
+"""The perf decoder's run: one ``perf.data`` file into the ``decoded/`` tables (:func:`decode_perf`)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from pipeline import sources
+
+if TYPE_CHECKING:
+    from pipeline.contracts import PerfCounts
+
+#: What the workers of a local cluster load while they start (the decode runs in this process; nothing to warm).
+WARM_UP = ("pipeline.decode.perf.kernels",)
+
+FILE_TABLE = "perf_file"
+RECORD_COUNTS_TABLE = "perf_record_counts"
+
+
+def decode_perf(path: sources.Input, out, cfg, pool) -> PerfCounts:
+    """Decode one perf.data file into ``out`` (a StageOutput); returns the summary stored in the manifest.
+
+    The file is small next to what a dask task is given elsewhere (a rustc build at perf's default rate writes
+    ~1 MB a CPU-second), so it is decoded here, in one walk; ``pool`` is not used."""
+    from pipeline.decode.etl.decoder import ERRORS_SCHEMA
+    from pipeline.decode.perf import kernels as K
+    from pipeline.decode.perf import layout as L
+    from pipeline.decode.perf import tables as T
+    from pipeline.decode.perf.records import error_rows, read_records
+
+    t0 = time.perf_counter()
+    rec = read_records(path, max_errors=cfg.max_error_rows)
+    t_walk = time.perf_counter()
+    hdr = rec.header
+    origin = T.origin(rec)
+    life = T.lifetimes(rec)
+    images, inherited = T.images_table(rec, life, origin)
+    unwound = None
+    if hdr.attrs[0].sample_type & L.SAMPLE_REGS_USER and hdr.attrs[0].sample_type & L.SAMPLE_STACK_USER:
+        # (perf record --call-graph dwarf: the user part of each stack is unwound here, from the stack copies)
+        from pipeline.decode.perf.unwind import user_stacks
+
+        counts, rec.frames, unwound = user_stacks(rec, images)
+        rec.samples[:, K.S_FRAMES] = counts
+    samples, stacks, collisions = T.samples_and_stacks(rec, origin)
+    out.write_table("samples", samples)
+    out.write_table("stacks", stacks.sort_by("stack_id"))
+    out.write_table("processes", T.processes_table(life, origin))
+    out.write_table("threads", T.threads_table(life, origin))
+    out.write_table("images", images)
+    errors = hdr.errors + error_rows(path, rec)
+    total_errors = len(hdr.errors) + int(rec.totals[K.N_ERRORS])
+    out.write_table("errors", pa.Table.from_pylist(errors[:cfg.max_error_rows], schema=ERRORS_SCHEMA))
+    out.manifest["errors_total"] = total_errors
+    counts = [(t, L.RECORD_NAMES.get(t, "unknown" if t < 255 else "unknown (type above 254)"), int(c))
+              for t, c in enumerate(rec.type_counts.tolist()) if c]
+    out.write_table(RECORD_COUNTS_TABLE, pa.table({
+        "type": pa.array([c[0] for c in counts], pa.uint32()), "name": pa.array([c[1] for c in counts], pa.string()),
+        "count": pa.array([c[2] for c in counts], pa.int64())}))
+    attr = hdr.attrs[0]
+    # (the Unix time of timestamp_ns 0, when perf wrote its clock's reference: what puts samples on the wall clock)
+    origin_unix_ns = origin - hdr.clock_ref_ns + hdr.clock_wall_ns if hdr.clock_ref_ns is not None and origin else None
+    out.write_table(FILE_TABLE, pa.Table.from_pylist([{
+        "file": str(path), "file_size": hdr.file_size, "data_offset": hdr.data_offset, "data_size": hdr.data_size,
+        "hostname": hdr.hostname, "os_release": hdr.os_release, "perf_version": hdr.perf_version, "arch": hdr.arch,
+        "cpu_count": hdr.nr_cpus_online, "cmdline": " ".join(hdr.cmdline) if hdr.cmdline is not None else None,
+        "events": len(hdr.attrs), "event_type": attr.type, "event_config": attr.config,
+        "sample_type": attr.sample_type_names(), "sample_freq": attr.sample_period if attr.freq else None,
+        "sample_period": None if attr.freq else attr.sample_period, "clockid": attr.clockid,
+        "origin_timestamp": origin, "origin_unix_ns": origin_unix_ns,
+        "first_sample_time": hdr.first_sample_time,
+        "last_sample_time": hdr.last_sample_time,
+        "features": ",".join(L.FEATURE_NAMES.get(b, str(b)) for b in hdr.features),
+        "build_ids": len(hdr.build_ids),
+    }]))
+    tot = rec.totals
+    elapsed = time.perf_counter() - t0
+    summary: PerfCounts = {
+        "file": str(path), "file_size": hdr.file_size, "records": int(tot[K.N_RECORDS]),
+        "samples": samples.num_rows, "samples_with_stack": int(samples.column("stack_id").is_valid().to_numpy(
+            zero_copy_only=False).sum()) if samples.num_rows else 0,
+        "stacks": stacks.num_rows, "stack_id_collisions": int(collisions), "processes": len(life.processes),
+        "threads": len(life.threads), "images": images.num_rows, "images_inherited": inherited,
+        "build_ids": len(hdr.build_ids), "errors": total_errors, "lost_events": int(tot[K.N_LOST]),
+        "lost_samples": int(tot[K.N_LOST_SAMPLES]), "bytes_skipped": int(tot[K.N_SKIPPED]),
+        "resyncs": int(tot[K.N_RESYNCS]), "origin_unix_ns": origin_unix_ns, "walk_s": round(rec.walk_s, 3),
+        "decode_s": round(elapsed, 3), "tables_s": round(elapsed - (t_walk - t0), 3),
+        "mb_per_s": round(hdr.file_size / 1e6 / max(elapsed, 1e-9), 1),
+    }
+    if unwound is not None:
+        summary["dwarf_unwind"] = unwound
+    out.manifest["perf"] = summary
+    return summary

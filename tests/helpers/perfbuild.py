@@ -1,0 +1,155 @@
+"""A real cargo build recorded with ``bootprof capture --perf``, and what ``perf script`` and ``perf report`` say of
+it: the shared input of the perf tests (made once per test session, ``tests/test_perf_decode.py``)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import struct
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+from tests.realbuild import rust_env, write_workspace
+
+#: Two small crates, a build script and a binary: about 2 s of cargo and rustc on this 2-core VM.
+CRATES = {"tiny": 3, "small": 8}
+
+
+def cannot_record() -> str | None:
+    """Why perf cannot record here (None when it can)."""
+    from pipeline.capture.perf import check, executable
+    from pipeline.errors import BootprofError
+
+    try:
+        check(executable())
+    except BootprofError as exc:
+        return str(exc)
+    return None
+
+
+def record(root: Path, rate: int = 999) -> Path:
+    """The workspace built from clean under ``bootprof capture --perf --self-profile`` into ``root/run`` (perf's
+    samples and every rustc's self-profile of one build); the run directory."""
+    ws = write_workspace(root / "ws", CRATES)
+    env = rust_env()        # (RUSTC_BOOTSTRAP=1: -Z self-profile on the stable toolchain)
+    env.pop("CARGO_HOME", None)
+    subprocess.run(["cargo", "clean", "--quiet"], cwd=ws, env=env, check=True)
+    run = root / "run"
+    subprocess.run([sys.executable, "-m", "pipeline", "capture", "--perf", "--perf-rate", str(rate), "--self-profile",
+                    "--run", str(run), "--", "cargo", "build", "--offline", "--quiet"], cwd=ws, env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+    return run
+
+
+_made: dict[str, Path] = {}
+
+
+def recorded(tmp_path_factory) -> Path:
+    """The session's one recorded build (:func:`record`), shared by every perf test module."""
+    if "recorded" not in _made:
+        _made["recorded"] = record(tmp_path_factory.mktemp("perf"))
+    return _made["recorded"]
+
+
+def analyze(run: Path, tmp: Path, *trace: Path, db: Path | None = None) -> Path:
+    """``bootprof run jobs/single-trace.yaml`` on ``run`` (its capture, or ``--trace`` files or a pack), every stage
+    up to the warehouse (``db``, else one in ``tmp``); the run directory."""
+    from tests.conftest import ROOT
+
+    extra = [a for t in trace for a in ("--trace", str(t))]
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "run", str(ROOT / "jobs" / "single-trace.yaml"), "--run",
+                           str(run), *extra, "--set", f"symbolize.cache_dir={tmp / 'symcache'}", "--set",
+                           f"warehouse.path={db or tmp / 'wh.duckdb'}"], cwd=tmp, capture_output=True, text=True)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    return run
+
+
+def analyzed(tmp_path_factory) -> Path:
+    """A copy of the recorded run through every stage (:func:`analyze`), once a session."""
+    if "analyzed" not in _made:
+        tmp = tmp_path_factory.mktemp("perf-analyzed")
+        run = tmp / "run"
+        shutil.copytree(recorded(tmp_path_factory), run)
+        _made["analyzed"] = analyze(run, tmp)
+    return _made["analyzed"]
+
+
+def perf_script_counts(data: Path) -> tuple[Counter, Counter]:
+    """Samples per pid and per (pid, tid), as ``perf script`` lists them."""
+    out = subprocess.run(["perf", "script", "-F", "pid,tid", "-i", str(data)], capture_output=True, text=True,
+                         errors="replace", check=True).stdout
+    per_tid: Counter = Counter()
+    for line in out.split():
+        pid, tid = line.split("/")
+        per_tid[(int(pid), int(tid))] += 1
+    per_pid: Counter = Counter()
+    for (pid, _), n in per_tid.items():
+        per_pid[pid] += n
+    return per_pid, per_tid
+
+
+_REPORT_ROW = re.compile(r"^\s*[\d.]+%\s+(\d+)\s+(\S+)\s+\[(.)\]\s+(.*?)\s*$")
+
+
+def perf_report_self(data: Path) -> tuple[Counter, dict[str, set[str]], int]:
+    """Self samples per user-space function name (rows of one name in several images summed), the images (perf's
+    short names) each name was found in, and the samples of kernel functions together, from ``perf report
+    --no-children --sort dso,sym``."""
+    out = subprocess.run(["perf", "report", "-n", "--stdio", "--no-children", "--sort", "dso,sym", "-g", "none",
+                          "-i", str(data)], capture_output=True, text=True, errors="replace", check=True).stdout
+    user: Counter = Counter()
+    dsos: dict[str, set[str]] = {}
+    kernel = 0
+    for line in out.splitlines():
+        m = _REPORT_ROW.match(line)
+        if not m:
+            continue
+        n, dso, mode, name = int(m.group(1)), m.group(2), m.group(3), m.group(4)
+        if mode == "k":
+            kernel += n
+        else:
+            user[name] += n
+            dsos.setdefault(name, set()).add(dso)
+    return user, dsos, kernel
+
+
+def aliases(path: str, name: str) -> set[str]:
+    """The names the symbol tables of the ELF file ``path`` (and of its detached debug file) give the address of
+    ``name``: perf and a debugger may choose different ones (``free`` and ``__libc_free``)."""
+    from pipeline.symbolize.elf import debug_file
+
+    files = [path]
+    try:
+        from symbolic import Archive
+
+        bid = next(iter(Archive.open(path).iter_objects())).code_id
+        extra = debug_file(bid)
+        if extra is not None:
+            files.append(str(extra))
+    except Exception:  # noqa: BLE001 - no debug file: the file's own tables
+        pass
+    at: dict[int, set[str]] = {}
+    for f in files:
+        out = subprocess.run(["readelf", "-sW", f], capture_output=True, text=True, errors="replace").stdout
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) >= 8 and parts[0].endswith(":") and parts[3] in ("FUNC", "IFUNC"):
+                at.setdefault(int(parts[1], 16), set()).add(parts[7].split("@")[0])
+    return set().union(*[names for names in at.values() if name in names])
+
+
+def record_offsets(data: bytes) -> list[tuple[int, int, int]]:
+    """(offset, type, size) of each record of an intact perf.data file's data section."""
+    off, size = struct.unpack_from("<QQ", data, 40)
+    out, end = [], off + size
+    while off + 8 <= end:
+        rtype, _misc, rsize = struct.unpack_from("<IHH", data, off)
+        out.append((off, rtype, rsize))
+        off += rsize
+    return out
+
+
+def have_tools() -> bool:
+    return shutil.which("perf") is not None and shutil.which("cargo", path=rust_env().get("PATH")) is not None

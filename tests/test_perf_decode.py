@@ -1,0 +1,238 @@
+"""The perf.data decoder (``pipeline.decode.perf``) and ELF symbolization on a real cargo build recorded here with
+``bootprof capture --perf``, held against perf's own tools: samples per process and thread equal ``perf script``'s,
+the top user-space functions by self samples equal ``perf report``'s, damaged copies give error rows and the rest
+of the file; then the whole pipeline on the captured run."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.helpers import perfbuild
+
+pytestmark = pytest.mark.skipif(not perfbuild.have_tools(), reason="needs perf and cargo on PATH")
+
+
+@pytest.fixture(scope="session")
+def perf_run(tmp_path_factory):
+    """One real build recorded with perf (per test session), decoded and symbolized."""
+    why = perfbuild.cannot_record()
+    if why:
+        pytest.skip(f"perf cannot record on this machine: {why}")
+    from pipeline import decode, symbolize
+    from pipeline.cluster import Pool
+    from pipeline.config import Config
+
+    root = tmp_path_factory.mktemp("perf-decoded")
+    run = root / "run"
+    shutil.copytree(perfbuild.recorded(tmp_path_factory), run)
+    config = Config()
+    config.cluster.mode = "synchronous"
+    config.symbolize.cache_dir = root / "symcache"
+    decode.run(run, config, Pool(None), inputs=[run / "input" / "perf.data"])
+    symbolize.run(run, config, Pool(None))
+    return run
+
+
+def _decode(path: Path, run: Path):
+    from pipeline import decode
+    from pipeline.cluster import Pool
+    from pipeline.config import Config
+
+    config = Config()
+    config.cluster.mode = "synchronous"
+    return decode.run(run, config, Pool(None), inputs=[path])
+
+
+def test_layouts_match_the_format_notes():
+    from pipeline.decode.perf import layout as L
+
+    assert L.FILE_HEADER.itemsize == L.FILE_HEADER_SIZE == 104
+    assert L.SECTION.itemsize == 16
+    assert L.MMAP2_FILENAME == 8 + 4 * 2 + 8 * 3 + 4 * 2 + 8 * 2 + 4 * 2     # pid tid, addr len pgoff, maj min, ino gen, prot flags
+    assert L.TASK_SIZE == 8 + 4 * 4 + 8
+
+
+def test_capture_manifest_names_the_recording(perf_run):
+    rec = json.loads((perf_run / "capture" / "_manifest.json").read_text())["recording"]
+    assert rec["tool"] == "perf" and rec["stopped"] and rec["perf_exit_code"] == 0
+    assert Path(rec["path"]).parts[-2:] == ("input", "perf.data") and rec["bytes_per_s"] > 0
+    assert rec["size"] == (perf_run / "input" / "perf.data").stat().st_size > 0
+    assert any(b["kernel"] for b in rec["build_ids"]) and any(b["file"].endswith("libc.so.6") for b in rec["build_ids"])
+    assert not (perf_run / "input" / "perf.partial.data").exists()
+
+
+def test_samples_per_process_and_thread_equal_perf_script(perf_run):
+    samples = pq.read_table(perf_run / "decoded" / "samples.parquet", columns=["pid", "tid"]).to_pylist()
+    ours_tid = Counter((s["pid"], s["tid"]) for s in samples)
+    ours_pid = Counter(s["pid"] for s in samples)
+    per_pid, per_tid = perfbuild.perf_script_counts(perf_run / "input" / "perf.data")
+    assert sum(per_pid.values()) > 200
+    assert ours_pid == per_pid
+    assert ours_tid == per_tid
+
+
+def test_processes_have_lifetimes_and_names(perf_run):
+    procs = pq.read_table(perf_run / "decoded" / "processes.parquet").to_pylist()
+    rustc = [p for p in procs if p["image_name"] == "rustc"]
+    assert len(rustc) >= 3      # (tiny, small, the build script, app; cargo's probes)
+    for p in rustc:
+        assert p["start_ns"] is not None and p["end_ns"] is not None and p["start_ns"] < p["end_ns"]
+        assert p["parent_pid"] is not None
+    samples = pq.read_table(perf_run / "decoded" / "samples.parquet", columns=["pid", "stack_id"])
+    assert samples.column("stack_id").null_count == 0
+
+
+def _our_self_samples(run: Path) -> tuple[Counter, int]:
+    """Self samples per function name (the leaf frame's function, outermost of its inline chain: what perf reports
+    without --inline) and the kernel's together, from decoded/samples and symbolized/frames."""
+    import duckdb
+
+    con = duckdb.connect()
+    rows = con.execute(f"""
+        WITH f AS (SELECT pid, address, any_value(function) AS function, any_value(module) AS module
+                   FROM read_parquet('{run}/symbolized/frames.parquet') WHERE leaf AND inline_depth = 0
+                   GROUP BY pid, address)
+        SELECT f.function, f.module, count(*) FROM read_parquet('{run}/decoded/samples.parquet') s
+        LEFT JOIN f ON f.pid = s.pid AND f.address = s.ip GROUP BY ALL""").fetchall()
+    user: Counter = Counter()
+    kernel = 0
+    for function, _module, n in rows:
+        if function == "[kernel]":
+            kernel += n
+        else:
+            user[function] += n
+    return user, kernel
+
+
+def test_top_functions_equal_perf_report(perf_run):
+    theirs, dsos, their_kernel = perfbuild.perf_report_self(perf_run / "input" / "perf.data")
+    ours, our_kernel = _our_self_samples(perf_run)
+    assert our_kernel == their_kernel       # (perf names kernel functions from kallsyms; bootprof says [kernel])
+    files = {Path(f).name: f for f in pq.read_table(perf_run / "decoded" / "images.parquet",
+                                                    columns=["file_name"]).column(0).to_pylist()}
+    # (the [vdso] has no path: symbolize read it from perf's build-id cache or this process's own)
+    lookups = json.loads((perf_run / "symbolized" / "_manifest.json").read_text())["debug_ids"]
+    files["[vdso]"] = next((d["source"] for d in lookups if "vdso" in (d.get("source") or "")), "[vdso]")
+    # perf's top 20 named user-space functions (rows perf could not name, shown as addresses, left out)
+    named = [(name, n) for name, n in theirs.most_common() if not name.startswith("0x")][:20]
+    assert len(named) == 20
+    for name, n in named:
+        got = ours.get(name, 0)
+        if got != n:    # (a function with several names at its address: perf and the debug info may choose apart)
+            names = set().union(*[perfbuild.aliases(files[d], name) for d in dsos[name] if d in files]) or {name}
+            got = sum(ours.get(a, 0) for a in names)
+        assert abs(got - n) <= max(1, 0.01 * n), (name, n, got)
+
+
+def test_the_vdso_is_read_from_this_process_without_perfs_cache(perf_run, tmp_path, monkeypatch):
+    """Where perf's build-id cache is gone, the [vdso] of the kernel that was recorded is this process's own."""
+    from symbolic import Archive
+
+    from pipeline.symbolize.elf import VDSO, vdso_file
+
+    images = pq.read_table(perf_run / "decoded" / "images.parquet", columns=["file_name", "build_id"]).to_pylist()
+    bid = next(i["build_id"] for i in images if i["file_name"] == VDSO and i["build_id"])
+    monkeypatch.setattr(Path, "home", lambda: tmp_path / "home")
+    path, reason = vdso_file(bid, tmp_path / "cache")
+    assert reason is None and path.parent == tmp_path / "cache"
+    assert next(iter(Archive.open(str(path)).iter_objects())).code_id == bid
+
+
+def _damaged(perf_run: Path, tmp_path: Path, kind: str) -> Path:
+    data = bytearray((perf_run / "input" / "perf.data").read_bytes())
+    recs = perfbuild.record_offsets(bytes(data))
+    samples = [r for r in recs if r[1] == 9]
+    victim = samples[len(samples) // 2][0]
+    if kind == "truncated":
+        data = data[:victim + 20]
+    elif kind == "zero_size":
+        data[victim + 6:victim + 8] = b"\0\0"
+    elif kind == "unknown_type":
+        data[victim:victim + 4] = (200).to_bytes(4, "little")
+    elif kind == "flipped":
+        rng = random.Random(57)
+        lo, hi = recs[0][0], recs[-1][0]
+        for _ in range(64):
+            data[rng.randrange(lo, hi)] ^= 0xFF
+    path = tmp_path / f"{kind}.data"
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize("kind", ["truncated", "zero_size", "unknown_type", "flipped"])
+def test_damaged_files_give_error_rows_and_the_rest(perf_run, tmp_path, kind):
+    intact = pq.read_table(perf_run / "decoded" / "samples.parquet").num_rows
+    path = _damaged(perf_run, tmp_path, kind)
+    summary = _decode(path, tmp_path / "run")["perf"]
+    errors = pq.read_table(tmp_path / "run" / "decoded" / "errors.parquet").to_pylist()
+    assert summary["errors"] == len(errors) > 0
+    assert all(str(path) in e["message"] and e["file_offset"] >= 0 for e in errors)
+    kinds = Counter(e["kind"] for e in errors)
+    got = summary["samples"]
+    if kind == "truncated":
+        assert kinds["truncated"] >= 1 and intact // 2 - 5 <= got < intact
+    elif kind in ("zero_size", "unknown_type"):
+        # the record is lost, the walk finds the next one and decodes the rest
+        assert kinds["record"] == 1 and kinds["resync"] == 1
+        assert got == intact - 1
+    else:
+        assert 0 < got <= intact
+
+
+def test_refused_files_say_why(tmp_path):
+    from pipeline.errors import InputError
+
+    big = tmp_path / "big.data"
+    big.write_bytes(b"2ELIFREP" + bytes(200))
+    with pytest.raises(InputError, match="big-endian"):
+        _decode(big, tmp_path / "r1")
+    pipe = tmp_path / "pipe.data"
+    pipe.write_bytes(b"PERFILE2" + (16).to_bytes(8, "little") + bytes(100))
+    with pytest.raises(InputError, match="pipe-mode"):
+        _decode(pipe, tmp_path / "r2")
+
+
+def test_whole_pipeline_on_the_captured_run(tmp_path_factory):
+    """``bootprof run`` on the captured run directory: every stage, the report with the build's processes."""
+    run = perfbuild.analyzed(tmp_path_factory)
+    assert (run / "report" / "index.html").is_file()
+    by_process = pq.read_table(run / "aggregated" / "cpu_by_process.parquet").to_pylist()
+    assert any("rustc" in (r.get("image_name") or r.get("process") or "") for r in by_process)
+    functions = pq.read_table(run / "aggregated" / "cpu_by_function.parquet").to_pylist()
+    assert any(f["function"] == "[kernel]" for f in functions)
+    assert any((f["module"] or "").startswith("librustc_driver") for f in functions)
+
+
+def test_decode_without_jit_equals_compiled(perf_run, tmp_path):
+    """The perf walk once more as plain Python (NUMBA_DISABLE_JIT=1), on the recorded build and its self-profiles
+    (and on a damaged copy, for the error and resync paths): the same tables as the compiled walk."""
+    import os
+
+    from tests.conftest import ROOT, assert_same_tables
+
+    flipped = _damaged(perf_run, tmp_path, "flipped")
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(json.dumps({"cluster": {"mode": "synchronous"}}))
+    for name, inputs in (("real", [perf_run / "input" / "perf.data", perf_run / "selfprofile"]), ("flipped", [flipped])):
+        runs = {}
+        for mode, extra in (("jit", {}), ("nojit", {"NUMBA_DISABLE_JIT": "1"})):
+            env = {k: v for k, v in os.environ.items() if k != "NUMBA_DISABLE_JIT"} | extra
+            runs[mode] = tmp_path / f"{name}-{mode}"
+            proc = subprocess.run([sys.executable, "-m", "pipeline", "--config", str(cfg), "decode", *map(str, inputs),
+                                   "--run", str(runs[mode])], cwd=ROOT, env=env, capture_output=True, text=True,
+                                  timeout=600)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+        assert assert_same_tables(runs["jit"] / "decoded", runs["nojit"] / "decoded") == (10 if name == "real" else 8)
+        manifests = [json.loads((runs[m] / "decoded" / "_manifest.json").read_text())["perf"] for m in ("jit", "nojit")]
+        keep = {k: v for k, v in manifests[0].items() if not k.endswith("_s") and k not in ("mb_per_s",)}
+        assert keep == {k: v for k, v in manifests[1].items() if k in keep}
+        assert manifests[0]["samples"] > 100 and (name == "real") == (manifests[0]["errors"] == 0)
