@@ -16,6 +16,17 @@ if TYPE_CHECKING:
 WARM_UP = ("pipeline.decode.perf.kernels",)
 
 FILE_TABLE = "perf_file"
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+#: ``perf_file``'s columns: the file's 64-bit fields as unsigned, as the file has them (any value of a damaged
+#: file fits).
+FILE_SCHEMA = pa.schema([
+    ("file", pa.string()), ("file_size", pa.int64()), ("data_offset", pa.uint64()), ("data_size", pa.uint64()),
+    ("hostname", pa.string()), ("os_release", pa.string()), ("perf_version", pa.string()), ("arch", pa.string()),
+    ("cpu_count", pa.int64()), ("cmdline", pa.string()), ("events", pa.int64()), ("event_type", pa.uint32()),
+    ("event_config", pa.uint64()), ("sample_type", pa.string()), ("sample_freq", pa.uint64()),
+    ("sample_period", pa.uint64()), ("clockid", pa.int64()), ("origin_timestamp", pa.int64()),
+    ("origin_unix_ns", pa.int64()), ("first_sample_time", pa.uint64()), ("last_sample_time", pa.uint64()),
+    ("features", pa.string()), ("build_ids", pa.int64())])
 RECORD_COUNTS_TABLE = "perf_record_counts"
 
 
@@ -36,7 +47,7 @@ def decode_perf(path: sources.Input, out, cfg, pool) -> PerfCounts:
     hdr = rec.header
     origin = T.origin(rec)
     life = T.lifetimes(rec)
-    images, inherited = T.images_table(rec, life, origin)
+    images, inherited, refused = T.images_table(rec, life, origin)
     unwound = None
     if hdr.attrs[0].sample_type & L.SAMPLE_REGS_USER and hdr.attrs[0].sample_type & L.SAMPLE_STACK_USER:
         # (perf record --call-graph dwarf: the user part of each stack is unwound here, from the stack copies)
@@ -51,7 +62,13 @@ def decode_perf(path: sources.Input, out, cfg, pool) -> PerfCounts:
     out.write_table("threads", T.threads_table(life, origin))
     out.write_table("images", images)
     errors = hdr.errors + error_rows(path, rec)
-    total_errors = len(hdr.errors) + int(rec.totals[K.N_ERRORS])
+    if refused:
+        errors.append({"file": str(path), "buffer_index": -1, "file_offset": hdr.data_offset, "record_offset": -1,
+                       "kind": "images",
+                       "message": f"{path}: forked processes would start with {inherited + refused:,} mappings of "
+                                  f"their parents, past {T.INHERITED_MAX:,}: the last {refused:,} were not copied "
+                                  "(samples before those children's exec stay without an image)"})
+    total_errors = len(hdr.errors) + int(rec.totals[K.N_ERRORS]) + bool(refused)
     out.write_table("errors", pa.Table.from_pylist(errors[:cfg.max_error_rows], schema=ERRORS_SCHEMA))
     out.manifest["errors_total"] = total_errors
     counts = [(t, L.RECORD_NAMES.get(t, "unknown" if t < 255 else "unknown (type above 254)"), int(c))
@@ -62,6 +79,8 @@ def decode_perf(path: sources.Input, out, cfg, pool) -> PerfCounts:
     attr = hdr.attrs[0]
     # (the Unix time of timestamp_ns 0, when perf wrote its clock's reference: what puts samples on the wall clock)
     origin_unix_ns = origin - hdr.clock_ref_ns + hdr.clock_wall_ns if hdr.clock_ref_ns is not None and origin else None
+    if origin_unix_ns is not None and not INT64_MIN <= origin_unix_ns <= INT64_MAX:
+        origin_unix_ns = None       # (a clock reference no real recording has: no wall time, rather than a wrong one)
     out.write_table(FILE_TABLE, pa.Table.from_pylist([{
         "file": str(path), "file_size": hdr.file_size, "data_offset": hdr.data_offset, "data_size": hdr.data_size,
         "hostname": hdr.hostname, "os_release": hdr.os_release, "perf_version": hdr.perf_version, "arch": hdr.arch,
@@ -74,7 +93,7 @@ def decode_perf(path: sources.Input, out, cfg, pool) -> PerfCounts:
         "last_sample_time": hdr.last_sample_time,
         "features": ",".join(L.FEATURE_NAMES.get(b, str(b)) for b in hdr.features),
         "build_ids": len(hdr.build_ids),
-    }]))
+    }], schema=FILE_SCHEMA))
     tot = rec.totals
     elapsed = time.perf_counter() - t0
     summary: PerfCounts = {

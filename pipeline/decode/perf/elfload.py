@@ -30,6 +30,9 @@ def load_segments(path: Path) -> list[tuple[int, int, int]]:
     for k in range(len(table) // phentsize):
         p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz = struct.unpack_from("<IIQQQQ", table, k * phentsize)
         if p_type == PT_LOAD:
+            if p_vaddr + p_filesz >= 1 << 64 or p_offset + p_filesz >= 1 << 64:
+                raise ValueError(f"{path}: program header {k} (byte offset {phoff + k * phentsize}): a PT_LOAD of "
+                                 f"{p_filesz} bytes at {p_vaddr:#x} (file offset {p_offset}) cannot be")
             out.append((p_offset, p_vaddr, p_filesz))
     return out
 
@@ -55,9 +58,29 @@ def vdso_file(build_id: str, cache: Path) -> tuple[Path | None, str | None]:
     if line is None:
         return None, f"{VDSO}: this process has none"
     lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+    image = ctypes.string_at(lo, hi - lo)       # (the kernel's vdso image is one readable mapping)
+    own = _build_id(image)
+    if own != build_id.lower():
+        return None, (f"{VDSO} {build_id}: not in perf's build-id cache ({saved}), and this kernel's is another "
+                      f"({own or 'without a build id'}): recorded on another kernel")
     out = cache / f"vdso-{build_id}.so"
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_bytes(ctypes.string_at(lo, hi - lo))     # (the kernel's vdso image is one readable mapping)
-    tmp.replace(out)
+    import tempfile
+
+    # (a name of its own for the copy being written, then swapped in: two decodes at once write the same bytes)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    with open(fd, "wb") as f:
+        f.write(image)
+    Path(tmp).replace(out)
     return out, None
+
+
+def _build_id(image: bytes) -> str | None:
+    """The GNU build id of an ELF image in memory, as hex (None when it has none or cannot be read)."""
+    try:
+        import symbolic
+
+        obj = next(iter(symbolic.Archive.from_bytes(image).iter_objects()), None)
+        return str(obj.code_id).lower() if obj is not None and obj.code_id else None
+    except Exception:  # noqa: BLE001 - any reading error means: no build id to trust
+        return None

@@ -23,7 +23,7 @@ class PerfFileError(InputError):
 
 @dataclass(frozen=True)
 class Attr:
-    """One ``perf_event_attr`` of the file and the sample ids that belong to it."""
+    """One ``perf_event_attr`` of the file, and where the sample ids that belong to it lie."""
 
     index: int
     type: int
@@ -37,7 +37,7 @@ class Attr:
     sample_regs_user: int
     sample_stack_user: int
     clockid: int | None     # None: perf's default clock
-    ids: tuple[int, ...]
+    ids: tuple[int, int]    # (byte offset, size) of its sample ids in the file
 
     @property
     def sample_id_all(self) -> bool:
@@ -114,9 +114,13 @@ def read_header(path, data: np.ndarray) -> PerfHeader:
     if header_size < L.FILE_HEADER_SIZE:
         raise PerfFileError(f"{path}: byte offset 8: header size {header_size} is below {L.FILE_HEADER_SIZE}")
     data_offset, data_size = int(h["data"]["offset"]), int(h["data"]["size"])
+    if header_size > size:
+        raise PerfFileError(f"{path}: byte offset 8: header size {header_size} is past the end of the file "
+                            f"({size} bytes)")
     if not header_size <= data_offset <= size:
         raise PerfFileError(f"{path}: byte offset 40: data section at {data_offset} lies outside the file "
-                            f"({size} bytes)")
+                            f"({size} bytes)" + (f" or before the header's end ({header_size})"
+                                                 if data_offset < header_size else ""))
     errors: list[dict] = []
     data_end = data_offset + data_size
     if data_end > size or data_size == 0:
@@ -131,7 +135,8 @@ def read_header(path, data: np.ndarray) -> PerfHeader:
     bits = [b for b in range(256) if int(h["features"][b // 64]) >> (b % 64) & 1]
     hdr = PerfHeader(file_size=size, header_size=header_size, attr_size=attr_size, attrs=attrs,
                      data_offset=data_offset, data_size=data_size, data_end=data_end, features=bits, errors=errors)
-    if data_offset + data_size <= size:
+    # (the feature sections' table follows the data section: where that has no size, it cannot be found)
+    if data_size and data_offset + data_size <= size:
         _read_features(path, raw, hdr, data_offset + data_size)
     return hdr
 
@@ -149,9 +154,9 @@ def _read_attrs(path, raw, offset: int, length: int, attr_size: int, size: int) 
                                 f"not between {L.ATTR_SIZE_VER0} and {attr_size - 16}")
         flags = _u64(raw, at + L.ATTR_FLAGS)
         ids_off, ids_size = struct.unpack_from("<QQ", raw, at + attr_size - 16)
-        ids: tuple[int, ...] = ()
-        if ids_size % 8 == 0 and ids_off + ids_size <= size:
-            ids = tuple(np.frombuffer(raw[ids_off:ids_off + ids_size], "<u8").tolist())
+        # (where the attr's sample ids lie, not the ids themselves: nothing reads them, and a few hundred attrs that
+        # each name the whole file as theirs made a file of 250 KB take 1 GB)
+        ids = (ids_off, ids_size) if ids_size % 8 == 0 and ids_off + ids_size <= size else (0, 0)
         v3 = asize >= L.ATTR_SIZE_VER3
         attrs.append(Attr(
             index=i, type=_u32(raw, at + L.ATTR_TYPE), config=_u64(raw, at + L.ATTR_CONFIG), size=asize,

@@ -180,6 +180,10 @@ def _sample(data, off, rend, st, read_fixed, read_head, read_per, regs_user, bra
             return SHORT_SAMPLE
     first = totals[N_FRAMES]
     n = 0
+    # (the callchain's frames are counted here and copied only once the whole sample has been found sound: a field
+    # after it that does not fit makes the record an error, and the first walk reserved no room for its frames)
+    chain_at = -1
+    chain_nr = 0
     if st & L.SAMPLE_CALLCHAIN:
         if p + 8 > rend:
             return SHORT_SAMPLE
@@ -187,13 +191,12 @@ def _sample(data, off, rend, st, read_fixed, read_head, read_per, regs_user, bra
         p += 8
         if nr > np.uint64((rend - p) // 8):
             return BAD_CALLCHAIN
-        for k in range(np.int64(nr)):
-            v = read_u64(data, p + 8 * k)
-            if v < np.uint64(L.CONTEXT_MAX):
-                if fill:
-                    frames[first + n] = v
+        chain_at = p
+        chain_nr = np.int64(nr)
+        for k in range(chain_nr):
+            if read_u64(data, p + 8 * k) < np.uint64(L.CONTEXT_MAX):
                 n += 1
-        p += 8 * np.int64(nr)
+        p += 8 * chain_nr
     # the variable fields after it, their sizes checked: RAW and BRANCH_STACK stepped over; of REGS_USER and
     # STACK_USER (``perf record --call-graph dwarf``) where the registers and the copied stack lie, for the unwinder
     regs_at = -1
@@ -239,6 +242,12 @@ def _sample(data, off, rend, st, read_fixed, read_head, read_per, regs_user, bra
         return SHORT_SAMPLE
     k = totals[N_SAMPLES]
     if fill:
+        at = first
+        for j in range(chain_nr):
+            v = read_u64(data, chain_at + 8 * j)
+            if v < np.uint64(L.CONTEXT_MAX):
+                frames[at] = v
+                at += 1
         srow[k, S_REC] = rec
         srow[k, S_TIME] = time
         srow[k, S_PID] = pid

@@ -25,6 +25,10 @@ PERF_KERNEL_PID = 0xFFFFFFFF
 #: Lowest kernel address on x86-64 and arm64 (48-bit address spaces): a sample above it with no kernel mmap in the
 #: file is attributed to the ``[kernel]`` image that covers the upper half.
 KERNEL_SPACE = 0xFFFF800000000000
+#: The most mappings forked children may start with, all together (each copies its parent's live ones, and only a
+#: child that runs before its exec needs them: ``_runs_before_exec``). A real build is far below it; a few hundred KB
+#: of made-up MMAP, FORK and SAMPLE records could otherwise ask for their product (2,000 x 2,000: 4 M rows, 1.4 GB).
+INHERITED_MAX = 1_000_000
 KERNEL_NAME = "[kernel.kallsyms]"
 
 U32, I32, I64, U64, U16, STR = pa.uint32(), pa.int32(), pa.int64(), pa.uint64(), pa.uint16(), pa.string()
@@ -212,10 +216,36 @@ class _Image:
     inherited: bool = False
 
 
+def _runs_before_exec(rec: Records, life: Lifetimes):
+    """``needs(pid, fork_time)``: whether a child forked then has samples, or forks children of its own, before
+    its exec (or its end): only then are its parent's mappings, which the exec ends, of any use. A build's children
+    exec at once (cargo starting rustc), so most forks copy nothing."""
+    s_pid, s_time = rec.samples[:, K.S_PID], rec.samples[:, K.S_TIME]
+    order = np.lexsort((s_time, s_pid))
+    s_pid, s_time = s_pid[order], s_time[order]
+    execs: dict[int, list[int]] = {}
+    for pid, time in life.execs:
+        execs.setdefault(pid, []).append(time)
+    forks_by: dict[int, list[int]] = {}
+    for _pid, time, ppid in life.forks:
+        forks_by.setdefault(ppid, []).append(time)
+
+    def needs(pid: int, start: int) -> bool:
+        stop = min((t for t in execs.get(pid, ()) if t >= start), default=np.iinfo(np.int64).max)
+        lo, hi = np.searchsorted(s_pid, pid, "left"), np.searchsorted(s_pid, pid, "right")
+        at = lo + np.searchsorted(s_time[lo:hi], start, "left")
+        if at < hi and s_time[at] < stop:
+            return True
+        return any(start <= t < stop for t in forks_by.get(pid, ()))
+
+    return needs
+
+
 def images_table(rec: Records, life: Lifetimes, t0: int) -> tuple[pa.Table, int]:
     """One row per mapping of an executable file in a process: MMAP/MMAP2 records, plus each mapping a forked
     child starts with (its parent's, at the fork), each ended by the process's exec or exit. Kernel mmaps (perf's
-    pid -1) go to pid 0. Returns the table and how many rows were inherited."""
+    pid -1) go to pid 0. Returns the table, how many rows were inherited, and how many were not, past
+    ``INHERITED_MAX``."""
     build_ids = {b.filename: b.build_id for b in rec.header.build_ids}
     m, a = rec.mmaps, rec.mmap_addrs
     order = np.lexsort((m[:, K.M_REC], m[:, K.M_TIME]))
@@ -229,7 +259,9 @@ def images_table(rec: Records, life: Lifetimes, t0: int) -> tuple[pa.Table, int]
     for k, (pid, time) in enumerate(life.execs):
         events.append((time, 2, k, 0))
     ends = {p.pid: p.end for p in life.processes}
+    needs = _runs_before_exec(rec, life)
     kernel_seen = False
+    inherited = refused = 0
     for time, kind, i, _ in sorted(events):
         if kind == 0:
             if m[i, K.M_MISC] & L.MISC_MMAP_DATA:      # (a data mapping: no code runs there)
@@ -252,9 +284,13 @@ def images_table(rec: Records, life: Lifetimes, t0: int) -> tuple[pa.Table, int]
             pid, _t, ppid = life.forks[i]
             for old in by_pid.get(pid, []):
                 old.unload = old.unload or time
-            live = [x for x in by_pid.get(ppid, []) if not x.unload]
+            live = [x for x in by_pid.get(ppid, []) if not x.unload] if needs(pid, time) else []
+            if inherited + len(live) > INHERITED_MAX:
+                refused += len(live)    # (the child starts with no image: its samples before an exec stay unmapped)
+                live = []
             copies = [_Image(pid, x.base, x.size, x.pgoff, x.file_name, time, build_id=x.build_id,
                              inherited=True) for x in live]
+            inherited += len(copies)
             by_pid[pid] = copies
             rows.extend(copies)
         else:
@@ -285,7 +321,7 @@ def images_table(rec: Records, life: Lifetimes, t0: int) -> tuple[pa.Table, int]
         "build_id": pa.array([r.build_id for r in rows], STR),
         "inherited": pa.array([r.inherited for r in rows], pa.bool_()),
     })
-    return table, sum(r.inherited for r in rows)
+    return table, inherited, refused
 
 
 def samples_and_stacks(rec: Records, t0: int) -> tuple[pa.Table, pa.Table, int]:

@@ -15,7 +15,6 @@ with (its callchain's kernel frames, then the user frames).
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import numba as nb
@@ -162,7 +161,7 @@ def user_stacks(rec, images) -> tuple[np.ndarray, np.ndarray, dict]:
         if name == VDSO:        # (clock_gettime: perf's copy of the [vdso], or this process's on the same kernel)
             name = f"{VDSO} {bids[k]}"
         if name not in tables and name not in reasons:
-            path, why = (vdso_file(name.split()[1], Path(tempfile.gettempdir()) / "bootprof-vdso")
+            path, why = (vdso_file(name.split()[1], Path.home() / ".cache" / "bootprof" / "vdso")
                          if name.startswith(VDSO) else (Path(name), None))
             rows, why = (C.image_rules(path) if path is not None and path.is_file()
                          else (None, why or f"{name}: not on this machine"))
