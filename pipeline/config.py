@@ -99,7 +99,8 @@ class ClusterConfig(Section):
 class DecodeConfig(Section):
     partition_bytes: int = Field(
         24 << 20, ge=1 << 16,
-        description="Bytes of ETL buffers handed to one dask task (inflated size for compressed buffers).",
+        description="Bytes of ETL buffers handed to one dask task (inflated size for compressed buffers); of a "
+        "perf.data file's records, likewise.",
     )
     join_memory_limit: Annotated[Size, size_at_least(JOIN_MEMORY_MIN)] = Field(
         "256MB", description="DuckDB memory limit of the ETL joins that need the whole trace (lifetimes, stack "

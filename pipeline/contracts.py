@@ -144,7 +144,8 @@ class PerfCounts(TypedDict, total=False):
     dwarf_unwind: dict[str, Any]        # --call-graph dwarf: images with CFI, rows, frames unwound (decode/perf/unwind.py)
     command_lines_from_profiles: int     # processes named by a self-profile of the same decode
     profiles_unmatched: int              # self-profiles that named no process of the recording
-    walk_s: float
+    parts: int                           # parts of the data section decoded as tasks (decode.partition_bytes)
+    walk_s: float                        # until the parts were decoded (the walks and the DWARF unwind)
     decode_s: float
     tables_s: float
     mb_per_s: float

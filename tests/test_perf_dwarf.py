@@ -127,6 +127,20 @@ def test_dwarf_stacks_are_perf_scripts(dwarf_run, tmp_path):
     assert np.median([len(s) for s in ours]) >= np.median([len(s) for s in theirs])
 
 
+def test_dwarf_in_tiny_parts_equals_one_part(dwarf_run, tmp_path):
+    """The unwind runs in each part of the file (``decode.partition_bytes``), with the images of the whole file:
+    about 20 parts give the tables of one."""
+    from pipeline.cluster import Pool
+    from tests.test_perf_parts import ONE_PART, _decode as decode_parts, tiny_parts
+
+    data = dwarf_run / "input" / "perf.data"
+    one = decode_parts(data, tmp_path / "one", Pool(None), ONE_PART)
+    many = decode_parts(data, tmp_path / "many", Pool(None), tiny_parts(data))
+    assert many["parts"] >= 15 and many["dwarf_unwind"] == one["dwarf_unwind"]
+    assert one["dwarf_unwind"]["samples_unwound"] >= 0.9 * one["samples"]
+    assert assert_same_tables(tmp_path / "one" / "decoded", tmp_path / "many" / "decoded") == 8
+
+
 def test_dwarf_unwinding_without_jit_equals_compiled(tmp_path):
     """The CFI scan and the unwinder as plain Python give the compiled run's tables, on a real recording of a small
     program (gzip; its images' CFI is small enough to scan byte by byte in Python, rustc's 100 MB is not)."""

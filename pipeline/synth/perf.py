@@ -44,6 +44,40 @@ def _name(text: str) -> bytes:
     return raw + b"\0" * (-len(raw) % 8)
 
 
+def _write_file(path: Path, data: list[bytes], first: int, last: int, dwarf: bool = False) -> None:
+    """The file around its data section (``data``, its pieces in order): header, the attr and its id, the
+    features."""
+    attr = bytearray(ATTR_SIZE)
+    sample_type = IP | TID | TIME | CALLCHAIN | PERIOD | ((REGS_USER | STACK_USER) if dwarf else 0)
+    struct.pack_into("<IIQQQQQ", attr, 0, 1, ATTR_SIZE, 0, 999, sample_type, 0, FLAGS)
+    if dwarf:
+        struct.pack_into("<QI", attr, 80, REGS_MASK, STACK_COPY)    # sample_regs_user, sample_stack_user
+    struct.pack_into("<i", attr, 92, 1)     # clockid: CLOCK_MONOTONIC
+    header_size, attrs_at = 104, 104
+    ids_at = attrs_at + ATTR_SIZE + 16
+    data_at = ids_at + 8
+    size = sum(len(d) for d in data)
+    features_at = data_at + size
+    hostname = b"synth\0\0\0"
+    sections = [struct.pack("<I", len(hostname)) + hostname, struct.pack("<QQ", first, last),
+                struct.pack("<IIQQ", 1, 1, WALL_AT_ZERO + first, first)]
+    content_at = features_at + 16 * len(sections)
+    table, offset = b"", content_at
+    for body in sections:
+        table += struct.pack("<QQ", offset, len(body))
+        offset += len(body)
+    bits = (1 << FEAT_HOSTNAME) | (1 << FEAT_SAMPLE_TIME) | (1 << FEAT_CLOCK_DATA)
+    head = struct.pack("<8sQQQQQQQQ4Q", b"PERFILE2", header_size, ATTR_SIZE + 16, attrs_at, ATTR_SIZE + 16, data_at,
+                       size, 0, 0, bits, 0, 0, 0)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(head + bytes(attr) + struct.pack("<QQ", ids_at, 8) + struct.pack("<Q", 1))
+        for piece in data:
+            f.write(piece)
+        f.write(table + b"".join(sections))
+
+
 #: ``dwarf``: the user registers perf asks for with ``--call-graph dwarf`` on x86-64 (AX..SS, R8..R15: 20 of them, in
 #: bit order; BP is the 7th, SP the 8th, IP the 9th), and the bytes of user stack copied with each sample.
 REGS_MASK, STACK_COPY = 0xFF0FFF, 64
@@ -115,35 +149,86 @@ def write_perf(path: Path, seed: int = 1, rustcs: int = 3, samples: int = 120, d
             out.append(_rec(EXIT, 0, struct.pack("<IIIIQ", pid, cargo, tid, pid if tid != pid else cargo, t),
                             trailer(pid, tid)))
     last = t
-    data = b"".join(out)
-
-    attr = bytearray(ATTR_SIZE)
-    sample_type = IP | TID | TIME | CALLCHAIN | PERIOD | ((REGS_USER | STACK_USER) if dwarf else 0)
-    struct.pack_into("<IIQQQQQ", attr, 0, 1, ATTR_SIZE, 0, 999, sample_type, 0, FLAGS)
-    if dwarf:
-        struct.pack_into("<QI", attr, 80, REGS_MASK, STACK_COPY)    # sample_regs_user, sample_stack_user
-    struct.pack_into("<i", attr, 92, 1)     # clockid: CLOCK_MONOTONIC
-    header_size, attrs_at = 104, 104
-    ids_at = attrs_at + ATTR_SIZE + 16
-    data_at = ids_at + 8
-    features_at = data_at + len(data)
-    hostname = b"synth\0\0\0"
-    sections = [struct.pack("<I", len(hostname)) + hostname, struct.pack("<QQ", first, last),
-                struct.pack("<IIQQ", 1, 1, WALL_AT_ZERO + first, first)]
-    content_at = features_at + 16 * len(sections)
-    table, offset = b"", content_at
-    for body in sections:
-        table += struct.pack("<QQ", offset, len(body))
-        offset += len(body)
-    bits = (1 << FEAT_HOSTNAME) | (1 << FEAT_SAMPLE_TIME) | (1 << FEAT_CLOCK_DATA)
-    head = struct.pack("<8sQQQQQQQQ4Q", b"PERFILE2", header_size, ATTR_SIZE + 16, attrs_at, ATTR_SIZE + 16, data_at,
-                       len(data), 0, 0, bits, 0, 0, 0)
-    blob = head + bytes(attr) + struct.pack("<QQ", ids_at, 8) + struct.pack("<Q", 1) + data + table + b"".join(sections)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(blob)
+    _write_file(Path(path), out, first, last, dwarf)
     per_pid: dict[int, int] = {}
     for (pid, _), n in per_tid.items():
         per_pid[pid] = per_pid.get(pid, 0) + n
     return {"samples": sum(per_pid.values()), "per_pid": per_pid, "per_tid": per_tid, "stacks": stacks,
             "origin_unix_ns": WALL_AT_ZERO + first}
+
+
+def write_large_perf(path: Path, size: int, seed: int = 1, rustcs: int = 6, chunk: int = 4096) -> dict[str, Any]:
+    """A file of about ``size`` bytes, written quickly (numpy, ``chunk`` samples at a time): cargo forks ``rustcs``
+    rustc processes one after another, each living for a stretch of the file beside the one before (FORK, COMM
+    exec, two MMAP2, a second thread, EXITs), sampled with frame-pointer callchains drawn from 3,000 stacks of 4
+    to 40 frames (a fifth with a kernel frame), times out of order by up to 2 ms within a round of perf's
+    buffers, a FINISHED_ROUND after each chunk. Returns samples per pid. Same seed -> the same bytes."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    stacks = (DRIVER + rng.integers(0x1000, 0x400_0000, size=(3000, 40))).astype(np.uint64)
+    t = 1_000_000_000
+    out: list[bytes] = []
+    cargo = 100
+
+    def trailer(pid: int, tid: int) -> bytes:
+        return struct.pack("<IIQ", pid, tid, t)
+
+    out.append(_rec(MMAP, MISC_KERNEL, struct.pack("<iIQQQ", -1, 0, KERNEL, 0x100_0000, 0) + _name("[kernel.kallsyms]_text"),
+                    struct.pack("<IIQ", 0, 0, 0)))
+    out.append(_rec(COMM, MISC_USER, struct.pack("<II", cargo, cargo) + _name("cargo"), trailer(cargo, cargo)))
+    first = t
+    chunks = max(1, size // (chunk * 256))
+    per_process = max(1, chunks // rustcs)
+    live: list[int] = []
+    per_pid: dict[int, int] = {}
+    for c in range(chunks):
+        if c % per_process == 0 and len(live) < 2 and c // per_process < rustcs:     # a rustc starts
+            pid = 200 + 10 * (c // per_process)
+            t += 1_000_000
+            out.append(_rec(FORK, 0, struct.pack("<IIIIQ", pid, cargo, pid, cargo, t), trailer(pid, pid)))
+            out.append(_rec(COMM, MISC_COMM_EXEC, struct.pack("<II", pid, pid) + _name("rustc"), trailer(pid, pid)))
+            for base, span, name in ((TEXT, 0x10_0000, "/synth/bin/rustc"),
+                                     (DRIVER, 0x400_0000, "/synth/lib/librustc_driver.so")):
+                bid = bytes(rng.integers(0, 256, 20, dtype=np.uint8))
+                out.append(_rec(MMAP2, MISC_USER | MISC_MMAP_BUILD_ID, struct.pack("<IIQQQ", pid, pid, base, span, 0x1000)
+                                + struct.pack("<B3x20s", 20, bid) + struct.pack("<II", 5, 2) + _name(name),
+                                trailer(pid, pid)))
+            out.append(_rec(FORK, 0, struct.pack("<IIIIQ", pid, pid, pid + 1, pid, t), trailer(pid, pid + 1)))
+            out.append(_rec(COMM, 0, struct.pack("<II", pid, pid + 1) + _name("opt cgu.0"), trailer(pid, pid + 1)))
+            live.append(pid)
+        # the chunk's samples: one callchain length each chunk, so that the records are one numpy array
+        depth = int(rng.integers(4, 41))
+        nr = depth + 3
+        rec = np.zeros(chunk, [("type", "<u4"), ("misc", "<u2"), ("size", "<u2"), ("ip", "<u8"), ("pid", "<u4"),
+                               ("tid", "<u4"), ("time", "<u8"), ("period", "<u8"), ("nr", "<u8"), ("chain", "<u8", nr)])
+        pids = np.array(live, np.uint32)[rng.integers(0, len(live), chunk)]
+        kernel = rng.random(chunk) < 0.2
+        which = rng.integers(0, len(stacks), chunk)
+        user = stacks[which, :depth]
+        ts = t + np.cumsum(rng.integers(50_000, 150_000, chunk)) + rng.integers(0, 2_000_000, chunk)
+        rec["type"], rec["size"] = SAMPLE, rec.dtype.itemsize
+        rec["misc"] = np.where(kernel, MISC_KERNEL, MISC_USER)
+        rec["pid"], rec["tid"] = pids, pids + (rng.random(chunk) < 0.5)
+        rec["time"], rec["period"], rec["nr"] = ts, 1_001_001, nr
+        kaddr = np.uint64(KERNEL) + rng.integers(0x1000, 0x100_0000, chunk).astype(np.uint64)
+        chain = rec["chain"]
+        chain[:, 0] = np.where(kernel, np.uint64(CONTEXT_KERNEL), np.uint64(CONTEXT_USER))
+        chain[:, 1] = np.where(kernel, kaddr, user[:, 0])
+        chain[:, 2] = np.where(kernel, np.uint64(CONTEXT_USER), user[:, 1])
+        chain[:, 3:] = user
+        rec["chain"] = chain
+        rec["ip"] = chain[:, 1]
+        out.append(rec.tobytes())
+        out.append(_rec(FINISHED_ROUND, 0, b""))
+        for p, n in zip(*np.unique(pids, return_counts=True)):
+            per_pid[int(p)] = per_pid.get(int(p), 0) + int(n)
+        t = int(ts.max()) + 1
+        if (c + 1) % per_process == 0 and len(live) == 2 or c == chunks - 1:    # the older rustc exits
+            for pid in (live if c == chunks - 1 else live[:1]):
+                for tid in (pid + 1, pid):
+                    out.append(_rec(EXIT, 0, struct.pack("<IIIIQ", pid, cargo, tid, pid if tid != pid else cargo, t),
+                                    trailer(pid, tid)))
+            live = [] if c == chunks - 1 else live[1:]
+    _write_file(Path(path), out, first, t)
+    return {"samples": sum(per_pid.values()), "per_pid": per_pid}

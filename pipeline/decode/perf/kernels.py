@@ -274,15 +274,19 @@ def _trailer_time(data, rend, body_end, trailer, trailer_time):
 
 
 @nb.njit(**JIT)
-def walk(data, start, end, st, read_fixed, read_head, read_per, regs_user, branch_hw, trailer, trailer_time, fill,
-         srow, sip, frames, trow, mrow, maddr, errors, type_counts, totals):
-    """Walk the records of ``data[start:end]``; with ``fill``, write them into the outputs (sized by a first
-    walk without ``fill``, whose ``totals`` say how many rows each gets). ``type_counts[t]``: records of type
-    ``t`` (types above 255 in the last slot)."""
+def walk(data, start, stop, end, rec0, st, read_fixed, read_head, read_per, regs_user, branch_hw, trailer,
+         trailer_time, fill, with_samples, srow, sip, frames, trow, mrow, maddr, errors, type_counts, totals):
+    """Walk the records of ``data[start:end]`` that begin before ``stop`` (a part of the data section: ``start``
+    and ``stop`` are places the walk of the whole section passes, as :func:`plan` finds them, and ``rec0`` the
+    index of the record at ``start``; every check is against ``end``, so the part is walked as the whole section
+    walks it); with ``fill``, write them into the outputs (sized by a first walk without ``fill``, whose
+    ``totals`` say how many rows each gets). Without ``with_samples``, samples are counted, not read (the task
+    and mmap records alone). ``type_counts[t]``: records of type ``t`` (types above 255 in the last slot)."""
     end = min(end, data.shape[0])
+    stop = min(stop, end)
     off = max(start, 0)
-    rec = 0
-    while off < end:
+    rec = rec0
+    while off < stop:
         if off + L.RECORD_HEADER_SIZE > end:
             _error(errors, totals, fill, off, PAST_END, 0)
             break
@@ -305,11 +309,13 @@ def walk(data, start, end, st, read_fixed, read_head, read_per, regs_user, branc
             break
         type_counts[min(rtype, type_counts.shape[0] - 1)] += 1
         totals[N_RECORDS] += 1
-        if rtype == L.RECORD_SAMPLE:
+        if rtype == L.RECORD_SAMPLE and with_samples:
             code = _sample(data, off, rend, st, read_fixed, read_head, read_per, regs_user, branch_hw, fill, rec,
                            misc, srow, sip, frames, totals)
             if code != 0:
                 _error(errors, totals, fill, off, code, rtype)
+        elif rtype == L.RECORD_SAMPLE:
+            pass
         elif rtype == L.RECORD_FORK or rtype == L.RECORD_EXIT or rtype == L.RECORD_COMM:
             body = L.TASK_SIZE if rtype != L.RECORD_COMM else L.COMM_NAME
             if rend < off + body:
@@ -374,3 +380,35 @@ def walk(data, start, end, st, read_fixed, read_head, read_per, regs_user, branc
         rec += 1
         off = rend
     return totals
+
+
+@nb.njit(**JIT)
+def plan(data, start, end, part_bytes, bounds, recs):
+    """Where to cut ``data[start:end]`` into parts of about ``part_bytes``: the first record boundary at or past
+    each ``part_bytes`` since the last cut, found by the path :func:`walk` takes (headers only: sizes, types,
+    the same resynchronization after a bad header). ``bounds[k]``, ``recs[k]``: the byte offset and record index
+    where part ``k`` begins (``bounds[0]`` is ``start``); returns how many parts. ``bounds`` holds at least
+    ``(end - start) // part_bytes + 1`` slots."""
+    end = min(end, data.shape[0])
+    off = max(start, 0)
+    rec = 0
+    n = 1
+    bounds[0] = off
+    recs[0] = 0
+    while off < end:
+        if off >= bounds[n - 1] + part_bytes and n < bounds.shape[0]:
+            bounds[n] = off
+            recs[n] = rec
+            n += 1
+        if off + L.RECORD_HEADER_SIZE > end:
+            break
+        rtype = np.int64(read_u32(data, off))
+        size = np.int64(read_u32(data, off + 4) >> np.uint32(16))
+        if size < L.RECORD_HEADER_SIZE or size % 8 != 0 or rtype < 1 or rtype > L.RECORD_TYPE_MAX:
+            off = resync(data, off, end)
+            continue
+        if off + size > end:
+            break
+        rec += 1
+        off += size
+    return n

@@ -13,22 +13,31 @@ import numpy as np
 from pipeline import sources
 from pipeline.decode.perf import kernels as K
 from pipeline.decode.perf import layout as L
-from pipeline.decode.perf.header import PerfFileError, PerfHeader, read_header
+from pipeline.decode.perf.header import PerfFileError, PerfHeader
 
 
 @dataclass
-class Records:
+class Tasks:
+    """The task and mmap records of the whole file (what process, thread and image lifetimes are made of)."""
+
     header: PerfHeader
-    layout: K.SampleLayout
-    samples: np.ndarray         # int64 (n, K.S_COLS)
-    ips: np.ndarray             # uint64 (n,)
-    frames: np.ndarray          # uint64: each sample's callchain without context markers, leaf first, in order
     tasks: np.ndarray           # int64 (n, K.T_COLS): COMM, FORK, EXIT
     task_names: list[str | None]
     mmaps: np.ndarray           # int64 (n, K.M_COLS)
     mmap_addrs: np.ndarray      # uint64 (n, K.M_ADDR_COLS)
     mmap_names: list[str]
     mmap_build_ids: list[str | None]
+
+
+@dataclass
+class Records:
+    """The records of one part of the data section (:func:`read_part`)."""
+
+    header: PerfHeader
+    layout: K.SampleLayout
+    samples: np.ndarray         # int64 (n, K.S_COLS)
+    ips: np.ndarray             # uint64 (n,)
+    frames: np.ndarray          # uint64: each sample's callchain without context markers, leaf first, in order
     errors: np.ndarray          # int64 (n, 3): byte offset, code, record type (or bytes skipped, for RESYNC)
     type_counts: np.ndarray     # int64 (256,)
     totals: np.ndarray          # int64 (K.N_TOTALS,)
@@ -67,53 +76,72 @@ def _strings(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[str
     return out
 
 
-def read_records(path: sources.Input, max_errors: int = 1 << 20) -> Records:
-    """Every record of the data section of the perf.data file at ``path``, decoded into arrays."""
-    import time
+def plan_parts(data: np.ndarray, hdr: PerfHeader, part_bytes: int) -> list[tuple[int, int, int]]:
+    """The data section cut at record boundaries into parts of about ``part_bytes``: (first byte, end, index of
+    the first record) of each, in file order (``kernels.plan``)."""
+    start, end = hdr.data_offset, min(hdr.data_end, len(data))
+    bounds = np.zeros(max(end - start, 0) // part_bytes + 1, np.int64)
+    recs = np.zeros(len(bounds), np.int64)
+    n = K.plan(data, start, end, part_bytes, bounds, recs)
+    stops = bounds[1:n].tolist() + [end]
+    return list(zip(bounds[:n].tolist(), stops, recs[:n].tolist()))
 
-    data = load(path)
-    hdr = read_header(path, data)
-    lay = sample_layout(path, hdr)
-    t0 = time.perf_counter()
-    args = (data, hdr.data_offset, hdr.data_end, *lay.args())
+
+def _walk_twice(data, hdr: PerfHeader, lay: K.SampleLayout, lo: int, hi: int, rec0: int, with_samples: bool,
+                max_errors: int):
+    """``kernels.walk`` over [lo, hi): counting, then into arrays of those sizes."""
+    args = (data, lo, hi, hdr.data_end, rec0, *lay.args())
     z2 = np.zeros((0, 1), np.int64)
     counts = np.zeros(256, np.int64)
     totals = np.zeros(K.N_TOTALS, np.int64)
-    K.walk(*args, False, z2, np.zeros(0, np.uint64), np.zeros(0, np.uint64), z2, z2, np.zeros((0, 1), np.uint64), z2,
-           counts, totals)
+    K.walk(*args, False, with_samples, z2, np.zeros(0, np.uint64), np.zeros(0, np.uint64), z2, z2,
+           np.zeros((0, 1), np.uint64), z2, counts, totals)
     n = totals.copy()
-    samples = np.zeros((n[K.N_SAMPLES], K.S_COLS), np.int64)
-    ips = np.zeros(n[K.N_SAMPLES], np.uint64)
-    frames = np.zeros(n[K.N_FRAMES], np.uint64)
-    tasks = np.zeros((n[K.N_TASKS], K.T_COLS), np.int64)
-    mmaps = np.zeros((n[K.N_MMAPS], K.M_COLS), np.int64)
-    addrs = np.zeros((n[K.N_MMAPS], K.M_ADDR_COLS), np.uint64)
-    errors = np.zeros((min(n[K.N_ERRORS], max_errors), 3), np.int64)
+    out = (np.zeros((n[K.N_SAMPLES], K.S_COLS), np.int64), np.zeros(n[K.N_SAMPLES], np.uint64),
+           np.zeros(n[K.N_FRAMES], np.uint64), np.zeros((n[K.N_TASKS], K.T_COLS), np.int64),
+           np.zeros((n[K.N_MMAPS], K.M_COLS), np.int64), np.zeros((n[K.N_MMAPS], K.M_ADDR_COLS), np.uint64),
+           np.zeros((min(n[K.N_ERRORS], max_errors), 3), np.int64))
     counts[:] = 0
     totals[:] = 0
-    K.walk(*args, True, samples, ips, frames, tasks, mmaps, addrs, errors, counts, totals)
+    K.walk(*args, True, with_samples, *out, counts, totals)
     if not np.array_equal(totals, n):
-        raise AssertionError(f"{path}: the perf.data walks disagree: {n.tolist()} then {totals.tolist()}")
-    walk_s = time.perf_counter() - t0
+        raise AssertionError(f"the perf.data walks disagree: {n.tolist()} then {totals.tolist()}")
+    return out, counts, totals
+
+
+def read_tasks(data: np.ndarray, hdr: PerfHeader, lay: K.SampleLayout) -> Tasks:
+    """The COMM, FORK, EXIT, MMAP and MMAP2 records of the whole data section, samples stepped over (their errors
+    are the parts' to report)."""
+    (_, _, _, tasks, mmaps, addrs, _), _, _ = _walk_twice(data, hdr, lay, hdr.data_offset, hdr.data_end, 0, False, 0)
     bids: list[str | None] = [None if a < 0 else bytes(data[a:a + k]).hex()
                               for a, k in zip(mmaps[:, K.M_BUILD_ID].tolist(), mmaps[:, K.M_BUILD_ID_LEN].tolist())]
-    return Records(header=hdr, layout=lay, samples=samples, ips=ips, frames=frames, tasks=tasks,
-                   task_names=_strings(data, tasks[:, K.T_NAME], tasks[:, K.T_NAME_END]), mmaps=mmaps,
-                   mmap_addrs=addrs, mmap_names=[s or "" for s in _strings(data, mmaps[:, K.M_NAME],
-                                                                           mmaps[:, K.M_NAME_END])],
-                   mmap_build_ids=bids, errors=errors, type_counts=counts, totals=totals, walk_s=walk_s,
-                   data=data)
+    return Tasks(header=hdr, tasks=tasks, task_names=_strings(data, tasks[:, K.T_NAME], tasks[:, K.T_NAME_END]),
+                 mmaps=mmaps, mmap_addrs=addrs,
+                 mmap_names=[s or "" for s in _strings(data, mmaps[:, K.M_NAME], mmaps[:, K.M_NAME_END])],
+                 mmap_build_ids=bids)
 
 
-def error_rows(path, rec: Records) -> list[dict]:
+def read_part(data: np.ndarray, hdr: PerfHeader, lay: K.SampleLayout, lo: int, hi: int, rec0: int,
+              max_errors: int = 1 << 20) -> Records:
+    """The samples and errors of the records that begin in [lo, hi) (a part from :func:`plan_parts`)."""
+    import time
+
+    t0 = time.perf_counter()
+    (samples, ips, frames, _, _, _, errors), counts, totals = _walk_twice(data, hdr, lay, lo, hi, rec0, True,
+                                                                          max_errors)
+    return Records(header=hdr, layout=lay, samples=samples, ips=ips, frames=frames, errors=errors,
+                   type_counts=counts, totals=totals, walk_s=time.perf_counter() - t0, data=data)
+
+
+def error_rows(path, errors: np.ndarray, data_offset: int) -> list[dict]:
     """The walk's errors as rows of ``decoded/errors`` (``file_offset``: the record's byte offset in the file)."""
     rows = []
-    for off, code, rtype in rec.errors.tolist():
+    for off, code, rtype in errors.tolist():
         if code == K.RESYNC:
             what = f"{K.STATUS_TEXT[code]} after {rtype} bytes skipped"
         else:
             what = f"{L.RECORD_NAMES.get(rtype, f'type {rtype}')} record: {K.STATUS_TEXT[code]}"
         rows.append({"file": str(path), "buffer_index": -1, "file_offset": off,
-                     "record_offset": off - rec.header.data_offset, "kind": K.ERROR_KIND[code],
+                     "record_offset": off - data_offset, "kind": K.ERROR_KIND[code],
                      "message": f"{path}: byte offset {off}: {what}"})
     return rows

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from pipeline.decode.perf import kernels as K
 from pipeline.decode.perf import layout as L
-from pipeline.decode.perf.records import Records
+from pipeline.decode.perf.records import Records, Tasks
 
 #: pid of the kernel's images in ``images`` (the group symbolize looks kernel addresses up in).
 KERNEL_PID = 0
@@ -26,18 +26,19 @@ PERF_KERNEL_PID = 0xFFFFFFFF
 #: file is attributed to the ``[kernel]`` image that covers the upper half.
 KERNEL_SPACE = 0xFFFF800000000000
 #: The most mappings forked children may start with, all together (each copies its parent's live ones, and only a
-#: child that runs before its exec needs them: ``_runs_before_exec``). A real build is far below it; a few hundred KB
-#: of made-up MMAP, FORK and SAMPLE records could otherwise ask for their product (2,000 x 2,000: 4 M rows, 1.4 GB).
+#: child that may run before an exec needs them: ``_runs_before_exec``). A real build is far below it; a few hundred
+#: KB of made-up MMAP and FORK records could otherwise ask for their product (2,000 x 2,000: 4 M rows, 1.4 GB).
 INHERITED_MAX = 1_000_000
 KERNEL_NAME = "[kernel.kallsyms]"
 
 U32, I32, I64, U64, U16, STR = pa.uint32(), pa.int32(), pa.int64(), pa.uint64(), pa.uint16(), pa.string()
 
 
-def origin(rec: Records) -> int:
+def origin(tk: Tasks, sample_min: int) -> int:
     """The raw time that ``timestamp_ns`` 0 stands for: the earliest time of a record that has one (perf's own
-    records made before the recording started, and the kernel's mmap, carry time 0)."""
-    times = [rec.samples[:, K.S_TIME], rec.tasks[:, K.T_TIME], rec.mmaps[:, K.M_TIME]]
+    records made before the recording started, and the kernel's mmap, carry time 0); ``sample_min``: the earliest
+    nonzero time of a sample (0 when none has one)."""
+    times = [tk.tasks[:, K.T_TIME], tk.mmaps[:, K.M_TIME], np.array([sample_min], np.int64)]
     nonzero = [t[t > 0] for t in times if len(t)]
     nonzero = [t for t in nonzero if len(t)]
     return int(min(t.min() for t in nonzero)) if nonzero else 0
@@ -82,13 +83,13 @@ class Lifetimes:
     execs: list[tuple[int, int]] = field(default_factory=list)
 
 
-def lifetimes(rec: Records) -> Lifetimes:
+def lifetimes(tk: Tasks, seen: list[tuple[int, int, int]]) -> Lifetimes:
     """Process and thread instances from the task records (FORK, COMM, EXIT) in time order, record order among
     equal times. A FORK whose new thread leads its group (pid = tid) starts a process instance (a pid seen again
     ends the one before); other FORKs start threads; a COMM names its thread (and the process, for its leader);
     an EXIT ends the thread, and the process when the leader exits. Processes and threads that samples or mmaps
-    name but no task record does get instances with unknown start."""
-    t = rec.tasks
+    name but no task record does get instances with unknown start (``seen``: :func:`firsts` of the samples)."""
+    t = tk.tasks
     order = np.lexsort((t[:, K.T_REC], t[:, K.T_TIME]))
     out = Lifetimes()
     procs: dict[int, _Process] = {}
@@ -135,7 +136,7 @@ def lifetimes(rec: Records) -> Lifetimes:
             parent_thread = threads.get(int(t[i, K.T_PTID]))
             th.name = parent_thread.name if parent_thread else procs[pid].name
         elif kind == L.RECORD_COMM:
-            name = rec.task_names[i] or ""
+            name = tk.task_names[i] or ""
             p = process(pid, time)
             thread(pid, tid, time).name = name
             if misc & L.MISC_COMM_EXEC:
@@ -149,8 +150,7 @@ def lifetimes(rec: Records) -> Lifetimes:
             if pid == tid:
                 process(pid, time).end = time
     # processes and threads named only by samples and mmaps
-    s = rec.samples
-    for pid, tid, time in _firsts(s[:, K.S_PID], s[:, K.S_TID], s[:, K.S_TIME]):
+    for pid, tid, time in seen:
         if pid not in procs:
             process(pid, time)
         if tid not in threads:
@@ -158,8 +158,9 @@ def lifetimes(rec: Records) -> Lifetimes:
     return out
 
 
-def _firsts(pid: np.ndarray, tid: np.ndarray, time: np.ndarray) -> list[tuple[int, int, int]]:
-    """(pid, tid, first time) of each distinct (pid, tid)."""
+def firsts(pid: np.ndarray, tid: np.ndarray, time: np.ndarray) -> list[tuple[int, int, int]]:
+    """(pid, tid, time of the first) of each distinct (pid, tid), by (pid, tid): of a part's samples in record
+    order, or of the parts' firsts in file order."""
     if len(pid) == 0:
         return []
     keys = np.stack([pid, tid], axis=1)
@@ -216,13 +217,11 @@ class _Image:
     inherited: bool = False
 
 
-def _runs_before_exec(rec: Records, life: Lifetimes):
-    """``needs(pid, fork_time)``: whether a child forked then has samples, or forks children of its own, before
-    its exec (or its end): only then are its parent's mappings, which the exec ends, of any use. A build's children
-    exec at once (cargo starting rustc), so most forks copy nothing."""
-    s_pid, s_time = rec.samples[:, K.S_PID], rec.samples[:, K.S_TIME]
-    order = np.lexsort((s_time, s_pid))
-    s_pid, s_time = s_pid[order], s_time[order]
+def _runs_before_exec(life: Lifetimes):
+    """``needs(pid, fork_time)``: whether a child forked then may run its parent's code: it never execs, or forks
+    children of its own before its exec. Only then are its parent's mappings, which the exec ends, of use (the images
+    are made before the samples are read, for the unwind: a sample in the moment between a fork and its exec stays
+    without an image). A build's children exec at once (cargo starting rustc), so most forks copy nothing."""
     execs: dict[int, list[int]] = {}
     for pid, time in life.execs:
         execs.setdefault(pid, []).append(time)
@@ -231,17 +230,13 @@ def _runs_before_exec(rec: Records, life: Lifetimes):
         forks_by.setdefault(ppid, []).append(time)
 
     def needs(pid: int, start: int) -> bool:
-        stop = min((t for t in execs.get(pid, ()) if t >= start), default=np.iinfo(np.int64).max)
-        lo, hi = np.searchsorted(s_pid, pid, "left"), np.searchsorted(s_pid, pid, "right")
-        at = lo + np.searchsorted(s_time[lo:hi], start, "left")
-        if at < hi and s_time[at] < stop:
-            return True
-        return any(start <= t < stop for t in forks_by.get(pid, ()))
+        stop = min((t for t in execs.get(pid, ()) if t >= start), default=None)
+        return stop is None or any(start <= t < stop for t in forks_by.get(pid, ()))
 
     return needs
 
 
-def images_table(rec: Records, life: Lifetimes, t0: int) -> tuple[pa.Table, int]:
+def images_table(rec: Tasks, life: Lifetimes, t0: int) -> tuple[pa.Table, int, int]:
     """One row per mapping of an executable file in a process: MMAP/MMAP2 records, plus each mapping a forked
     child starts with (its parent's, at the fork), each ended by the process's exec or exit. Kernel mmaps (perf's
     pid -1) go to pid 0. Returns the table, how many rows were inherited, and how many were not, past
@@ -259,7 +254,7 @@ def images_table(rec: Records, life: Lifetimes, t0: int) -> tuple[pa.Table, int]
     for k, (pid, time) in enumerate(life.execs):
         events.append((time, 2, k, 0))
     ends = {p.pid: p.end for p in life.processes}
-    needs = _runs_before_exec(rec, life)
+    needs = _runs_before_exec(life)
     kernel_seen = False
     inherited = refused = 0
     for time, kind, i, _ in sorted(events):
@@ -324,9 +319,11 @@ def images_table(rec: Records, life: Lifetimes, t0: int) -> tuple[pa.Table, int]
     return table, inherited, refused
 
 
-def samples_and_stacks(rec: Records, t0: int) -> tuple[pa.Table, pa.Table, int]:
-    """``samples`` (in time order, record order among equal times) and ``stacks`` (one row per distinct callchain,
-    by stack id); and how many distinct callchains shared an id with another (a hash collision: the first kept)."""
+def part_stacks(rec: Records) -> tuple[np.ndarray, np.ndarray, pa.Table]:
+    """The stack id of each of a part's samples, whether it has a stack, and the part's distinct callchains: one
+    row per distinct (stack id, check value), with the record index of its first sample (``first_rec``), its
+    frames and depth (the ETL decoder's stack ids: equal frame lists have equal ids whichever decoder wrote
+    them)."""
     from pipeline.decode.etl.kernels import hash_frame_lists, stack_ids
 
     s = rec.samples
@@ -342,31 +339,54 @@ def samples_and_stacks(rec: Records, t0: int) -> tuple[pa.Table, pa.Table, int]:
     check = np.zeros(n, np.uint64)
     stack_ids(h1, h2, cnt, sid, check)
     has_stack = counts > 0 if rec.layout.sample_type & L.SAMPLE_CALLCHAIN else np.zeros(n, bool)
-    ids, first = np.unique(sid[has_stack], return_index=True)
-    rows = np.flatnonzero(has_stack)[first]
-    # a collision: two samples with one id but different check values
-    pairs = np.unique(np.stack([sid[has_stack], check[has_stack].view(np.int64)], axis=1), axis=0)
-    collisions = len(pairs) - len(ids)
+    with_stack = np.flatnonzero(has_stack)
+    _, first = np.unique(np.stack([sid[with_stack], check[with_stack].view(np.int64)], axis=1), axis=0,
+                         return_index=True)
+    rows = with_stack[first]
     frames_list = pa.ListArray.from_arrays(pa.array(_gather_offsets(offsets, rows), pa.int32()),
                                            pa.array(_gather_values(rec.frames, offsets, rows), U64))
-    stacks = pa.table({"stack_id": pa.array(ids, I64), "frames": frames_list,
-                       "depth": pa.array(counts[rows].astype(np.int32), I32)})
-    order = np.lexsort((s[:, K.S_REC], s[:, K.S_TIME]))
-    time = s[order, K.S_TIME]
-    cpu = s[order, K.S_CPU]
-    samples = pa.table({
-        "timestamp": pa.array(time, I64),
-        "timestamp_ns": pa.array(time - t0, I64),
+    return sid, has_stack, pa.table({"stack_id": pa.array(sid[rows], I64), "check": pa.array(check[rows], U64),
+                                     "first_rec": pa.array(s[rows, K.S_REC], I64), "frames": frames_list,
+                                     "depth": pa.array(counts[rows].astype(np.int32), I32)})
+
+
+def stacks_table(pieces: list[pa.Table]) -> tuple[pa.Table, int]:
+    """``stacks`` (one row per stack id, by id: the frames of its first sample) from the parts'
+    :func:`part_stacks`; and how many distinct callchains shared an id with another (a hash collision: the
+    first kept)."""
+    t = pa.concat_tables(pieces)
+    sid = t.column("stack_id").to_numpy()
+    check = t.column("check").to_numpy().view(np.int64)
+    order = np.lexsort((t.column("first_rec").to_numpy(), sid))
+    keep = order[np.r_[True, sid[order][1:] != sid[order][:-1]]] if len(order) else order
+    pairs = len(np.unique(np.stack([sid, check], axis=1), axis=0)) if len(sid) else 0
+    return t.take(pa.array(keep)).select(["stack_id", "frames", "depth"]), pairs - len(keep)
+
+
+def part_samples(rec: Records, sid: np.ndarray, has_stack: np.ndarray) -> pa.Table:
+    """A part's samples, in record order, as :func:`samples_table` takes them."""
+    s = rec.samples
+    return pa.table({"timestamp": pa.array(s[:, K.S_TIME], I64), "stream_pos": pa.array(s[:, K.S_REC], I64),
+                     "cpu": pa.array(s[:, K.S_CPU], I64), "tid": pa.array(s[:, K.S_TID].astype(np.uint32), U32),
+                     "pid": pa.array(s[:, K.S_PID].astype(np.uint32), U32), "ip": pa.array(rec.ips, U64),
+                     "stack_id": pa.array(sid, I64, mask=~has_stack), "period": pa.array(s[:, K.S_PERIOD], I64),
+                     "cpumode": pa.array((s[:, K.S_MISC] & L.MISC_CPUMODE_MASK).astype(np.uint8), pa.uint8())})
+
+
+def samples_table(pieces: list[pa.Table], t0: int) -> pa.Table:
+    """``samples`` from the parts' :func:`part_samples`: in time order, record order among equal times."""
+    t = pa.concat_tables(pieces).combine_chunks()
+    time = t.column("timestamp").to_numpy()
+    order = np.lexsort((t.column("stream_pos").to_numpy(), time))
+    t = t.take(pa.array(order))
+    cpu = t.column("cpu").to_numpy()
+    return pa.table({
+        "timestamp": t.column("timestamp"),
+        "timestamp_ns": pa.array(time[order] - t0, I64),
         "cpu": pa.array(np.where(cpu >= 0, cpu, 0).astype(np.uint16), U16),
-        "tid": pa.array(s[order, K.S_TID].astype(np.uint32), U32),
-        "pid": pa.array(s[order, K.S_PID].astype(np.uint32), U32),
-        "ip": pa.array(rec.ips[order], U64),
-        "stack_id": pa.array(sid[order], I64, mask=~has_stack[order]),
-        "stream_pos": pa.array(s[order, K.S_REC], I64),
-        "period": pa.array(s[order, K.S_PERIOD], I64),
-        "cpumode": pa.array((s[order, K.S_MISC] & L.MISC_CPUMODE_MASK).astype(np.uint8), pa.uint8()),
+        "tid": t.column("tid"), "pid": t.column("pid"), "ip": t.column("ip"), "stack_id": t.column("stack_id"),
+        "stream_pos": t.column("stream_pos"), "period": t.column("period"), "cpumode": t.column("cpumode"),
     })
-    return samples, stacks, collisions
 
 
 def _gather_offsets(offsets: np.ndarray, rows: np.ndarray) -> np.ndarray:

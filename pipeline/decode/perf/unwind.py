@@ -163,7 +163,7 @@ def user_stacks(rec, images) -> tuple[np.ndarray, np.ndarray, dict]:
         if name not in tables and name not in reasons:
             path, why = (vdso_file(name.split()[1], Path.home() / ".cache" / "bootprof" / "vdso")
                          if name.startswith(VDSO) else (Path(name), None))
-            rows, why = (C.image_rules(path) if path is not None and path.is_file()
+            rows, why = (_image_rules(path) if path is not None and path.is_file()
                          else (None, why or f"{name}: not on this machine"))
             if rows is None:
                 reasons[name] = why or f"{name}: no call frame information"
@@ -201,6 +201,32 @@ def user_stacks(rec, images) -> tuple[np.ndarray, np.ndarray, dict]:
         at += b - a
         frames[at:at + user[i]] = user_frames[user_off[i]:user_off[i + 1]]
         at += user[i]
-    info = {"images_with_cfi": len(rules), "cfi_rows": int(len(all_rules)), "user_frames": int(user.sum()),
-            "samples_unwound": int((user > 1).sum()), "images_without_cfi": sorted(reasons.values())[:20]}
+    info = {"cfi_rows_by_image": {name: len(rules[k]) for name, k in tables.items()}, "user_frames": int(user.sum()),
+            "samples_unwound": int((user > 1).sum()), "images_without_cfi": sorted(reasons.values())}
     return counts, frames, info
+
+
+def merged_info(infos: list[dict]) -> dict:
+    """What the parts' :func:`user_stacks` read, as the manifest says it: images with rows (each counted once),
+    their rows, frames unwound, the first 20 reasons of images without."""
+    rows: dict[str, int] = {}
+    reasons: set[str] = set()
+    for info in infos:
+        rows.update(info["cfi_rows_by_image"])
+        reasons.update(info["images_without_cfi"])
+    return {"images_with_cfi": len(rows), "cfi_rows": sum(rows.values()),
+            "user_frames": sum(i["user_frames"] for i in infos),
+            "samples_unwound": sum(i["samples_unwound"] for i in infos), "images_without_cfi": sorted(reasons)[:20]}
+
+
+_RULES: dict[tuple[str, int, int], tuple[np.ndarray | None, str | None]] = {}
+
+
+def _image_rules(path: Path) -> tuple[np.ndarray | None, str | None]:
+    """``cfi.image_rules``, once per file (and its size and time) in a process: each part of a file that a worker
+    unwinds asks for the same images."""
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _RULES:
+        _RULES[key] = C.image_rules(path)
+    return _RULES[key]
