@@ -52,20 +52,15 @@ def _explode(pids: np.ndarray, stack_ids: np.ndarray, times: np.ndarray, stack_k
     return pids[owner], address.astype(np.uint64), within == 0, times[owner], known[owner]
 
 
-def _firsts(pid: np.ndarray, t: np.ndarray, ip: np.ndarray, stack: np.ndarray) -> tuple[tuple[np.ndarray, ...], ...]:
+def _firsts(events: "StackEvents") -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
     """The distinct (pid, stack) of the events that have a stack and the distinct (pid, ip) of those that have an
-    instruction pointer, each with its first time: DuckDB group-bys over the events where they lie (6.5 M events
-    of the 1 GB synth trace: 49,848 pairs and 39,725 ips), so that no column of the events is copied for them and
-    the frames' own group-by is not of every sample."""
-    import duckdb
-    import pyarrow as pa
-
-    con = duckdb.connect()
-    con.register("events", pa.table({"pid": pid, "t": t, "ip": ip, "stack": stack}))
-    pairs = con.execute("SELECT pid, stack, min(t) AS t FROM events WHERE stack >= 0 GROUP BY pid, stack").fetchnumpy()
-    ips = con.execute("SELECT pid, ip, min(t) AS t FROM events WHERE ip <> 0 GROUP BY pid, ip").fetchnumpy()
+    instruction pointer, each with its first time: DuckDB group-bys over the decoded tables where they lie (6.5 M
+    events of the 1 GB synth trace: 49,848 pairs and 39,725 ips), so that no column of the events is fetched for
+    them (their arrays were 200 MB at 1 GB) and the frames' own group-by is not of every sample."""
     i64 = lambda a: np.asarray(a, np.int64)  # noqa: E731
-    return ((i64(pairs["pid"]), i64(pairs["stack"]), i64(pairs["t"])),
+    pairs = events.query("SELECT pid, stack_id, min(t) AS t FROM ev WHERE stack_id >= 0 GROUP BY pid, stack_id")
+    ips = events.query("SELECT pid, ip, min(t) AS t FROM ev WHERE ip <> 0 GROUP BY pid, ip")
+    return ((i64(pairs["pid"]), i64(pairs["stack_id"]), i64(pairs["t"])),
             (i64(ips["pid"]), np.asarray(ips["ip"], np.uint64), i64(ips["t"])))
 
 
@@ -94,37 +89,45 @@ STACK_SOURCES = {
 }
 
 
-def stack_events(run_dir: Path) -> tuple[tuple[np.ndarray, ...], dict[str, int]]:
-    """(pid, time, ip, stack_id) of every row of the decoded tables that references a stack (``STACK_SOURCES``;
-    ip 0 = none, stack_id -1 = none), and the number of rows taken from each table.
+class StackEvents:
+    """Every row of the decoded tables that references a stack (``STACK_SOURCES``), as one DuckDB view ``ev`` of
+    (source, pid, t, ip, stack_id) over their parquet (ip 0 = none, stack_id -1 = none): read where they lie, by
+    group-bys (:func:`_firsts`) and, for the few processes whose frames two images could hold, row by row
+    (:meth:`of_pids`). ``sources``: the rows taken from each table."""
 
-    One DuckDB query over all of them gives each column once, in its final type (6.5 M rows on the 1 GB synth
-    trace: every copy of a column is ~50 MB of fresh memory)."""
-    import duckdb
+    def __init__(self, run_dir: Path):
+        import duckdb
 
-    from pipeline.runs import parquet_glob, table_path
+        from pipeline.runs import parquet_glob, sql_path, table_path
 
-    selects, params, names = [], [], []
-    for name, sql in STACK_SOURCES.items():
-        needs = re.findall(r"\{(\w+)\}", sql)
-        if not all(has_table(run_dir, DECODED, t) for t in needs):
-            continue
-        # (paths are bound as parameters, never pasted into the SQL)
-        views = {t: f"read_parquet(${len(params) + i + 1})" for i, t in enumerate(needs)}
-        params += [parquet_glob(table_path(run_dir, DECODED, t)) for t in needs]
-        selects.append(f"""SELECT {len(names)}::UTINYINT AS source, coalesce(pid, 0)::BIGINT AS pid,
-                                  coalesce(timestamp_ns, 0)::BIGINT AS t, coalesce(ip, 0)::UBIGINT AS ip,
-                                  coalesce(stack_id, -1)::BIGINT AS stack_id
-                           FROM ({sql.format(**views)})""")
-        names.append(name)
-    if not selects:
-        z = np.zeros(0, np.int64)
-        return (z, z, z.astype(np.uint64), z), {}
-    cols = duckdb.connect().execute(" UNION ALL ".join(selects), params).fetchnumpy()
-    counts = np.bincount(np.asarray(cols["source"]), minlength=len(names))
-    events = tuple(np.ascontiguousarray(cols[c], dtype=t) for c, t in
-                   (("pid", np.int64), ("t", np.int64), ("ip", np.uint64), ("stack_id", np.int64)))
-    return events, {name: int(n) for name, n in zip(names, counts.tolist())}
+        selects, names = [], []
+        for name, sql in STACK_SOURCES.items():
+            needs = re.findall(r"\{(\w+)\}", sql)
+            if not all(has_table(run_dir, DECODED, t) for t in needs):
+                continue
+            views = {t: f"read_parquet({sql_path(parquet_glob(table_path(run_dir, DECODED, t)))})" for t in needs}
+            selects.append(f"""SELECT {len(names)}::UTINYINT AS source, coalesce(pid, 0)::BIGINT AS pid,
+                                      coalesce(timestamp_ns, 0)::BIGINT AS t, coalesce(ip, 0)::UBIGINT AS ip,
+                                      coalesce(stack_id, -1)::BIGINT AS stack_id
+                               FROM ({sql.format(**views)})""")
+            names.append(name)
+        self.con = duckdb.connect()
+        if not selects:
+            selects = ["SELECT 0::UTINYINT AS source, 0::BIGINT AS pid, 0::BIGINT AS t, 0::UBIGINT AS ip, "
+                       "-1::BIGINT AS stack_id WHERE false"]
+        self.con.execute(f"CREATE VIEW ev AS {' UNION ALL '.join(selects)}")
+        counts = dict(self.con.execute("SELECT source, count(*) FROM ev GROUP BY source").fetchall())
+        self.sources = {name: int(counts.get(k, 0)) for k, name in enumerate(names)}
+
+    def query(self, sql: str, params: list | None = None) -> dict[str, np.ndarray]:
+        return self.con.execute(sql, params or []).fetchnumpy()
+
+    def of_pids(self, pids: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(pid, time, ip, stack_id) of the events of ``pids``."""
+        cols = self.query("SELECT pid, t, ip, stack_id FROM ev WHERE list_contains($1, pid)",
+                          [[int(p) for p in np.unique(pids)]])
+        return tuple(np.ascontiguousarray(cols[c], dtype=t) for c, t in
+                     (("pid", np.int64), ("t", np.int64), ("ip", np.uint64), ("stack_id", np.int64)))
 
 
 def collect_frames(run_dir: Path) -> dict[str, np.ndarray]:
@@ -136,7 +139,7 @@ def collect_frames(run_dir: Path) -> dict[str, np.ndarray]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    (s_pid, s_t, s_ip, s_stack), sources = stack_events(run_dir)
+    events = StackEvents(run_dir)
 
     stacks = read_table(run_dir, DECODED, "stacks", columns=["stack_id", "frames"])
     keys = column(stacks, "stack_id", f"{run_dir}/{DECODED}/stacks.parquet").astype(np.int64)
@@ -152,7 +155,7 @@ def collect_frames(run_dir: Path) -> dict[str, np.ndarray]:
     stack_index = (keys[order], offsets[:-1][order], offsets[1:][order], values)
 
     # the distinct (pid, stack) pairs and (pid, ip) of the events, each with its first time
-    (p_pid, p_stack, p_t), (i_pid, i_ip, i_t) = _firsts(s_pid, s_t, s_ip, s_stack)
+    (p_pid, p_stack, p_t), (i_pid, i_ip, i_t) = _firsts(events)
     f_pid, f_addr, f_leaf, f_t, f_pair = _explode(p_pid, p_stack, p_t, *stack_index)
     pid = np.concatenate([f_pid, i_pid])
     address = np.concatenate([f_addr, i_ip])
@@ -162,7 +165,7 @@ def collect_frames(run_dir: Path) -> dict[str, np.ndarray]:
     return {
         "pid": u_pid.astype(np.int64), "address": u_addr.astype(np.uint64), "leaf": u_leaf.astype(bool),
         "t": u_t.astype(np.int64),
-        "events": (s_pid, s_t, s_ip, s_stack), "sources": sources,
+        "events": events, "sources": events.sources,
         # the distinct (pid, stack) pairs of the events and their frames (pair, pid, address, is_leaf), for
         # the frames of reused address ranges (``map_images``)
         "pairs": (p_pid, p_stack), "pair_frames": (f_pair, f_pid, f_addr, f_leaf),
@@ -216,7 +219,7 @@ def _occurrences(frames: dict, a_pid: np.ndarray, a_addr: np.ndarray,
     frames in 8.7 M occurrences) the expansion alone was 5 arrays of 8.7 M rows."""
     import pyarrow as pa
 
-    s_pid, s_t, s_ip, s_stack = frames["events"]
+    s_pid, s_t, s_ip, s_stack = frames["events"].of_pids(a_pid)
     p_pid, p_stack = frames["pairs"]
     f_pair, f_pid, f_addr, f_leaf = frames["pair_frames"]
     amb = pa.table({"pid": a_pid, "address": a_addr, "leaf": a_leaf, "a": np.arange(len(a_pid), dtype=np.int64)})
