@@ -158,20 +158,53 @@ def _damaged(perf_run: Path, tmp_path: Path, kind: str) -> Path:
         data[victim + 6:victim + 8] = b"\0\0"
     elif kind == "unknown_type":
         data[victim:victim + 4] = (200).to_bytes(4, "little")
-    elif kind == "flipped":
-        rng = random.Random(57)
-        lo, hi = recs[0][0], recs[-1][0]
-        for _ in range(64):
-            data[rng.randrange(lo, hi)] ^= 0xFF
     path = tmp_path / f"{kind}.data"
     path.write_bytes(bytes(data))
     return path
 
 
+def _flipped(perf_run: Path, tmp_path: Path) -> tuple[Path, set[tuple[str, int]], int]:
+    """A copy of the recording with 64 bytes flipped at random (a fixed seed) in the records' bodies and misc fields,
+    and four samples damaged where the walk must meet an error whatever the recording holds: headers that cannot be
+    a record's (size 0, an unknown type, a size not a multiple of 8), each an error and a resync at the next record,
+    and a callchain longer than its sample. Returns the file, the (kind, byte offset) of the errors it must give,
+    and how many samples the random flips can cost at most (each one its record's, as the sizes stay whole).
+
+    (The type and size fields are left out of the random part: a flipped one there gives an error or none as the
+    bytes happen to fall, and a size's high byte flipped makes a record up to 64 KB long that the walk follows, no
+    error, over most of this ~90 KB recording: whether the file had errors and how many samples it kept would be
+    chance, as each test run records a new build.)"""
+    data = bytearray((perf_run / "input" / "perf.data").read_bytes())
+    recs = perfbuild.record_offsets(bytes(data))
+    samples = [r for r in recs if r[1] == 9]
+    zero, unknown, unaligned, long_chain = (samples[len(samples) * k // 5] for k in range(1, 5))
+    planted = {zero[0], unknown[0], unaligned[0], long_chain[0]}
+    spots = [p for off, _t, size in recs if off not in planted for p in (off + 4, off + 5, *range(off + 8, off + size))]
+    hit = set()
+    for p in random.Random(57).sample(spots, 64):
+        data[p] ^= 0xFF
+        hit.add(next(off for off, _t, size in recs if off <= p < off + size))
+    must = set()
+    for (off, _t, size), rtype, new_size in ((zero, 9, 0), (unknown, 200, unknown[2]),
+                                             (unaligned, 9, unaligned[2] + 4)):
+        data[off:off + 4] = rtype.to_bytes(4, "little")
+        data[off + 6:off + 8] = new_size.to_bytes(2, "little")
+        must |= {("record", off), ("resync", off + size)}
+    nr = long_chain[0] + perfbuild.callchain_at(bytes(data))
+    data[nr:nr + 8] = (1 << 40).to_bytes(8, "little")
+    must.add(("short_payload", long_chain[0]))
+    path = tmp_path / "flipped.data"
+    path.write_bytes(bytes(data))
+    return path, must, len(hit & {s[0] for s in samples})
+
+
 @pytest.mark.parametrize("kind", ["truncated", "zero_size", "unknown_type", "flipped"])
 def test_damaged_files_give_error_rows_and_the_rest(perf_run, tmp_path, kind):
     intact = pq.read_table(perf_run / "decoded" / "samples.parquet").num_rows
-    path = _damaged(perf_run, tmp_path, kind)
+    if kind == "flipped":
+        path, must, spare = _flipped(perf_run, tmp_path)
+    else:
+        path = _damaged(perf_run, tmp_path, kind)
     summary = _decode(path, tmp_path / "run")["perf"]
     errors = pq.read_table(tmp_path / "run" / "decoded" / "errors.parquet").to_pylist()
     assert summary["errors"] == len(errors) > 0
@@ -185,7 +218,10 @@ def test_damaged_files_give_error_rows_and_the_rest(perf_run, tmp_path, kind):
         assert kinds["record"] == 1 and kinds["resync"] == 1
         assert got == intact - 1
     else:
-        assert 0 < got <= intact
+        # the four damaged samples lost, each with its errors; a random flip costs at most its record
+        assert must <= {(e["kind"], e["file_offset"]) for e in errors}, sorted(must)
+        assert kinds["record"] == kinds["resync"] == 3
+        assert intact - 4 - spare <= got <= intact - 4
 
 
 def test_refused_files_say_why(tmp_path):
@@ -219,7 +255,7 @@ def test_decode_without_jit_equals_compiled(perf_run, tmp_path):
 
     from tests.conftest import ROOT, assert_same_tables
 
-    flipped = _damaged(perf_run, tmp_path, "flipped")
+    flipped, must, _ = _flipped(perf_run, tmp_path)
     cfg = tmp_path / "config.yaml"
     cfg.write_text(json.dumps({"cluster": {"mode": "synchronous"}}))
     for name, inputs in (("real", [perf_run / "input" / "perf.data", perf_run / "selfprofile"]), ("flipped", [flipped])):
@@ -236,6 +272,9 @@ def test_decode_without_jit_equals_compiled(perf_run, tmp_path):
         keep = {k: v for k, v in manifests[0].items() if not k.endswith("_s") and k not in ("mb_per_s",)}
         assert keep == {k: v for k, v in manifests[1].items() if k in keep}
         assert manifests[0]["samples"] > 100 and (name == "real") == (manifests[0]["errors"] == 0)
+        if name == "flipped":   # (the error and resync paths taken, whatever the recording holds)
+            errors = pq.read_table(runs["jit"] / "decoded" / "errors.parquet").to_pylist()
+            assert must <= {(e["kind"], e["file_offset"]) for e in errors}
 
 
 def _decode_apart(path: Path, run: Path) -> subprocess.CompletedProcess:

@@ -85,9 +85,10 @@ def test_the_recorded_build_in_tiny_parts_equals_one_part(recorded, tmp_path):
 @pytest.mark.parametrize("kind", ["zero_size", "flipped"])
 def test_a_damaged_file_in_parts_gives_error_rows_and_the_rest(recorded, tmp_path, kind):
     from pipeline.cluster import Pool
-    from tests.test_perf_decode import _damaged
+    from tests.test_perf_decode import _damaged, _flipped
 
-    path = _damaged(recorded.parent.parent, tmp_path, kind)
+    path = _flipped(recorded.parent.parent, tmp_path)[0] if kind == "flipped" else \
+        _damaged(recorded.parent.parent, tmp_path, kind)
     one = _decode(path, tmp_path / "one", Pool(None), ONE_PART)
     many = _decode(path, tmp_path / "many", Pool(None), tiny_parts(path))
     assert many["parts"] >= 15 and many["errors"] == one["errors"] > 0 and many["samples"] == one["samples"] > 0

@@ -151,5 +151,15 @@ def record_offsets(data: bytes) -> list[tuple[int, int, int]]:
     return out
 
 
+def callchain_at(data: bytes) -> int:
+    """Where a sample's callchain length lies, from the record's start, as the first attr's ``sample_type`` says
+    (the 8-byte fields before it: IDENTIFIER, IP, TID, TIME, ADDR, ID, STREAM_ID, CPU, PERIOD)."""
+    attrs = struct.unpack_from("<Q", data, 24)[0]     # (the attrs section: after magic, size, attr_size)
+    sample_type = struct.unpack_from("<Q", data, attrs + 24)[0]
+    assert sample_type & (1 << 5) and not sample_type & (1 << 4), hex(sample_type)  # (CALLCHAIN, and no READ)
+    before = sample_type & ((1 << 16) | 1 | 2 | 4 | 8 | (1 << 6) | (1 << 9) | (1 << 7) | (1 << 8))
+    return 8 + 8 * bin(before).count("1")
+
+
 def have_tools() -> bool:
     return shutil.which("perf") is not None and shutil.which("cargo", path=rust_env().get("PATH")) is not None
