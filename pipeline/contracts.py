@@ -194,6 +194,7 @@ class ImageIdentity(TypedDict, total=False):
     elf_path: str           # a Linux image (pipeline.symbolize.elf): the mapped file, and its build id if known
     build_id: str | None
     kernel: bool            # the kernel of a perf run
+    bundled: str            # the run's own copy of the ELF file (capture --perf --symbols), read before elf_path
 
 
 class SymbolLookup(TypedDict, total=False):

@@ -25,6 +25,8 @@ ACROSS = {
     ("pipeline.capture.record", "pipeline.decode"): "a capture decodes the trace it recorded, so `bootprof run` finds it done",
     ("pipeline.capture.perf", "pipeline.decode"): "a capture checks that what perf wrote is a perf.data file (sniff)",
     ("pipeline.capture.bundle", "pipeline.symbolize.pdbpublics"): "packing a run reads the PDB ids of its images",
+    ("pipeline.capture.elfsymbols", "pipeline.symbolize"): "capture --perf --symbols copies the images its frames fall in",
+    ("pipeline.capture.elfsymbols", "pipeline.symbolize.elf"): "... under the key and beside the debug file symbolize reads",
     ("pipeline.compare.verdict", "pipeline.report.flame"): "the comparison page draws a differential flame graph",
     ("pipeline.decode.cli", "pipeline.capture.bundle"): "a pack given to `bootprof decode` is unpacked as a capture",
 }

@@ -83,16 +83,31 @@ def _copy_symbols(run_dir: Path, trace: Path, checkout: Path, config) -> list[di
     return collect_symbols(run_dir, checkout)
 
 
+def _copy_elf_symbols(run_dir: Path, trace: Path, config, max_bytes: int) -> dict[str, Any]:
+    """Decode the perf recording into the run (``bootprof run`` then finds it done) and copy the ELF files of its
+    sampled images into ``RUN_DIR/symbols/elf``."""
+    from pipeline import decode, sources
+    from pipeline.capture.elfsymbols import collect_elf_symbols
+    from pipeline.cluster import connect
+
+    with connect(config.cluster, warm_up=decode.WARM_UP, size=sources.input_bytes([trace]), background=True) as pool:
+        decode.run(run_dir, config, pool, inputs=[trace])
+    return collect_elf_symbols(run_dir, max_bytes)
+
+
 def run(run_dir: Path, config, pool=None, inputs: list[str] | None = None, events: str | None = None,
         cwd: Path | None = None, *, self_profile: bool = True, etw_tool: str | None = None,
         profiles: list[str] | None = None, heap_period_s: float | None = None,
-        symbols: bool = True, perf_rate: int | None = None, perf_call_graph: str = "fp") -> dict[str, Any]:
+        symbols: bool | None = None, perf_rate: int | None = None, perf_call_graph: str = "fp",
+        symbols_max: int | None = None) -> dict[str, Any]:
     """Run the build command ``inputs`` (argv) once, with self-profiling into ``RUN_DIR/selfprofile/``
-    and/or inside a WPR or xperf recording (``etw_tool``) into ``RUN_DIR/input/trace.etl``. With ``symbols``, the
-    recorded trace is decoded and the PDBs of its images that lie under the checkout are copied into
+    and/or inside a WPR or xperf recording (``etw_tool``) into ``RUN_DIR/input/trace.etl``. Unless ``symbols`` is
+    False, the recorded trace is decoded and the PDBs of its images that lie under the checkout are copied into
     ``RUN_DIR/symbols/`` (:mod:`pipeline.capture.bundle`), so that the run can be analyzed elsewhere. With
     ``perf_rate`` (Linux), the build runs under ``perf record`` at that many samples a CPU-second into
-    ``RUN_DIR/input/perf.data`` (:mod:`pipeline.capture.perf`), with call stacks by ``perf_call_graph``."""
+    ``RUN_DIR/input/perf.data`` (:mod:`pipeline.capture.perf`), with call stacks by ``perf_call_graph``; with
+    ``symbols`` True, the recording is decoded and the ELF files of its sampled images, at most ``symbols_max``
+    bytes, copied into ``RUN_DIR/symbols/elf/`` (:mod:`pipeline.capture.elfsymbols`)."""
     from pipeline.capture import etw
     from pipeline.capture import perf as linux_perf
 
@@ -209,14 +224,23 @@ def run(run_dir: Path, config, pool=None, inputs: list[str] | None = None, event
     inputs_fp = [fingerprint(p) for p in files]
     if trace_info and trace_info.get("path"):
         inputs_fp.append(fingerprint(Path(trace_info["path"])))
-    copied = None
-    if symbols and trace_info and trace_info.get("path") and not interrupted and not trace_info.get("error") \
-            and perf_exe is None:
+    copied, elf = None, None
+    usable = trace_info and trace_info.get("path") and not interrupted and not trace_info.get("error")
+    if usable and perf_exe is None and symbols is not False:       # (ETW: PDBs unless --no-symbols)
         copied = _copy_symbols(run_dir, Path(trace_info["path"]), cwd, config)
+    if usable and perf_exe is not None and symbols:                 # (perf: ELF files with --symbols)
+        from pipeline.capture.elfsymbols import DEFAULT_MAX
+
+        elf = _copy_elf_symbols(run_dir, Path(trace_info["path"]), config,
+                                DEFAULT_MAX if symbols_max is None else symbols_max)
+        copied = elf["copied"]
     with stage_output(run_dir, STAGE, inputs=inputs_fp, config=config.resolved()) as out:
         out.manifest.update(manifest)
         if copied is not None:
             out.manifest["symbols"] = copied
+        if elf is not None:
+            out.manifest.update(symbols_skipped=elf["skipped"], symbols_bytes=elf["bytes"],
+                                symbols_max_bytes=elf["max_bytes"])
         out.manifest.update({
             "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at)),
             "ended_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at + elapsed)),
@@ -234,7 +258,7 @@ def run(run_dir: Path, config, pool=None, inputs: list[str] | None = None, event
     summary = {"exit_code": exit_code, "files": len(files), "profile_dir": str(profile_dir) if self_profile else None,
                "elapsed_s": round(elapsed, 3), "warnings": warnings, "trace": (trace_info or {}).get("path"),
                "trace_size": (trace_info or {}).get("size"), "run_dir": str(run_dir),
-               "symbols": copied, "recording": (trace_info or {}) if perf_exe is not None else None}
+               "symbols": copied, "symbols_skipped": (elf or {}).get("skipped"), "recording": (trace_info or {}) if perf_exe is not None else None}
     where = f"capture manifest in {run_dir / STAGE}"
     if interrupted:
         raise KeyboardInterrupt(f"capture interrupted by {interrupted}; recording stopped; {where}")

@@ -49,14 +49,14 @@ def identities(images, ids: list) -> None:
         if pid == 0:
             ids[i] = {"key": KERNEL_KEY, "debug_id": KERNEL_KEY, "pdb_name": None, "kernel": True}
         elif name.startswith("/"):
-            key = f"elf-{bid}" if bid else _path_key(name)
+            key = f"elf-{bid}" if bid else path_key(name)
             ids[i] = {"key": key, "debug_id": key, "pdb_name": None, "elf_path": name, "build_id": bid}
         elif name == VDSO and bid:
             ids[i] = {"key": f"elf-{bid}", "debug_id": f"elf-{bid}", "pdb_name": None, "elf_path": VDSO,
                       "build_id": bid}
 
 
-def _path_key(name: str) -> str:
+def path_key(name: str) -> str:
     """The key of a file without a build id: its path, and its size and time now when it is here (a file replaced
     since the last run gets a table of its own)."""
     key = f"elf-path-{hashlib.sha1(name.encode('utf-8')).hexdigest()[:20]}"
@@ -65,6 +65,41 @@ def _path_key(name: str) -> str:
     except OSError:
         return key
     return f"{key}-{st.st_size:x}-{st.st_mtime_ns:x}"
+
+
+#: Where a run keeps the ELF files that ``capture --perf --symbols`` copied, under its ``symbols/``: one directory per
+#: identity key, holding the mapped file under its own name and its detached debug file as ``<name>.debug``
+#: (:mod:`pipeline.capture.elfsymbols`).
+BUNDLED_DIR = "elf"
+
+
+def use_bundled(ids: list, symbols_dir: Path) -> int:
+    """Point the ELF identities of ``ids`` at the run's own copies of their files (``symbols_dir/elf/<key>/``),
+    which are searched before the recorded paths: by build id, or for a file without one by its recorded path
+    (the directory named for the path, its size and its time when it was copied, which becomes the key: a table
+    of its own whatever file lies at that path here), else by its file name when one copy alone has that name.
+    How many identities found a copy."""
+    root = Path(symbols_dir) / BUNDLED_DIR
+    if not root.is_dir():
+        return 0
+    found = 0
+    for ident in {id(i): i for i in ids if i and i.get("elf_path", "").startswith("/")}.values():
+        name = Path(ident["elf_path"]).name
+        if ident.get("build_id"):
+            where = root / f"elf-{ident['build_id'].lower()}"
+        else:
+            prefix = path_key(ident["elf_path"]).split("-")[:3]      # ("elf", "path", hash of the path)
+            dirs = sorted(d for d in root.glob("-".join(prefix) + "-*") if (d / name).is_file())
+            if not dirs:        # (the same file recorded under another directory: taken when its name is unique)
+                dirs = [d for d in root.glob("elf-path-*") if (d / name).is_file()]
+                if len(dirs) != 1:
+                    continue
+            where = dirs[-1]
+        if not (where / name).is_file():
+            continue
+        ident.update(key=where.name, debug_id=where.name, bundled=str(where / name))
+        found += 1
+    return found
 
 
 def to_file_offsets(starts: np.ndarray, range_loc: np.ndarray, segments: list[tuple[int, int, int]],
@@ -132,7 +167,11 @@ def _elf_table(path: Path, desc: ImageIdentity, meta: dict) -> tuple[Any, str | 
     if want and (obj.code_id or "").lower() != want.lower():
         return None, (f"build id mismatch: {path} has {obj.code_id or '(none)'}, the recording saw {want} "
                       "(the file was replaced since)")
-    detached = debug_file(want)
+    if desc.get("bundled"):     # (the run's copy of the debug file, beside its copy of the file)
+        detached = path.with_name(f"{path.name}.debug") if want else None
+        detached = detached if detached is not None and detached.is_file() else None
+    else:
+        detached = debug_file(want)
     if detached is not None:
         dbg, _ = _open(detached)
         if dbg is not None and (dbg.code_id or "").lower() == want.lower():
@@ -171,7 +210,7 @@ def resolve_elf(desc: ImageIdentity, cache: Path, result: SymbolLookup) -> Symbo
     if desc.get("kernel"):
         table = _kernel_table(meta)
     else:
-        path = Path(desc["elf_path"])
+        path = Path(desc.get("bundled") or desc["elf_path"])
         if importlib.util.find_spec("symbolic") is None:
             result.update(status="missing", reason=f"reading ELF file {path} needs the `symbolic` package")
             return result
@@ -189,6 +228,6 @@ def resolve_elf(desc: ImageIdentity, cache: Path, result: SymbolLookup) -> Symbo
         if table is None:
             result.update(status="missing", reason=reason, source=str(path))
             return result
-        result.update(source=str(path))
+        result.update(source=str(path), found_via="the run's symbols" if desc.get("bundled") else "recorded path")
     result.update(kind=table.meta["kind"])
     return _table_result(result, table, table.save(table_dir(cache, key)))

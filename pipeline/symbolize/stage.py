@@ -59,6 +59,10 @@ def run(run_dir: Path, config, pool, inputs: list[Path] | None = None) -> Symbol
     t_frames = time.perf_counter()
 
     ids = image_debug_ids(images, image_ids)
+    if bundled.is_dir():        # (the ELF files that capture --perf --symbols copied: before the recorded paths)
+        from pipeline.symbolize.elf import use_bundled
+
+        use_bundled(ids, bundled)
     used = np.unique(mapped["image"][mapped["image"] >= 0])
     wanted: dict[str, ImageIdentity] = {}
     for row in used.tolist():
