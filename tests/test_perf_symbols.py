@@ -123,9 +123,13 @@ def test_a_packed_run_resolves_from_its_own_symbols(captured, tmp_path):
     bundled = {c["debug_id"] for c in copied}
     assert bundled <= lookups.keys()
     for key in bundled:
-        assert lookups[key]["status"] == "ok", lookups[key]
-        assert lookups[key]["found_via"] == "the run's symbols"
-        assert Path(lookups[key]["source"]).is_relative_to(there / "symbols" / "elf")
+        found = lookups[key]
+        if found["status"] == "ok":
+            assert found["found_via"] == "the run's symbols", found
+            assert Path(found["source"]).is_relative_to(there / "symbols" / "elf"), found
+        else:   # (a file with no symbols at all: rustup's ld.lld wrapper, when the build's link happened to be sampled)
+            assert "neither a symbol table nor debug information" in found["reason"], found
+    assert sum(lookups[key]["status"] == "ok" for key in bundled) >= len(bundled) - 1
 
     # the baseline: the captured run without its copies, symbolized from the files where the recording saw them
     base = tmp_path / "base"
@@ -145,7 +149,7 @@ def test_a_packed_run_resolves_from_its_own_symbols(captured, tmp_path):
     _symbolized(moved, tmp_path / "cache-moved")
     lookups = _elf_lookups(moved)
     assert bundled <= lookups.keys()
-    assert all(lookups[k]["found_via"] == "the run's symbols" for k in bundled)
+    assert all(lookups[k]["found_via"] == "the run's symbols" for k in bundled if lookups[k]["status"] == "ok")
 
     top = _top(base)
     assert _top(moved) == top

@@ -89,13 +89,14 @@ def stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
         except psutil.Error:
             return []
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+    # (psutil's terminate and kill: SIGTERM and SIGKILL, named so on every system the module is read on)
+    for step in (lambda p: p.send_signal(signal.SIGINT), psutil.Process.terminate, psutil.Process.kill):
         rest = tree()
         if not rest:
             return
         for p in rest:
             try:
-                p.send_signal(sig)
+                step(p)
             except psutil.Error:
                 pass
         psutil.wait_procs(rest, timeout=grace_s)

@@ -78,7 +78,7 @@ def _offset_rule(buf, ts, te, nt):
 
 
 @nb.njit(**JIT)
-def _scan(buf, fill, out):
+def scan_cfi(buf, fill, out):
     """The rows of the STACK CFI text ``buf`` into ``out`` (n, 6): address, order (0: where an FDE ends, 1: a row),
     cfa_reg, cfa_off, ra_off, bp_off; returns how many (counted without ``fill``). A line that is not a row is
     skipped; one whose numbers do not read ends its FDE's rules (``UNSUPPORTED``)."""
@@ -174,9 +174,9 @@ def parse(text: bytes) -> np.ndarray:
     """The rows of Breakpad STACK CFI ``text``, sorted by address (relative to the image's load address), with an
     ``UNSUPPORTED`` row where each FDE ends (unless another starts there)."""
     buf = np.frombuffer(text, np.uint8)
-    n = _scan(buf, False, np.zeros((0, 6), np.int64))
+    n = scan_cfi(buf, False, np.zeros((0, 6), np.int64))
     a = np.zeros((n, 6), np.int64)
-    _scan(buf, True, a)
+    scan_cfi(buf, True, a)
     if not n:
         return np.zeros(0, RULES)
     order = np.lexsort((a[:, 1], a[:, 0]))      # (at one address an FDE's row wins over the end of the one before)

@@ -129,9 +129,9 @@ COMM_NAME = 8 + 8
 TASK_SIZE = 8 + 24
 #: Callchain entries at or above this are context markers (PERF_CONTEXT_KERNEL = -128, PERF_CONTEXT_USER = -512,
 #: PERF_CONTEXT_MAX = -4095 ...), not addresses.
-CONTEXT_MAX = (1 << 64) - 4095
-CONTEXT_KERNEL = (1 << 64) - 128
-CONTEXT_USER = (1 << 64) - 512
+CONTEXT_MAX = np.uint64((1 << 64) - 4095)     # (numpy scalars: a plain int past int64 meets int64 badly, NEP 50)
+CONTEXT_KERNEL = np.uint64((1 << 64) - 128)
+CONTEXT_USER = np.uint64((1 << 64) - 512)
 
 # Feature bits (header.features) and their sections.
 FEAT_BUILD_ID = 2

@@ -24,7 +24,7 @@ KERNEL_PID = 0
 PERF_KERNEL_PID = 0xFFFFFFFF
 #: Lowest kernel address on x86-64 and arm64 (48-bit address spaces): a sample above it with no kernel mmap in the
 #: file is attributed to the ``[kernel]`` image that covers the upper half.
-KERNEL_SPACE = 0xFFFF800000000000
+KERNEL_SPACE = np.uint64(0xFFFF800000000000)
 #: The most mappings forked children may start with, all together (each copies its parent's live ones, and only a
 #: child that may run before an exec needs them: ``_runs_before_exec``). A real build is far below it; a few hundred
 #: KB of made-up MMAP and FORK records could otherwise ask for their product (2,000 x 2,000: 4 M rows, 1.4 GB).
@@ -298,7 +298,7 @@ def images_table(rec: Tasks, life: Lifetimes, t0: int) -> tuple[pa.Table, int, i
         if not img.unload and end and img.pid != KERNEL_PID:
             img.unload = end
     if not kernel_seen:
-        rows.append(_Image(KERNEL_PID, KERNEL_SPACE, (1 << 64) - KERNEL_SPACE, 0, "[kernel]", 0))
+        rows.append(_Image(KERNEL_PID, int(KERNEL_SPACE), (1 << 64) - int(KERNEL_SPACE), 0, "[kernel]", 0))
     table = pa.table({
         "pid": pa.array([r.pid for r in rows], U32),
         "base": pa.array([r.base for r in rows], U64),
