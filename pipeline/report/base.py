@@ -41,6 +41,10 @@ class Context:
     def has(self, stage: str, table: str) -> bool:
         return has_table(self.run_dir, stage, table)
 
+    def recorder(self) -> str:
+        """What recorded the run's samples, for the sections' titles: ``perf`` (a Linux perf.data) or ``ETL``."""
+        return "perf" if self.has("decoded", "perf_file") else "ETL"
+
     def read(self, stage: str, table: str, columns: list[str] | None = None, dictionary: tuple[str, ...] = ()):
         return read_table(self.run_dir, stage, table, columns, dictionary)
 

@@ -72,7 +72,7 @@ for the whole build.</p>
        follow.get('modules'), top_n)}
 {follow["functions"].pool.script() if follow else ""}"""
     w.close()
-    return Section("cpu", "CPU samples (ETL)", body, w.files,
+    return Section("cpu", f"CPU samples ({ctx.recorder()})", body, w.files,
                    {"samples": total, "processes": len(procs), "functions": len(functions)})
 
 

@@ -105,7 +105,7 @@ the end of the trace.{peak} <a href="flamegraph_commit.html" data-range><b>Commi
 {_heap_functions(ctx, w, snaps, top_n, pool)}""")
     body = w.links() + "\n".join(parts) + pool.script()
     w.close()
-    return Section("memory", "Memory (ETL)", body, w.files, summary)
+    return Section("memory", f"Memory ({ctx.recorder()})", body, w.files, summary)
 
 
 def _crates(ctx, w, top_n: int) -> str:

@@ -229,7 +229,7 @@ def section(ctx):
              ("command_line", "command line", None)], 'proc-top', follow.get("top"), ctx.config.report.top_n)}
 {follow["top"].pool.script() if follow else ""}"""
     w.close()
-    return Section("processes", "Processes (ETL)", body, w.files, {"processes": len(rows)})
+    return Section("processes", f"Processes ({ctx.recorder()})", body, w.files, {"processes": len(rows)})
 
 
 def _follows(ctx, rows: list[dict], builds: list[dict], top: list[dict], cpu: list[dict]) -> dict[str, Follow]:

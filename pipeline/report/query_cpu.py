@@ -71,7 +71,7 @@ innermost self-profile interval running on its thread at its time.
 {table(leaf_rows, [("query", "query", None), ("module", "module", None), ("function", "function", None),
                    ("samples", "self samples", count), ("pct", "% of the query", pct)], 'query-cpu-functions')}"""
     w.close()
-    return Section("query-cpu", "CPU by rustc query (ETL + self-profile)", body, w.files,
+    return Section("query-cpu", f"CPU by rustc query ({ctx.recorder()} + self-profile)", body, w.files,
                    {"samples": total, "processes": processes, "queries": len(of_query),
                     "top": build[0]["query"]})
 
