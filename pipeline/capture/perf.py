@@ -74,7 +74,7 @@ def check(perf: str) -> str:
         raise BootprofError(f"capture --perf: `perf record` cannot record here ({probe.returncode}): "
                             f"{(probe.stdout + probe.stderr).strip()[-500:] or 'no output'} (as root, or with "
                             "/proc/sys/kernel/perf_event_paranoid at 1 or below)")
-    version = subprocess.run([perf, "--version"], capture_output=True, text=True, errors="replace")
+    version = subprocess.run([perf, "--version"], capture_output=True, text=True, encoding="utf-8", errors="replace")
     return version.stdout.strip()
 
 
