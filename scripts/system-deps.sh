@@ -7,6 +7,7 @@ declare -A want=(
   [lld-link-16]=lld-16
   [cabextract]=cabextract
   [npm]=npm
+  [perf]=linux-perf
 )
 missing=()
 for cmd in "${!want[@]}"; do
