@@ -22,8 +22,8 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 # Debian packages the tests drive for real (headless Chromium for the HTML report, clang-cl and
-# lld-link to build PE+PDB test images, cabextract for LZX-compressed .pd_ files, npm for speedscope). Installed
-# only when missing.
+# lld-link to build PE+PDB test images, cabextract for LZX-compressed .pd_ files, npm for speedscope, perf to record
+# real builds). Installed only when missing.
 system-deps:
 	@bash scripts/system-deps.sh
 
