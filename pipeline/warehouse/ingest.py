@@ -104,9 +104,10 @@ def ingest(db: Path, run_dir: Path, labels: dict[str, str] | None = None, job: s
     """Put one run into the warehouse (replacing an earlier ingestion of the same run_id), as its one writer
     (:func:`~pipeline.warehouse.store.writing`).
 
-    ``after``: the report stage still runs (a job started this beside it, ``stages``); the aggregated tables go
-    in meanwhile, and ``after()`` returns once it has ended (or raises its error: nothing is then written), before
-    the stages' manifests are read for the ``runs`` and ``stage_manifests`` rows. ``settings``: the verdict's
+    ``after``: the report stage still runs (a job started this beside it, ``stages``); the aggregated tables, the
+    run's metrics and verdicts go in meanwhile, and ``after()`` returns once it has ended (or raises its error:
+    nothing is then written), before the stages' manifests are read for the ``runs`` row's ``stages`` and the
+    ``stage_manifests`` rows. ``settings``: the verdict's
     (``warehouse.verdict``), for the ``verdicts`` rows of the run and of those after it."""
     with writing(db, lock_timeout_s):
         return _ingest(db, run_dir, labels, job, lock_timeout_s, after, settings)
@@ -164,9 +165,6 @@ def _ingest(db: Path, run_dir: Path, labels: dict[str, str] | None, job: str | N
             trace_start = con.execute("SELECT origin_unix_ns // 1000 FROM read_parquet($1)",
                                       [parquet_glob(stage_dir(run_dir, DECODED) / "perf_file.parquet")]).fetchone()[0]
         recorded = recorded_us(con, run_dir, trace_start)
-        if after is not None:
-            after()
-            manifests = _manifests(run_dir)
         sections = manifests[AGGREGATED].get("sections", {})
         query_total = con.execute("SELECT sum(total_ns) FROM query_totals WHERE run_id = ? AND scope = 'build'",
                                   [run_id]).fetchone()[0]
@@ -186,9 +184,19 @@ def _ingest(db: Path, run_dir: Path, labels: dict[str, str] | None, job: str | N
             time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
             sections.get("cpu", {}).get("samples"), sections.get("memory", {}).get("commit_bytes"), query_total,
             sections.get("memory", {}).get("peak_commit_bytes")])
-        write_metrics(con, run_id)
-        _enough_data(con, run_id, run_dir)
-        comparison.write_verdicts(con, [run_id, *comparison.later_runs(con, run_id)], settings)
+        try:
+            write_metrics(con, run_id)
+            _enough_data(con, run_id, run_dir)
+            comparison.write_verdicts(con, [run_id, *comparison.later_runs(con, run_id)], settings)
+        except InputError:
+            if after is not None:
+                after()     # (the report beside it ends first, then the run is refused)
+            raise
+        if after is not None:
+            # (what needs the report: its manifest; the rest went in while it ran)
+            after()
+            manifests = _manifests(run_dir)
+            con.execute("UPDATE runs SET stages = ? WHERE run_id = ?", [list(manifests), run_id])
         for stage, m in manifests.items():
             con.execute("INSERT INTO stage_manifests VALUES (?, ?, ?::TIMESTAMP, ?, ?, ?, ?, ?)", [
                 run_id, stage, m["created_utc"].replace("T", " ").rstrip("Z"), m.get("elapsed_s"),
