@@ -56,6 +56,22 @@ def decode(tree: Path, trace: Path, run: Path, partition_bytes: int) -> dict:
     return json.loads((run / "decoded" / "_manifest.json").read_text())
 
 
+def export_revision(rev: str, work: Path) -> tuple[str, Path]:
+    """The commit ``rev`` names, and its tree exported with ``git archive`` into ``work/base-<commit>`` (once: a tree
+    already there is reused; an export cut short is never taken for one, it is made beside and renamed)."""
+    commit = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=ROOT, capture_output=True,
+                            text=True, check=True).stdout.strip()
+    base = work / f"base-{commit[:12]}"
+    if not base.exists():
+        archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True, check=True).stdout
+        partial = base.with_name(base.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir()
+        subprocess.run(["tar", "-x", "-C", str(partial)], input=archive, check=True)
+        partial.rename(base)
+    return commit, base
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="*", type=Path)
@@ -70,16 +86,7 @@ def main() -> int:
 
     work = args.keep or Path(tempfile.mkdtemp(prefix="same-decode-"))
     work.mkdir(parents=True, exist_ok=True)
-    commit = subprocess.run(["git", "rev-parse", "--verify", f"{args.base}^{{commit}}"], cwd=ROOT, capture_output=True,
-                            text=True, check=True).stdout.strip()
-    base = work / f"base-{commit[:12]}"         # (kept with --keep: its numba cache is compiled once)
-    if not base.exists():
-        archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True, check=True).stdout
-        partial = base.with_name(base.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir()
-        subprocess.run(["tar", "-x", "-C", str(partial)], input=archive, check=True)
-        partial.rename(base)
+    commit, base = export_revision(args.base, work)     # (kept with --keep: its numba cache is compiled once)
     inputs = list(args.files) or sorted((ROOT.parent / "shared" / "fixtures").rglob("*.etl"))
     if not args.files and not args.no_synth:
         from pipeline import synth

@@ -24,6 +24,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from same_decode import export_revision  # noqa: E402
 #: Report files that carry the time or the run's path.
 REPORT_OWN = {"index.html", "_manifest.json"}
 
@@ -79,13 +82,7 @@ def main() -> int:
     args = ap.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="same-outputs-"))
     work.mkdir(parents=True, exist_ok=True)
-    commit = subprocess.run(["git", "rev-parse", "--verify", f"{args.base}^{{commit}}"], cwd=ROOT, capture_output=True,
-                            text=True, check=True).stdout.strip()
-    base = work / f"base-{commit[:12]}"
-    if not (base / "pipeline").is_dir():
-        base.mkdir(parents=True, exist_ok=True)
-        archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True, check=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
+    _, base = export_revision(args.base, work)
     failed = 0
     try:
         for i, run in enumerate(args.runs):
