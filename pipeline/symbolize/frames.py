@@ -124,7 +124,8 @@ class StackEvents:
 
     def of_pids(self, pids: np.ndarray) -> tuple[np.ndarray, ...]:
         """(pid, time, ip, stack_id) of the events of ``pids``."""
-        cols = self.query("SELECT pid, t, ip, stack_id FROM ev WHERE list_contains($1, pid)",
+        # (a semi-join on the pids, not a search of the list for every event)
+        cols = self.query("SELECT pid, t, ip, stack_id FROM ev WHERE pid IN (SELECT unnest($1::BIGINT[]))",
                           [[int(p) for p in np.unique(pids)]])
         return tuple(np.ascontiguousarray(cols[c], dtype=t) for c, t in
                      (("pid", np.int64), ("t", np.int64), ("ip", np.uint64), ("stack_id", np.int64)))
@@ -231,14 +232,14 @@ def _occurrences(frames: dict, a_pid: np.ndarray, a_addr: np.ndarray,
     h_pair, h_a = h_pair[order], h_a[order]
     flagged, first, n = np.unique(h_pair, return_index=True, return_counts=True)
     # the samples of those pairs, each given its pair's ambiguous frames
-    affected = np.isin(s_pid, np.unique(a_pid))
-    mine = np.flatnonzero(affected & (s_stack >= 0))
+    # (the events are those of the processes with ambiguous frames alone: ``StackEvents.of_pids``)
+    mine = np.flatnonzero(s_stack >= 0)
     matched = pa.table({"pid": s_pid[mine], "stack_id": s_stack[mine], "t": s_t[mine]}).join(
         pa.table({"pid": p_pid[flagged], "stack_id": p_stack[flagged], "fp": np.arange(len(flagged), dtype=np.int64)}),
         keys=["pid", "stack_id"], join_type="inner")
     groups = [(h_a, first, n, matched.column("fp").to_numpy(), matched.column("t").to_numpy())]
     # instruction pointers (leaf frames) that are ambiguous
-    ips = np.flatnonzero(affected & (s_ip != 0))
+    ips = np.flatnonzero(s_ip != 0)
     if len(ips):
         ip_hits = pa.table({"pid": s_pid[ips], "address": s_ip[ips], "leaf": np.ones(len(ips), bool),
                             "t": s_t[ips]}).join(amb, keys=["pid", "address", "leaf"], join_type="inner")
