@@ -240,15 +240,8 @@ def _judge_at(kind: str, lv: np.ndarray, night: int, s: Settings,
     if len(win) == 0:
         nan = np.full(n_items, np.nan)
         return nan, nan, nan, np.zeros(n_items), np.ones(n_items)
-    adj = lv[:, win] - effect[win][None, :]
-    centre = nanmedian(adj, axis=1)
-    resid = adj - centre[:, None]
-    n = np.isfinite(resid).sum(axis=1)
-    own_var, own_n = spread(resid)
-    # (residuals about their own median are smaller than the noise: the median took one degree of freedom)
-    with np.errstate(all="ignore"):
-        own_var = own_var * np.where(own_n > 1, own_n / np.maximum(own_n - 1, 1), np.nan)
-        own_n = np.maximum(own_n - 1, 0)
+    centre, resid, own_var, n = _about_centres(lv, effect, win)
+    own_n = np.maximum(n - 1, 0)        # (the median took one degree of freedom)
     size = np.exp(centre)
     bins = np.floor(np.log(np.maximum(np.nan_to_num(size, nan=1.0), 1e-300)) / math.log(s.pool_band)).astype(np.int64)
     pool_var = np.full(n_items, np.nan)
@@ -301,16 +294,27 @@ def tail_factor(z_past: np.ndarray) -> float:
     return 1.0 if not math.isfinite(ratio) else float(np.interp(ratio, TAIL_RATIO, TAIL_FACTOR))
 
 
+def _about_centres(lv: np.ndarray, effect: np.ndarray,
+                   cols: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each item's centre over the nights ``cols`` (the median of its log values less the night's effect), its
+    residuals about it, their spread (:func:`spread`, made up for the degree of freedom the median took: residuals
+    about their own median are smaller than the noise) and how many there are."""
+    adj = lv[:, cols] - effect[cols][None, :]
+    centre = nanmedian(adj, axis=1)
+    resid = adj - centre[:, None]
+    var, n = spread(resid)
+    with np.errstate(all="ignore"):
+        var = var * np.where(n > 1, n / np.maximum(n - 1, 1), np.nan)
+    return centre, resid, var, n
+
+
 def past_residuals(lv: np.ndarray, effect: np.ndarray, cols: np.ndarray) -> np.ndarray:
     """The residuals of the nights ``cols`` (log values less the night's effect, about each item's median), each
     over its own item's spread, pooled: the shape of the noise, free of each item's scale."""
     if len(cols) < 6:
         return np.empty(0)
-    adj = lv[:, cols] - effect[cols][None, :]
-    resid = adj - nanmedian(adj, axis=1)[:, None]
-    var, n = spread(resid)
+    _, resid, var, n = _about_centres(lv, effect, cols)
     with np.errstate(all="ignore"):
-        var = var * np.where(n > 1, n / np.maximum(n - 1, 1), np.nan)
         z = resid / np.sqrt(var)[:, None]
     return z[np.isfinite(z) & (n >= 5)[:, None]]
 
