@@ -24,9 +24,7 @@ pytestmark = pytest.mark.skipif(not perfbuild.have_tools(), reason="needs perf a
 @pytest.fixture(scope="session")
 def perf_run(tmp_path_factory):
     """One real build recorded with perf (per test session), decoded and symbolized."""
-    why = perfbuild.cannot_record()
-    if why:
-        pytest.skip(f"perf cannot record on this machine: {why}")
+    perfbuild.require_recording()
     from pipeline import decode, symbolize
     from pipeline.cluster import Pool
     from pipeline.config import Config

@@ -16,7 +16,6 @@ import pytest
 
 from tests.conftest import ROOT, assert_same_tables
 from tests.helpers import perfbuild
-from tests.realbuild import rust_env, write_workspace
 
 pytestmark = pytest.mark.skipif(not perfbuild.have_tools(), reason="needs perf and cargo on PATH")
 
@@ -43,19 +42,9 @@ def test_stack_cfi_rows():
 
 @pytest.fixture(scope="module")
 def dwarf_run(tmp_path_factory):
-    why = perfbuild.cannot_record()
-    if why:
-        pytest.skip(f"perf cannot record on this machine: {why}")
-    root = tmp_path_factory.mktemp("perf-dwarf")
-    ws = write_workspace(root / "ws", perfbuild.CRATES)
-    env = rust_env()
-    env.pop("CARGO_HOME", None)
-    subprocess.run(["cargo", "clean", "--quiet"], cwd=ws, env=env, check=True)
-    run = root / "run"
-    subprocess.run([sys.executable, "-m", "pipeline", "capture", "--perf", "--perf-rate", "499", "--perf-call-graph",
-                    "dwarf", "--run", str(run), "--", "cargo", "build", "--offline", "--quiet"], cwd=ws, env=env,
-                   check=True, stdout=subprocess.DEVNULL)
-    return run
+    perfbuild.require_recording()
+    return perfbuild.record(tmp_path_factory.mktemp("perf-dwarf"), rate=499, extra=("--perf-call-graph", "dwarf"),
+                            self_profile=False)
 
 
 def _decode(data, run, nojit=False):
@@ -144,9 +133,7 @@ def test_dwarf_in_tiny_parts_equals_one_part(dwarf_run, tmp_path):
 def test_dwarf_unwinding_without_jit_equals_compiled(tmp_path):
     """The CFI scan and the unwinder as plain Python give the compiled run's tables, on a real recording of a small
     program (gzip; its images' CFI is small enough to scan byte by byte in Python, rustc's 100 MB is not)."""
-    why = perfbuild.cannot_record()
-    if why:
-        pytest.skip(f"perf cannot record on this machine: {why}")
+    perfbuild.require_recording()
     blob = tmp_path / "blob"
     blob.write_bytes(np.random.default_rng(57).integers(0, 16, 12 << 20, dtype=np.uint8).tobytes())
     run = tmp_path / "capture"

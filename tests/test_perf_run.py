@@ -19,9 +19,7 @@ pytestmark = pytest.mark.skipif(not perfbuild.have_tools(), reason="needs perf a
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
-    why = perfbuild.cannot_record()
-    if why:
-        pytest.skip(f"perf cannot record on this machine: {why}")
+    perfbuild.require_recording()
     return perfbuild.recorded(tmp_path_factory)
 
 

@@ -26,9 +26,7 @@ pytestmark = pytest.mark.skipif(not perfbuild.have_tools(), reason="needs perf a
 
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory):
-    why = perfbuild.cannot_record()
-    if why:
-        pytest.skip(f"perf cannot record on this machine: {why}")
+    perfbuild.require_recording()
     return perfbuild.record(tmp_path_factory.mktemp("perf-symbols"), crates={"tiny": 3}, extra=("--symbols",))
 
 

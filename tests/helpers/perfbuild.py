@@ -29,16 +29,27 @@ def cannot_record() -> str | None:
     return None
 
 
-def record(root: Path, rate: int = 999, crates: dict[str, int] = CRATES, extra: tuple[str, ...] = ()) -> Path:
-    """The workspace built from clean under ``bootprof capture --perf --self-profile`` (and ``extra`` options) into
-    ``root/run`` (perf's samples and every rustc's self-profile of one build); the run directory."""
+def require_recording() -> None:
+    """Skip the test (with perf's own words) where perf cannot record."""
+    import pytest
+
+    why = cannot_record()
+    if why:
+        pytest.skip(f"perf cannot record on this machine: {why}")
+
+
+def record(root: Path, rate: int = 999, crates: dict[str, int] = CRATES, extra: tuple[str, ...] = (),
+           self_profile: bool = True) -> Path:
+    """The workspace built from clean under ``bootprof capture --perf --self-profile`` (``self_profile``; and
+    ``extra`` options) into ``root/run`` (perf's samples and every rustc's self-profile of one build); the run
+    directory."""
     ws = write_workspace(root / "ws", crates)
     env = rust_env()        # (RUSTC_BOOTSTRAP=1: -Z self-profile on the stable toolchain)
     env.pop("CARGO_HOME", None)
     subprocess.run(["cargo", "clean", "--quiet"], cwd=ws, env=env, check=True)
     run = root / "run"
-    subprocess.run([sys.executable, "-m", "pipeline", "capture", "--perf", "--perf-rate", str(rate), "--self-profile",
-                    *extra, "--run", str(run), "--", "cargo", "build", "--offline", "--quiet"], cwd=ws, env=env, check=True,
+    subprocess.run([sys.executable, "-m", "pipeline", "capture", "--perf", "--perf-rate", str(rate),
+                    *(["--self-profile"] if self_profile else []), *extra, "--run", str(run), "--", "cargo", "build", "--offline", "--quiet"], cwd=ws, env=env, check=True,
                    stdout=subprocess.DEVNULL)
     return run
 
