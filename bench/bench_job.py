@@ -3,7 +3,8 @@
 On a synthesized trace (``bench_decode``'s: seed 1, 16 simulated CPUs; ``--size``, default 1GB, env
 ``BENCH_JOB_SIZE``), alternately: ``bootprof decode TRACE --run R`` and ``bootprof run jobs/single-trace.yaml --trace
 TRACE --run R'`` (each in a fresh process, the trace in the page cache), ``--runs`` times (default 2). Each pair gives
-the job's wall time over the decode's, the job's stage lines, both commands' peak PSS (the process tree's: forked
+the job's wall time over the decode's, both process trees' CPU seconds and the cores they kept busy on average
+(the CPU of every process each waited for), the job's stage lines, both commands' peak PSS (the process tree's: forked
 workers' shared pages counted once; the job's RSS sum too), and from
 the job's manifests where the stages after decode spent their time (``timings``: the aggregate's sections and their
 largest statements, the report's sections, symbolize's phases). Targets: <= 2.0x at 1 GB, <= 1.8x at 4 GB.
@@ -26,6 +27,7 @@ OUT = ROOT / "bench" / "out"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import bench_decode  # noqa: E402
 from bench_decode import measure, page_in, synthesize  # noqa: E402
 
 #: The job's ratio to its decode that the issue asks for, by size.
@@ -56,6 +58,7 @@ def main() -> int:
         run = OUT / "job-decode"
         shutil.rmtree(run, ignore_errors=True)
         d_wall, d_rss, d_pss, _ = measure([sys.executable, "-m", "pipeline", "decode", str(trace), "--run", str(run)], env=env)
+        d_cpu = sum(bench_decode.LAST_CPU)
         page_in(trace)
         run = OUT / "job-run"
         shutil.rmtree(run, ignore_errors=True)
@@ -63,10 +66,15 @@ def main() -> int:
         j_wall, j_rss, j_pss, out = measure([sys.executable, "-m", "pipeline", "run", "jobs/single-trace.yaml", "--trace",
                                          str(trace), "--run", str(run), "--set",
                                          f"warehouse.path={OUT / 'job-warehouse.duckdb'}"], env=env)
+        j_cpu = sum(bench_decode.LAST_CPU)
         stages = {m.group(1): float(m.group(2)) for m in re.finditer(r"^  (\w+)\s+([\d.]+) s", out, re.M)}
         rows.append({"pair": i + 1, "decode_s": round(d_wall, 2), "job_s": round(j_wall, 2),
                      "ratio": round(j_wall / d_wall, 2), "decode_pss_gb": round(d_pss / 1e9, 2),
                      "job_pss_gb": round(j_pss / 1e9, 2), "job_rss_gb": round(j_rss / 1e9, 2),
+                     # (CPU seconds of each process tree, and the cores it kept busy on average: with every core
+                     # busy, only less work makes the job shorter)
+                     "decode_cpu_s": round(d_cpu, 2), "job_cpu_s": round(j_cpu, 2),
+                     "decode_cores": round(d_cpu / d_wall, 2), "job_cores": round(j_cpu / j_wall, 2),
                      **{f"job_{k}_s": v for k, v in stages.items()}})
         profiles.append(where_time_went(run))
         print(json.dumps(rows[-1]), flush=True)
