@@ -12,6 +12,9 @@ Identity: the build id perf recorded for the file (HEADER_BUILD_ID or the MMAP2 
 file found at the recorded path; a file without a build id (librustc_driver has none) is taken by its path as it
 is now, which the report's symbol line says. Kernel images (pid 0) resolve to one function, ``[kernel]``; the
 ``[vdso]`` is read from perf's build-id cache or, on the kernel that was recorded, from this process's own.
+
+Which file: the run's copy (``capture --perf --symbols``, :func:`use_bundled`), else the recorded path; either only
+when it can be an ELF image (:func:`pipeline.decode.perf.elfload.image_file`: a perf.data names any path).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pipeline.decode.perf.elfload import VDSO, load_segments, vdso_file
+from pipeline.decode.perf.elfload import VDSO, image_file, load_segments, vdso_file
 
 if TYPE_CHECKING:
     from pipeline.contracts import ImageIdentity, SymbolLookup
@@ -214,14 +217,10 @@ def resolve_elf(desc: ImageIdentity, cache: Path, result: SymbolLookup) -> Symbo
         if importlib.util.find_spec("symbolic") is None:
             result.update(status="missing", reason=f"reading ELF file {path} needs the `symbolic` package")
             return result
-        if desc["elf_path"] == VDSO:
-            path, reason = vdso_file(desc["build_id"], cache / "vdso")
-            if path is None:
-                result.update(status="missing", reason=reason)
-                return result
-        elif not path.is_file():
-            result.update(status="missing", reason=f"{path} is not on this machine (symbolize a perf run where "
-                                                   "it was recorded)")
+        path, reason = (vdso_file(desc["build_id"], cache / "vdso") if desc["elf_path"] == VDSO
+                        else image_file(path))
+        if path is None:
+            result.update(status="missing", reason=reason)
             return result
         meta["source_file"] = str(path)
         table, reason = _elf_table(path, desc, meta)

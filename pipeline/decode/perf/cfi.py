@@ -206,8 +206,9 @@ def to_file_offsets(rows: np.ndarray, segments: list[tuple[int, int, int]]) -> n
     return out[np.argsort(out["start"], kind="stable")]
 
 
-def image_rules(path: Path) -> tuple[np.ndarray | None, str | None]:
-    """The unwind rows of the ELF file at ``path`` by file offset, or why it has none."""
+def image_rules(path: Path, build_id: str | None = None) -> tuple[np.ndarray | None, str | None]:
+    """The unwind rows of the ELF file at ``path`` by file offset, or why it has none; with ``build_id`` (the one
+    the recording saw), only when the file has that build id."""
     from pipeline.decode.perf.elfload import load_segments
 
     try:
@@ -217,6 +218,9 @@ def image_rules(path: Path) -> tuple[np.ndarray | None, str | None]:
         obj = next(iter(Archive.open(str(path)).iter_objects()), None)
         if obj is None:
             return None, f"{path}: no object"
+        if build_id and (obj.code_id or "").lower() != build_id.lower():
+            return None, (f"{path}: build id {obj.code_id or '(none)'}, the recording saw {build_id} (the file was "
+                          "replaced since)")
         buf = io.BytesIO()
         CfiCache.from_object(obj).write_to(buf)
         return to_file_offsets(parse(buf.getvalue()), load_segments(path)), None

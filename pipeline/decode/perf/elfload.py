@@ -1,15 +1,71 @@
-"""The PT_LOAD segments of an ELF file: what turns an address of the file's load image into a file offset (the
-frames of a perf run are file offsets of their mappings); and the ``[vdso]`` as a file. Read by the unwinder
-(``cfi.py``, ``unwind.py``) and by symbolize (``pipeline/symbolize/elf.py``)."""
+"""ELF files of a perf run's images, as both the unwinder (``cfi.py``, ``unwind.py``) and symbolize
+(``pipeline/symbolize/elf.py``) read them:
+
+- whether that file may be opened at all (:func:`image_file`): a perf.data names any path, and a made-up one may name
+  ``/proc/self/environ``, ``/dev/zero`` (which never ends), a FIFO (whose open waits for a writer) or a file of
+  gigabytes that is no ELF image;
+- the PT_LOAD segments, which turn an address of the file's load image into a file offset (the frames of a perf run
+  are file offsets of their mappings);
+- the ``[vdso]`` as a file.
+"""
 
 from __future__ import annotations
 
+import os
+import stat
 import struct
 from pathlib import Path
 
 PT_LOAD = 1
 #: The kernel's virtual shared object that perf names by its build id (``clock_gettime`` and friends run there).
 VDSO = "[vdso]"
+#: Where no image file is: the kernel's pseudo file systems, whose files are made as they are read (or wait).
+PSEUDO_ROOTS = ("/proc", "/sys", "/dev")
+ELF_MAGIC = b"\x7fELF"
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+
+
+def image_file(name: str | Path) -> tuple[Path | None, str | None]:
+    """The file at ``name`` (a path an MMAP record names, or the run's copy of one), its links resolved, when it can
+    be an ELF image: a regular file outside ``PSEUDO_ROOTS``, not empty, that starts with the ELF magic; else None
+    and why. Of the file only those 4 bytes are read, and nothing else is opened: a device or FIFO is told by its
+    ``stat``, and the open does not wait (a FIFO swapped in meanwhile is refused by the ``fstat`` of what was
+    opened)."""
+    from pipeline import portable
+
+    shown = str(name)
+    try:
+        path = Path(name).resolve(strict=True)
+        if str(path) != shown:
+            shown = f"{name} ({path})"
+        under = next((r for r in PSEUDO_ROOTS if path.is_relative_to(r)), None)
+        if under is not None:
+            return None, f"{shown}: under {under}, where no image file is (not read)"
+
+        def refused(st: os.stat_result) -> str | None:
+            kind = next((k for test, k in _KINDS if test(st.st_mode)), None)
+            if kind is not None or not stat.S_ISREG(st.st_mode):
+                return f"{shown}: {kind or 'no regular file'}, no image file (not read)"
+            return f"{shown}: an empty file" if st.st_size == 0 else None
+
+        why = refused(path.stat())
+        if why:
+            return None, why
+        fd = os.open(path, portable.READ_NOWAIT)
+        with open(fd, "rb") as f:
+            why = refused(os.fstat(fd))
+            head = b"" if why else f.read(len(ELF_MAGIC))
+    except FileNotFoundError:
+        return None, (f"{name}: not on this machine (where it was recorded it is; `capture --perf --symbols` "
+                      "carries it with the run)")
+    except (OSError, RuntimeError) as exc:      # (RuntimeError: a loop of links, before Python 3.13)
+        return None, f"{shown}: {getattr(exc, 'strerror', None) or exc}"
+    if why:
+        return None, why
+    if head != ELF_MAGIC:
+        return None, f"{shown}: not an ELF file (it starts with {head!r})"
+    return path, None
 
 
 def load_segments(path: Path) -> list[tuple[int, int, int]]:

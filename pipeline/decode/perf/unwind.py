@@ -22,7 +22,7 @@ import numpy as np
 
 from pipeline.decode.etl.kernels import read_u64
 from pipeline.decode.perf import cfi as C
-from pipeline.decode.perf.elfload import VDSO, vdso_file
+from pipeline.decode.perf.elfload import VDSO, image_file, vdso_file
 
 JIT = dict(nogil=True, cache=True)
 #: User frames at most per sample (perf's own limit for DWARF unwinding is 127 by default).
@@ -162,9 +162,8 @@ def user_stacks(rec, images) -> tuple[np.ndarray, np.ndarray, dict]:
             name = f"{VDSO} {bids[k]}"
         if name not in tables and name not in reasons:
             path, why = (vdso_file(name.split()[1], Path.home() / ".cache" / "bootprof" / "vdso")
-                         if name.startswith(VDSO) else (Path(name), None))
-            rows, why = (_image_rules(path) if path is not None and path.is_file()
-                         else (None, why or f"{name}: not on this machine"))
+                         if name.startswith(VDSO) else image_file(name))     # (a perf.data names any path)
+            rows, why = _image_rules(path, bids[k]) if path is not None else (None, why)
             if rows is None:
                 reasons[name] = why or f"{name}: no call frame information"
                 continue
@@ -219,14 +218,14 @@ def merged_info(infos: list[dict]) -> dict:
             "samples_unwound": sum(i["samples_unwound"] for i in infos), "images_without_cfi": sorted(reasons)[:20]}
 
 
-_RULES: dict[tuple[str, int, int], tuple[np.ndarray | None, str | None]] = {}
+_RULES: dict[tuple[str, int, int, str | None], tuple[np.ndarray | None, str | None]] = {}
 
 
-def _image_rules(path: Path) -> tuple[np.ndarray | None, str | None]:
+def _image_rules(path: Path, build_id: str | None) -> tuple[np.ndarray | None, str | None]:
     """``cfi.image_rules``, once per file (and its size and time) in a process: each part of a file that a worker
     unwinds asks for the same images."""
     st = path.stat()
-    key = (str(path), st.st_size, st.st_mtime_ns)
+    key = (str(path), st.st_size, st.st_mtime_ns, build_id)
     if key not in _RULES:
-        _RULES[key] = C.image_rules(path)
+        _RULES[key] = C.image_rules(path, build_id)
     return _RULES[key]
