@@ -1,6 +1,8 @@
 """ELF files of a perf run's images, as both the unwinder (``cfi.py``, ``unwind.py``) and symbolize
 (``pipeline/symbolize/elf.py``) read them:
 
+- which file an image is read from: the run's own copy (``capture --perf --symbols``: :func:`bundled_copy`, under
+  the image's key, :func:`path_key` for a file without a build id), else the path its MMAP record names;
 - whether that file may be opened at all (:func:`image_file`): a perf.data names any path, and a made-up one may name
   ``/proc/self/environ``, ``/dev/zero`` (which never ends), a FIFO (whose open waits for a writer) or a file of
   gigabytes that is no ELF image;
@@ -11,6 +13,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 import struct
@@ -22,6 +25,10 @@ VDSO = "[vdso]"
 #: Where no image file is: the kernel's pseudo file systems, whose files are made as they are read (or wait).
 PSEUDO_ROOTS = ("/proc", "/sys", "/dev")
 ELF_MAGIC = b"\x7fELF"
+#: Where a run keeps the ELF files that ``capture --perf --symbols`` copied, under its ``symbols/``: one directory per
+#: identity key, holding the mapped file under its own name and its detached debug file as ``<name>.debug``
+#: (:mod:`pipeline.capture.elfsymbols`).
+BUNDLED_DIR = "elf"
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
           (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
 
@@ -66,6 +73,39 @@ def image_file(name: str | Path) -> tuple[Path | None, str | None]:
     if head != ELF_MAGIC:
         return None, f"{shown}: not an ELF file (it starts with {head!r})"
     return path, None
+
+
+def path_key(name: str) -> str:
+    """The key of a file without a build id: its path, and its size and time now when it is here (a file replaced
+    since the last run gets a key of its own)."""
+    key = f"elf-path-{hashlib.sha1(name.encode('utf-8')).hexdigest()[:20]}"
+    try:
+        st = Path(name).stat()
+    except OSError:
+        return key
+    return f"{key}-{st.st_size:x}-{st.st_mtime_ns:x}"
+
+
+def bundled_copy(symbols_dir: Path, elf_path: str, build_id: str | None) -> Path | None:
+    """The run's own copy of the file ``elf_path`` (``symbols_dir/elf/<key>/<its name>``), searched before the
+    recorded path: by build id, or for a file without one by its recorded path (the directory named for the path,
+    its size and its time when it was copied, which is the copy's key: the directory's name), else by its file name
+    when one copy alone has that name. None when the run has no copy of it."""
+    root = Path(symbols_dir) / BUNDLED_DIR
+    name = Path(elf_path).name
+    if not elf_path.startswith("/") or not name or not root.is_dir():
+        return None
+    if build_id:
+        where = root / f"elf-{build_id.lower()}"
+    else:
+        prefix = path_key(elf_path).split("-")[:3]      # ("elf", "path", hash of the path)
+        dirs = sorted(d for d in root.glob("-".join(prefix) + "-*") if (d / name).is_file())
+        if not dirs:        # (the same file recorded under another directory: taken when its name is unique)
+            dirs = [d for d in root.glob("elf-path-*") if (d / name).is_file()]
+            if len(dirs) != 1:
+                return None
+        where = dirs[-1]
+    return where / name if (where / name).is_file() else None
 
 
 def load_segments(path: Path) -> list[tuple[int, int, int]]:
