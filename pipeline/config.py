@@ -116,6 +116,12 @@ class DecodeConfig(Section):
     skip_cargo_probe: bool = Field(
         True, description="Ignore cargo's tiny probe self-profiles (`___-<pid>.mm_profdata`)."
     )
+    cache_dir: Path = Field(
+        Path("~/.cache/bootprof/decode"),
+        description="Where the perf decoder keeps what it derives from files outside the run, across runs: the "
+        "unwind rows of ELF images (`--call-graph dwarf`; by build id, else path, size and time), and the [vdso] "
+        "of this machine's kernel.",
+    )
 
 
 class SynthConfig(Section):

@@ -3,6 +3,8 @@ API that only some systems have (``tests/test_portable.py`` runs pyright's model
 and fails on a platform API used elsewhere).
 
 - Read-only maps of a file (``mmap.ACCESS_READ``: the one form every system has).
+- Opens for reading that do not wait: a FIFO's open waits for a writer unless ``O_NONBLOCK`` is given, which
+  Windows lacks (and has no FIFOs in its file system to wait on).
 - Reads at an offset (``os.pread`` where it exists; elsewhere a seek and read under a lock per descriptor).
 - Stopping a child as Ctrl-C would: SIGINT on POSIX; on Windows, where there is no SIGINT to send, a child
   started in a process group of its own is sent ``CTRL_BREAK_EVENT``; then the rest of its process tree, read with
@@ -30,6 +32,8 @@ WINDOWS = sys.platform == "win32"
 
 #: Flags of ``os.open`` for reading a file's bytes as they are (Windows' C runtime opens in text mode otherwise).
 READ_BINARY = os.O_RDONLY | getattr(os, "O_BINARY", 0)
+#: The same, without waiting where an open would (a FIFO without a writer); reads of a regular file are unchanged.
+READ_NOWAIT = READ_BINARY | getattr(os, "O_NONBLOCK", 0)
 #: How long a rename or removal that Windows refuses (a file held open by another process) is tried again.
 RETRY_S = 5.0
 

@@ -73,3 +73,65 @@ def test_inline_json_escapes_what_ends_or_opens_markup():
     text = inline_json({"names": hostile})
     assert not re.search(r"[<>&\u2028\u2029]", text)
     assert json.loads(text) == {"names": hostile}
+
+
+def test_a_perf_run_whose_mmaps_name_proc_dev_a_fifo_and_no_elf_file_opens_none(tmp_path):
+    """A made-up perf.data (``--call-graph dwarf``, so the decode reads its images' call frame information) whose
+    rustcs map, where their samples fall, ``/proc/self/environ``, ``/dev/zero`` (which never ends), a FIFO (whose
+    open waits for a writer that never comes: a decode that opened it would not end), a 4 GiB file of zeros, a link
+    to ``/proc/self/environ``, and a real ELF file (this Python) as the control. The decode, symbolize and the
+    copies of ``capture --symbols`` each end, and give each image its reason: none of the five is opened, and the
+    control is (it fails only on its made-up build id)."""
+    import os
+    import subprocess
+    import sys
+
+    from pipeline.synth.perf import write_perf
+    from tests.conftest import ROOT
+
+    fifo = tmp_path / "libfifo.so"
+    os.mkfifo(fifo)
+    huge = tmp_path / "libhuge.so"
+    with open(huge, "wb") as f:
+        f.truncate(4 << 30)         # (sparse: no disk used)
+    link = tmp_path / "libenviron.so"
+    link.symlink_to("/proc/self/environ")
+    python = os.path.realpath(sys.executable)
+    expect = {"/proc/self/environ": "under /proc", "/dev/zero": "under /dev", str(fifo): "a FIFO",
+              str(huge): "not an ELF file", str(link): "under /proc", python: "build id"}
+    data = tmp_path / "perf.data"
+    write_perf(data, seed=5, rustcs=len(expect), samples=20, dwarf=True, libraries=tuple(expect))
+    config = tmp_path / "config.yaml"
+    config.write_text(json.dumps({"cluster": {"mode": "synchronous"}, "symbolize": {"cache_dir": str(tmp_path / "sc")}}),
+                      encoding="utf-8")
+    run = tmp_path / "run"
+
+    def bootprof(*args: str) -> None:
+        proc = subprocess.run([sys.executable, "-m", "pipeline", "--config", str(config), *args], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    bootprof("decode", str(data), "--run", str(run))
+    reasons = json.loads((run / "decoded" / "_manifest.json").read_text())["perf"]["dwarf_unwind"]
+    assert reasons["images_with_cfi"] == 0
+    for name, why in expect.items():
+        found = [r for r in reasons["images_without_cfi"] if r.startswith(name + ":") or r.startswith(name + " (")]
+        assert len(found) == 1 and why in found[0], (name, reasons["images_without_cfi"])
+
+    bootprof("symbolize", "--run", str(run))
+    images = pq.read_table(run / "decoded" / "images.parquet").to_pylist()
+    keys = {f"elf-{i['build_id']}": i["file_name"] for i in images if i["file_name"] in expect}
+    lookups = {r["key"]: r for r in json.loads((run / "symbolized" / "_manifest.json").read_text())["debug_ids"]}
+    for key, name in keys.items():
+        assert lookups[key]["status"] == "missing", lookups[key]
+        assert (expect[name] if name != python else "build id mismatch") in lookups[key]["reason"], lookups[key]
+
+    proc = subprocess.run([sys.executable, "-c", "import json, sys; from pipeline.capture.elfsymbols import "
+                           "collect_elf_symbols as c; print(json.dumps(c(sys.argv[1])))", str(run)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["copied"] == [] and not (run / "symbols").exists()
+    skipped = {s["name"]: s["reason"] for s in out["skipped"]}
+    for name, why in expect.items():
+        assert (why if name != python else "replaced since the recording") in skipped[name], (name, skipped)

@@ -10,7 +10,8 @@ program headers turn symbol addresses into file offsets) and, when the distribut
 
 Images are taken most frames first (distinct sampled addresses in them) while their files fit in ``max_bytes`` together; what was left, and why (over
 the limit, not on this machine, replaced since the recording, a kernel or pseudo file), is listed beside what was
-copied, in the capture manifest.
+copied, in the capture manifest. Only what can be an ELF image is opened (``elfload.image_file``, as symbolize and
+the unwinder do): a recording names any path.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def collect_elf_symbols(run_dir: Path, max_bytes: int = DEFAULT_MAX) -> dict[str
     (``copied``: name, key, build id, size, source, path in the run), what was not (``skipped``, with the reason)
     and the bytes copied. Needs the run's decoded ``images`` and stacks."""
     from pipeline.capture.bundle import SYMBOLS
-    from pipeline.symbolize.elf import debug_file, path_key
+    from pipeline.symbolize.elf import debug_file, image_file, path_key
 
     run_dir = Path(run_dir)
     root = run_dir / SYMBOLS / ELF_DIR
@@ -93,10 +94,11 @@ def collect_elf_symbols(run_dir: Path, max_bytes: int = DEFAULT_MAX) -> dict[str
         if not name or not name.startswith("/"):
             skip("not a file (a pseudo mapping such as [vdso] or //anon)")
             continue
-        source = Path(name)
-        if not source.is_file():
-            skip("not on this machine any more")
+        found, why = image_file(name)
+        if found is None:
+            skip(why)
             continue
+        source = Path(name)
         own, why = _own_build_id(source)
         if why:
             skip(why)

@@ -12,17 +12,20 @@ Identity: the build id perf recorded for the file (HEADER_BUILD_ID or the MMAP2 
 file found at the recorded path; a file without a build id (librustc_driver has none) is taken by its path as it
 is now, which the report's symbol line says. Kernel images (pid 0) resolve to one function, ``[kernel]``; the
 ``[vdso]`` is read from perf's build-id cache or, on the kernel that was recorded, from this process's own.
+
+Which file: the run's copy (``capture --perf --symbols``, :func:`use_bundled`), else the recorded path; either only
+when it can be an ELF image (:func:`pipeline.decode.perf.elfload.image_file`: a perf.data names any path). The
+unwinder of a DWARF run finds its files the same way.
 """
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pipeline.decode.perf.elfload import VDSO, load_segments, vdso_file
+from pipeline.decode.perf.elfload import VDSO, bundled_copy, image_file, load_segments, path_key, vdso_file
 
 if TYPE_CHECKING:
     from pipeline.contracts import ImageIdentity, SymbolLookup
@@ -56,48 +59,17 @@ def identities(images, ids: list) -> None:
                       "build_id": bid}
 
 
-def path_key(name: str) -> str:
-    """The key of a file without a build id: its path, and its size and time now when it is here (a file replaced
-    since the last run gets a table of its own)."""
-    key = f"elf-path-{hashlib.sha1(name.encode('utf-8')).hexdigest()[:20]}"
-    try:
-        st = Path(name).stat()
-    except OSError:
-        return key
-    return f"{key}-{st.st_size:x}-{st.st_mtime_ns:x}"
-
-
-#: Where a run keeps the ELF files that ``capture --perf --symbols`` copied, under its ``symbols/``: one directory per
-#: identity key, holding the mapped file under its own name and its detached debug file as ``<name>.debug``
-#: (:mod:`pipeline.capture.elfsymbols`).
-BUNDLED_DIR = "elf"
-
-
 def use_bundled(ids: list, symbols_dir: Path) -> int:
-    """Point the ELF identities of ``ids`` at the run's own copies of their files (``symbols_dir/elf/<key>/``),
-    which are searched before the recorded paths: by build id, or for a file without one by its recorded path
-    (the directory named for the path, its size and its time when it was copied, which becomes the key: a table
-    of its own whatever file lies at that path here), else by its file name when one copy alone has that name.
-    How many identities found a copy."""
-    root = Path(symbols_dir) / BUNDLED_DIR
-    if not root.is_dir():
-        return 0
+    """Point the ELF identities of ``ids`` at the run's own copies of their files (``symbols_dir/elf/<key>/``,
+    :func:`pipeline.decode.perf.elfload.bundled_copy`, the unwinder's lookup too), which are read before the recorded
+    paths; a copy found for a file without a build id gives the copy's key (a table of its own whatever file lies at
+    that path here). How many identities found a copy."""
     found = 0
     for ident in {id(i): i for i in ids if i and i.get("elf_path", "").startswith("/")}.values():
-        name = Path(ident["elf_path"]).name
-        if ident.get("build_id"):
-            where = root / f"elf-{ident['build_id'].lower()}"
-        else:
-            prefix = path_key(ident["elf_path"]).split("-")[:3]      # ("elf", "path", hash of the path)
-            dirs = sorted(d for d in root.glob("-".join(prefix) + "-*") if (d / name).is_file())
-            if not dirs:        # (the same file recorded under another directory: taken when its name is unique)
-                dirs = [d for d in root.glob("elf-path-*") if (d / name).is_file()]
-                if len(dirs) != 1:
-                    continue
-            where = dirs[-1]
-        if not (where / name).is_file():
+        copy = bundled_copy(symbols_dir, ident["elf_path"], ident.get("build_id"))
+        if copy is None:
             continue
-        ident.update(key=where.name, debug_id=where.name, bundled=str(where / name))
+        ident.update(key=copy.parent.name, debug_id=copy.parent.name, bundled=str(copy))
         found += 1
     return found
 
@@ -214,14 +186,10 @@ def resolve_elf(desc: ImageIdentity, cache: Path, result: SymbolLookup) -> Symbo
         if importlib.util.find_spec("symbolic") is None:
             result.update(status="missing", reason=f"reading ELF file {path} needs the `symbolic` package")
             return result
-        if desc["elf_path"] == VDSO:
-            path, reason = vdso_file(desc["build_id"], cache / "vdso")
-            if path is None:
-                result.update(status="missing", reason=reason)
-                return result
-        elif not path.is_file():
-            result.update(status="missing", reason=f"{path} is not on this machine (symbolize a perf run where "
-                                                   "it was recorded)")
+        path, reason = (vdso_file(desc["build_id"], cache / "vdso") if desc["elf_path"] == VDSO
+                        else image_file(path))
+        if path is None:
+            result.update(status="missing", reason=reason)
             return result
         meta["source_file"] = str(path)
         table, reason = _elf_table(path, desc, meta)

@@ -29,6 +29,8 @@ FEAT_HOSTNAME, FEAT_SAMPLE_TIME, FEAT_CLOCK_DATA = 3, 21, 29
 ATTR_SIZE = 128
 #: Where the made-up files are mapped, and the kernel.
 TEXT, DRIVER, KERNEL = 0x5555_5555_0000, 0x7F00_0000_0000, 0xFFFF_FFFF_8100_0000
+#: The library mapped at ``DRIVER``, where the user frames fall.
+DRIVER_NAME = "/synth/lib/librustc_driver.so"
 #: The Unix time (ns) of the sample clock's 0: what CLOCK_DATA says.
 WALL_AT_ZERO = 1_795_000_000_000_000_000
 
@@ -84,11 +86,13 @@ REGS_MASK, STACK_COPY = 0xFF0FFF, 64
 REGS_USER, STACK_USER, REGS_ABI_64 = 1 << 12, 1 << 13, 2
 
 
-def write_perf(path: Path, seed: int = 1, rustcs: int = 3, samples: int = 120, dwarf: bool = False) -> dict[str, Any]:
+def write_perf(path: Path, seed: int = 1, rustcs: int = 3, samples: int = 120, dwarf: bool = False,
+               libraries: tuple[str, ...] = (DRIVER_NAME,)) -> dict[str, Any]:
     """Write the file; its truth: samples per pid and per (pid, tid), processes and their names, and each sample's
     frames (leaf first). With ``dwarf``, as ``perf record --call-graph dwarf`` writes samples: the callchain holds
     the kernel part only, then the user registers and a copy of the stack (of made-up files, which have no call
-    frame information on any machine: the user part of a stack is its IP)."""
+    frame information on any machine: the user part of a stack is its IP). Rustc ``k`` maps
+    ``libraries[k % len(libraries)]`` (with a build id) where its user frames fall."""
     rng = random.Random(seed)
     t = 1_000_000_000
     out: list[bytes] = []
@@ -111,7 +115,7 @@ def write_perf(path: Path, seed: int = 1, rustcs: int = 3, samples: int = 120, d
         out.append(_rec(COMM, MISC_COMM_EXEC, struct.pack("<II", pid, pid) + _name("rustc"), trailer(pid, pid)))
         bid = bytes(rng.randrange(256) for _ in range(20))
         for base, size, name, with_id in ((TEXT, 0x10_0000, "/synth/bin/rustc", False),
-                                          (DRIVER, 0x400_0000, "/synth/lib/librustc_driver.so", True)):
+                                          (DRIVER, 0x400_0000, libraries[k % len(libraries)], True)):
             t += 10_000
             ident = (struct.pack("<B3x20s", 20, bid) if with_id else struct.pack("<IIQQ", 8, 1, 1000 + k, 0))
             out.append(_rec(MMAP2, MISC_USER | (MISC_MMAP_BUILD_ID if with_id else 0),
@@ -188,8 +192,7 @@ def write_large_perf(path: Path, size: int, seed: int = 1, rustcs: int = 6, chun
             t += 1_000_000
             out.append(_rec(FORK, 0, struct.pack("<IIIIQ", pid, cargo, pid, cargo, t), trailer(pid, pid)))
             out.append(_rec(COMM, MISC_COMM_EXEC, struct.pack("<II", pid, pid) + _name("rustc"), trailer(pid, pid)))
-            for base, span, name in ((TEXT, 0x10_0000, "/synth/bin/rustc"),
-                                     (DRIVER, 0x400_0000, "/synth/lib/librustc_driver.so")):
+            for base, span, name in ((TEXT, 0x10_0000, "/synth/bin/rustc"), (DRIVER, 0x400_0000, DRIVER_NAME)):
                 bid = bytes(rng.integers(0, 256, 20, dtype=np.uint8))
                 out.append(_rec(MMAP2, MISC_USER | MISC_MMAP_BUILD_ID, struct.pack("<IIQQQ", pid, pid, base, span, 0x1000)
                                 + struct.pack("<B3x20s", 20, bid) + struct.pack("<II", 5, 2) + _name(name),

@@ -7,11 +7,22 @@ address is saved (``.cfa`` plus an offset) and where the caller's ``$rbp`` is (`
 A rule of any other form (a DWARF expression, as in PLT stubs) makes the row ``UNSUPPORTED``: unwinding stops
 there. Addresses become file offsets (a frame of a perf run is a file offset of its mapping, as symbolize counts
 them) by the file's PT_LOAD segments. ``RULES`` declares the row layout.
+
+The rows of librustc_driver and libLLVM (a million or more each) take seconds to make, and every decode of a DWARF
+run of one toolchain needs the same ones: :func:`cached_rules` keeps them on disk (``decode.cache_dir``), one file
+per image key (its build id, else its path, size and time), and takes a file only when it is whole (its length,
+its digest, the symbolic that made it): anything else is made again and written over. Only rows of this machine's
+files are written there, never those of a run's copies.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import io
+import re
+import struct
+import tempfile
 from pathlib import Path
 
 import numba as nb
@@ -206,8 +217,9 @@ def to_file_offsets(rows: np.ndarray, segments: list[tuple[int, int, int]]) -> n
     return out[np.argsort(out["start"], kind="stable")]
 
 
-def image_rules(path: Path) -> tuple[np.ndarray | None, str | None]:
-    """The unwind rows of the ELF file at ``path`` by file offset, or why it has none."""
+def image_rules(path: Path, build_id: str | None = None) -> tuple[np.ndarray | None, str | None]:
+    """The unwind rows of the ELF file at ``path`` by file offset, or why it has none; with ``build_id`` (the one
+    the recording saw), only when the file has that build id."""
     from pipeline.decode.perf.elfload import load_segments
 
     try:
@@ -217,6 +229,9 @@ def image_rules(path: Path) -> tuple[np.ndarray | None, str | None]:
         obj = next(iter(Archive.open(str(path)).iter_objects()), None)
         if obj is None:
             return None, f"{path}: no object"
+        if build_id and (obj.code_id or "").lower() != build_id.lower():
+            return None, (f"{path}: build id {obj.code_id or '(none)'}, the recording saw {build_id} (the file was "
+                          "replaced since)")
         buf = io.BytesIO()
         CfiCache.from_object(obj).write_to(buf)
         return to_file_offsets(parse(buf.getvalue()), load_segments(path)), None
@@ -224,3 +239,79 @@ def image_rules(path: Path) -> tuple[np.ndarray | None, str | None]:
         return None, "reading call frame information needs the `symbolic` package"
     except Exception as exc:  # noqa: BLE001 - symbolic raises its own hierarchy; a reason, not a crash
         return None, f"{path}: {type(exc).__name__}: {exc}"
+
+
+#: The cache's file format (:func:`cached_rules`): a header (magic with this version, rows, the rows' digest, the
+#: symbolic version that made them), then the rows as ``RULES``. A new version makes new files.
+CACHE_FORMAT = 1
+_MAGIC = b"BPCFI\0\0" + bytes([CACHE_FORMAT])
+_HEAD = struct.Struct("<8sQ16s32s")
+#: The keys a cache file is named by: ``elf-<build id>``, ``elf-path-<hash>-<size>-<time>`` (a copy's directory
+#: name in a run's ``symbols/elf``, or ``elfload.path_key``). Any other (a made-up copy's) is not cached.
+_KEY = re.compile(r"elf-(path-)?[0-9a-f][0-9a-f-]{0,200}")
+
+
+@functools.cache
+def _symbolic() -> bytes:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("symbolic").encode()[:32]
+    except PackageNotFoundError:
+        return b""
+
+
+def cached_rules(path: Path, key: str, build_id: str | None, cache_dir: Path, keep: bool = True
+                 ) -> tuple[np.ndarray | None, str | None]:
+    """:func:`image_rules` of the file ``path`` whose image key is ``key``, read from ``cache_dir/cfi/<key>.rows``
+    when a whole file of the same format and symbolic is there; else made, and with ``keep`` written there (to a
+    file of its own, then renamed over the entry: two decodes at once write the same bytes). A cache that cannot be
+    written is none: the rows are still returned.
+
+    ``keep`` is False for a run's copy of a file (``capture --perf --symbols``, perhaps from someone else's pack): its
+    rows are read from the cache, never written there, as a made-up copy under a key (a build id is a note anyone
+    can write) would otherwise give its rows to this machine's own file of that key in every later decode."""
+    entry = Path(cache_dir).expanduser() / "cfi" / f"{key}.rows" if _KEY.fullmatch(key) else None
+    if entry is not None:
+        rows = _read_entry(entry)
+        if rows is not None:
+            return rows, None
+    rows, why = image_rules(path, build_id)
+    if rows is not None and entry is not None and keep:
+        try:
+            _write_entry(entry, rows)
+        except OSError:
+            pass        # (a read-only or full cache directory: the next decode makes the rows again)
+    return rows, why
+
+
+def _read_entry(entry: Path) -> np.ndarray | None:
+    """The rows of a cache file, None when there is none or it is not whole."""
+    try:
+        raw = entry.read_bytes()
+    except OSError:
+        return None
+    if len(raw) < _HEAD.size:
+        return None
+    magic, n, digest, made_by = _HEAD.unpack_from(raw)
+    body = memoryview(raw)[_HEAD.size:]
+    if magic != _MAGIC or made_by.rstrip(b"\0") != _symbolic() or len(body) != n * RULES.itemsize \
+            or hashlib.blake2b(body, digest_size=16).digest() != digest:
+        return None
+    return np.frombuffer(raw, RULES, n, _HEAD.size)
+
+
+def _write_entry(entry: Path, rows: np.ndarray) -> None:
+    from pipeline import portable
+
+    body = np.ascontiguousarray(rows, RULES).view(np.uint8)
+    head = _HEAD.pack(_MAGIC, len(rows), hashlib.blake2b(body, digest_size=16).digest(), _symbolic())
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{entry.name}.", dir=entry.parent)
+    try:
+        with open(fd, "wb") as f:
+            f.write(head)
+            f.write(body)
+        portable.replace(tmp, entry)
+    finally:
+        Path(tmp).unlink(missing_ok=True)

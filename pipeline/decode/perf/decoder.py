@@ -64,8 +64,11 @@ def decode_perf(path: sources.Input, out, cfg, pool) -> PerfCounts:
     images_raw = T.images_table(tk, T.lifetimes(tk, []), 0)[0] if dwarf else None
     scratch = out.path / ".scratch-perf"
     scratch.mkdir(parents=True, exist_ok=True)
-    tasks = [PartTask(path=str(Path(path).resolve()) if local else str(path), part=k, lo=lo, hi=hi, rec0=rec0, scratch_dir=str(scratch),
-                      max_errors=cfg.max_error_rows) for k, (lo, hi, rec0) in enumerate(cuts)]
+    # (the run's copies of its images' files, from `capture --perf --symbols`: capture.bundle.SYMBOLS)
+    symbols = Path(out.run_dir).absolute() / "symbols"
+    tasks = [PartTask(path=str(Path(path).resolve()) if local else str(path), part=k, lo=lo, hi=hi, rec0=rec0,
+                      scratch_dir=str(scratch), max_errors=cfg.max_error_rows, symbols_dir=str(symbols),
+                      cache_dir=str(cfg.cache_dir)) for k, (lo, hi, rec0) in enumerate(cuts)]
     pool.require_shared(out.path, placed_by(out.run_dir))        # (the tasks write their parts there)
     parts = pool.map(decode_part, tasks, images=images_raw)
     t_walk = time.perf_counter()

@@ -30,6 +30,7 @@ BAD_CALLCHAIN = 4       # the callchain's nr does not fit the record: sample ski
 SHORT_RECORD = 5        # an MMAP/MMAP2/COMM/FORK/EXIT record shorter than its fields: skipped
 UNSUPPORTED = 6         # a record the decoder cannot read (PERF_RECORD_COMPRESSED: recorded with -z)
 RESYNC = 7              # where the walk found records again after a bad header (the offset), bytes skipped in ``type``
+BAD_TIME = 8            # a time at or past 2^63 (a sample's, a FORK's or EXIT's, a sample-id trailer's): skipped
 STATUS_TEXT = {
     BAD_HEADER: "record header cannot be a record's (size below 8 or not a multiple of 8, or unknown type)",
     PAST_END: "record runs past the end of the data",
@@ -38,13 +39,16 @@ STATUS_TEXT = {
     SHORT_RECORD: "record shorter than its fields",
     UNSUPPORTED: "compressed records (perf record -z) are not decoded",
     RESYNC: "records found again",
+    BAD_TIME: "time at or past 2^63, which no clock perf reads gives (an int64 time would be negative): skipped",
 }
 ERROR_KIND = {BAD_HEADER: "record", PAST_END: "truncated", SHORT_SAMPLE: "short_payload",
               BAD_CALLCHAIN: "short_payload", SHORT_RECORD: "short_payload", UNSUPPORTED: "unsupported",
-              RESYNC: "resync"}
+              RESYNC: "resync", BAD_TIME: "bad_value"}
 
 #: Headers in a row that must look like records for the walk to go on at a place after a bad header.
 RESYNC_CHAIN = 4
+#: Times are int64 nanoseconds in the tables: a record's time at or past this is damage, not a time.
+TIME_LIMIT = np.uint64(1 << 63)
 
 # Columns of the integer outputs (one row per record of that kind).
 S_REC, S_TIME, S_PID, S_TID, S_CPU, S_PERIOD, S_MISC, S_FRAMES, S_REGS, S_STACK, S_STACK_SIZE, S_COLS = range(12)
@@ -152,7 +156,10 @@ def _sample(data, off, rend, st, read_fixed, read_head, read_per, regs_user, bra
         tid = np.int64(read_u32(data, p + 4))
         p += 8
     if st & L.SAMPLE_TIME:
-        time = np.int64(read_u64(data, p))
+        raw = read_u64(data, p)
+        if raw >= TIME_LIMIT:
+            return BAD_TIME
+        time = np.int64(raw)
         p += 8
     if st & L.SAMPLE_ADDR:
         p += 8
@@ -267,10 +274,11 @@ def _sample(data, off, rend, st, read_fixed, read_head, read_per, regs_user, bra
 
 @nb.njit(**JIT)
 def _trailer_time(data, rend, body_end, trailer, trailer_time):
-    """The sample-id trailer's time of a non-sample record (0 when there is none or it does not fit)."""
+    """The sample-id trailer's time of a non-sample record as the file has it, unsigned (0 when there is none or it
+    does not fit)."""
     if trailer_time < 0 or rend - trailer < body_end:
-        return np.int64(0)
-    return np.int64(read_u64(data, rend - trailer + trailer_time))
+        return np.uint64(0)
+    return read_u64(data, rend - trailer + trailer_time)
 
 
 @nb.njit(**JIT)
@@ -318,8 +326,14 @@ def walk(data, start, stop, end, rec0, st, read_fixed, read_head, read_per, regs
             pass
         elif rtype == L.RECORD_FORK or rtype == L.RECORD_EXIT or rtype == L.RECORD_COMM:
             body = L.TASK_SIZE if rtype != L.RECORD_COMM else L.COMM_NAME
+            raw = np.uint64(0)
+            if rend >= off + body:
+                raw = _trailer_time(data, rend, off + body, trailer, trailer_time) if rtype == L.RECORD_COMM \
+                    else read_u64(data, off + 24)
             if rend < off + body:
                 _error(errors, totals, fill, off, SHORT_RECORD, rtype)
+            elif raw >= TIME_LIMIT:
+                _error(errors, totals, fill, off, BAD_TIME, rtype)
             else:
                 k = totals[N_TASKS]
                 if fill:
@@ -327,32 +341,36 @@ def walk(data, start, stop, end, rec0, st, read_fixed, read_head, read_per, regs
                     trow[k, T_TYPE] = rtype
                     trow[k, T_MISC] = misc
                     trow[k, T_PID] = read_u32(data, off + 8)
+                    trow[k, T_TIME] = np.int64(raw)
                     if rtype == L.RECORD_COMM:
                         trow[k, T_TID] = read_u32(data, off + 12)
                         trow[k, T_PPID] = -1
                         trow[k, T_PTID] = -1
-                        trow[k, T_TIME] = _trailer_time(data, rend, off + body, trailer, trailer_time)
                         trow[k, T_NAME] = off + body
                         trow[k, T_NAME_END] = max(rend - trailer, off + body)
                     else:
                         trow[k, T_PPID] = read_u32(data, off + 12)
                         trow[k, T_TID] = read_u32(data, off + 16)
                         trow[k, T_PTID] = read_u32(data, off + 20)
-                        trow[k, T_TIME] = np.int64(read_u64(data, off + 24))
                         trow[k, T_NAME] = -1
                         trow[k, T_NAME_END] = -1
                 totals[N_TASKS] = k + 1
         elif rtype == L.RECORD_MMAP or rtype == L.RECORD_MMAP2:
             body = L.MMAP_FILENAME if rtype == L.RECORD_MMAP else L.MMAP2_FILENAME
+            raw = np.uint64(0)
+            if rend >= off + body:
+                raw = _trailer_time(data, rend, off + body, trailer, trailer_time)
             if rend < off + body:
                 _error(errors, totals, fill, off, SHORT_RECORD, rtype)
+            elif raw >= TIME_LIMIT:
+                _error(errors, totals, fill, off, BAD_TIME, rtype)
             else:
                 k = totals[N_MMAPS]
                 if fill:
                     mrow[k, M_REC] = rec
                     mrow[k, M_TYPE] = rtype
                     mrow[k, M_MISC] = misc
-                    mrow[k, M_TIME] = _trailer_time(data, rend, off + body, trailer, trailer_time)
+                    mrow[k, M_TIME] = np.int64(raw)
                     mrow[k, M_PID] = read_u32(data, off + 8)
                     mrow[k, M_TID] = read_u32(data, off + 12)
                     maddr[k, M_ADDR] = read_u64(data, off + 16)

@@ -27,6 +27,8 @@ class PartTask:
     rec0: int               # index of its first record in the data section
     scratch_dir: str
     max_errors: int
+    symbols_dir: str        # the run's ``symbols/``: its copies of the images' files, read before the recorded paths
+    cache_dir: str          # ``decode.cache_dir``: the images' unwind rows, the [vdso]
 
 
 @dataclass
@@ -62,7 +64,7 @@ def decode_part(task: PartTask, images: pa.Table | None = None) -> PartResult:
     if is_dwarf(hdr.attrs[0].sample_type):
         from pipeline.decode.perf.unwind import user_stacks
 
-        counts, rec.frames, unwound = user_stacks(rec, images)
+        counts, rec.frames, unwound = user_stacks(rec, images, Path(task.symbols_dir), Path(task.cache_dir))
         rec.samples[:, K.S_FRAMES] = counts
     sid, has_stack, stacks = T.part_stacks(rec)
     s = rec.samples

@@ -22,7 +22,7 @@ import numpy as np
 
 from pipeline.decode.etl.kernels import read_u64
 from pipeline.decode.perf import cfi as C
-from pipeline.decode.perf.elfload import VDSO, vdso_file
+from pipeline.decode.perf.elfload import VDSO, bundled_copy, image_file, path_key, vdso_file
 
 JIT = dict(nogil=True, cache=True)
 #: User frames at most per sample (perf's own limit for DWARF unwinding is 127 by default).
@@ -129,10 +129,13 @@ def _pid_ranges(img_pid: np.ndarray, sample_pid: np.ndarray):
     return pid_of, lo.astype(np.int64), hi.astype(np.int64)
 
 
-def user_stacks(rec, images) -> tuple[np.ndarray, np.ndarray, dict]:
+def user_stacks(rec, images, symbols_dir: Path, cache_dir: Path) -> tuple[np.ndarray, np.ndarray, dict]:
     """The frames of each of ``rec``'s samples as the kernel's callchain part then the unwound user part (sample
     order): ``(counts, frames)``, and what it read (images with rows, their reasons when none, frames unwound).
-    ``images`` is the decoded ``images`` table (its raw load and unload times)."""
+    ``images`` is the decoded ``images`` table (its raw load and unload times). An image's rows are read from the
+    run's copy of its file (``symbols_dir``, as symbolize reads it: ``elfload.bundled_copy``), else from the file at
+    the recorded path, each only when it can be an ELF image (``elfload.image_file``); those of this machine's files
+    are kept in ``cache_dir`` (``cfi.cached_rules``)."""
     from pipeline.decode.perf import kernels as K
 
     s = rec.samples
@@ -154,6 +157,7 @@ def user_stacks(rec, images) -> tuple[np.ndarray, np.ndarray, dict]:
     tables: dict[str, int] = {}
     rules: list[np.ndarray] = []
     reasons: dict[str, str] = {}
+    copied: set[str] = set()        # (images read from the run's copies)
     img_table = np.full(len(names), -1, np.int64)
     for k, name in enumerate(names):
         if int(img_pid[k]) not in wanted or not (name.startswith("/") or (name == VDSO and bids[k])):
@@ -161,13 +165,13 @@ def user_stacks(rec, images) -> tuple[np.ndarray, np.ndarray, dict]:
         if name == VDSO:        # (clock_gettime: perf's copy of the [vdso], or this process's on the same kernel)
             name = f"{VDSO} {bids[k]}"
         if name not in tables and name not in reasons:
-            path, why = (vdso_file(name.split()[1], Path.home() / ".cache" / "bootprof" / "vdso")
-                         if name.startswith(VDSO) else (Path(name), None))
-            rows, why = (_image_rules(path) if path is not None and path.is_file()
-                         else (None, why or f"{name}: not on this machine"))
+            path, key, why, copy = _image_path(name, bids[k], symbols_dir, cache_dir)
+            rows, why = _image_rules(path, key, bids[k], cache_dir, copy) if path is not None else (None, why)
             if rows is None:
                 reasons[name] = why or f"{name}: no call frame information"
                 continue
+            if copy:
+                copied.add(name)
             tables[name] = len(rules)
             rules.append(rows)
         img_table[k] = tables.get(name, -1)
@@ -202,31 +206,54 @@ def user_stacks(rec, images) -> tuple[np.ndarray, np.ndarray, dict]:
         frames[at:at + user[i]] = user_frames[user_off[i]:user_off[i + 1]]
         at += user[i]
     info = {"cfi_rows_by_image": {name: len(rules[k]) for name, k in tables.items()}, "user_frames": int(user.sum()),
-            "samples_unwound": int((user > 1).sum()), "images_without_cfi": sorted(reasons.values())}
+            "samples_unwound": int((user > 1).sum()), "images_without_cfi": sorted(reasons.values()),
+            "from_run_symbols": sorted(copied)}
     return counts, frames, info
 
 
 def merged_info(infos: list[dict]) -> dict:
-    """What the parts' :func:`user_stacks` read, as the manifest says it: images with rows (each counted once),
-    their rows, frames unwound, the first 20 reasons of images without."""
+    """What the parts' :func:`user_stacks` read, as the manifest says it: images with rows (each counted once), of
+    them those read from the run's copies, their rows, frames unwound, the first 20 reasons of images without."""
     rows: dict[str, int] = {}
     reasons: set[str] = set()
+    copied: set[str] = set()
     for info in infos:
         rows.update(info["cfi_rows_by_image"])
         reasons.update(info["images_without_cfi"])
-    return {"images_with_cfi": len(rows), "cfi_rows": sum(rows.values()),
+        copied.update(info["from_run_symbols"])
+    return {"images_with_cfi": len(rows), "images_from_run_symbols": len(copied), "cfi_rows": sum(rows.values()),
             "user_frames": sum(i["user_frames"] for i in infos),
             "samples_unwound": sum(i["samples_unwound"] for i in infos), "images_without_cfi": sorted(reasons)[:20]}
 
 
-_RULES: dict[tuple[str, int, int], tuple[np.ndarray | None, str | None]] = {}
+def _image_path(name: str, build_id: str | None, symbols_dir: Path, cache_dir: Path
+                ) -> tuple[Path | None, str, str | None, bool]:
+    """The file to read the image ``name`` (``[vdso] <build id>`` for the vdso) from, its key (``cfi.cached_rules``),
+    or why there is none; and whether it is the run's copy: the run's copy first, then the recorded path."""
+    if name.startswith(VDSO):
+        bid = name.split()[1]
+        path, why = vdso_file(bid, Path(cache_dir).expanduser() / "vdso")
+        return path, f"elf-{bid.lower()}", why, False
+    copy = bundled_copy(symbols_dir, name, build_id)
+    reasons = []
+    for candidate in ([copy] if copy is not None else []) + [Path(name)]:
+        path, why = image_file(candidate)
+        if path is not None:
+            key = copy.parent.name if candidate is copy else f"elf-{build_id.lower()}" if build_id else path_key(name)
+            return path, key, None, candidate is copy
+        reasons.append(why)
+    return None, "", "; ".join(reasons), False
 
 
-def _image_rules(path: Path) -> tuple[np.ndarray | None, str | None]:
-    """``cfi.image_rules``, once per file (and its size and time) in a process: each part of a file that a worker
-    unwinds asks for the same images."""
+_RULES: dict[tuple[str, str, int, int], tuple[np.ndarray | None, str | None]] = {}
+
+
+def _image_rules(path: Path, key: str, build_id: str | None, cache_dir: Path, copy: bool
+                 ) -> tuple[np.ndarray | None, str | None]:
+    """``cfi.cached_rules``, once per file (and its key, size and time) in a process: each part of a file that a
+    worker unwinds asks for the same images. Rows of a run's ``copy`` of a file are not written to the cache."""
     st = path.stat()
-    key = (str(path), st.st_size, st.st_mtime_ns)
-    if key not in _RULES:
-        _RULES[key] = C.image_rules(path)
-    return _RULES[key]
+    memo = (key, str(path), st.st_size, st.st_mtime_ns)
+    if memo not in _RULES:
+        _RULES[memo] = C.cached_rules(path, key, build_id, cache_dir, keep=not copy)
+    return _RULES[memo]
