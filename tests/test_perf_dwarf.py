@@ -28,6 +28,7 @@ def test_stack_cfi_rows():
         b"STACK CFI 1001 .cfa: $rsp 16 + $rbp: .cfa -16 + ^",
         b"STACK CFI 1004 .cfa: $rbp 16 +",
         b"STACK CFI INIT 1020 10 .cfa: $rsp 8 + .ra: .cfa -8 + ^",
+        b"STACK CFI 1030 .cfa: $rsp 32 +",          # (at its FDE's end: none of its addresses, left out)
         b"STACK CFI INIT 2000 10 .cfa: $rsp 8 + $rip 15 & 10 >= 8 * + .ra: .cfa -8 + ^",
         b"STACK CFI garbage"])
     rows = C.parse(text)
