@@ -1,7 +1,7 @@
 """``capture --perf --perf-call-graph dwarf``: user stacks unwound by the decoder from each sample's register and
 stack copy with the images' call frame information, held against ``perf script``'s own DWARF unwinding of the same
-file (stack depths, and the frames themselves) on a real cargo build; the rows read from Breakpad STACK CFI text;
-the unwinder as plain Python (NUMBA_DISABLE_JIT=1) gives the same tables."""
+file (stack depths, and the frames themselves) on real cargo builds, debug and release; the rows read from Breakpad
+STACK CFI text; the unwinder as plain Python (NUMBA_DISABLE_JIT=1) gives the same tables."""
 
 from __future__ import annotations
 
@@ -43,9 +43,15 @@ def test_stack_cfi_rows():
 
 @pytest.fixture(scope="module")
 def dwarf_run(tmp_path_factory):
-    perfbuild.require_recording()
-    return perfbuild.record(tmp_path_factory.mktemp("perf-dwarf"), rate=499, extra=("--perf-call-graph", "dwarf"),
-                            self_profile=False)
+    """The debug build recorded with ``--perf-call-graph dwarf`` (once per test run). Read it, never write into it."""
+    return perfbuild.recorded(tmp_path_factory, "debug", "dwarf")
+
+
+@pytest.fixture(scope="module", params=perfbuild.PROFILES)
+def each_dwarf_run(request, tmp_path_factory):
+    """The debug build, then the release one, each recorded with ``--perf-call-graph dwarf`` and through every stage
+    once per test run."""
+    return perfbuild.analyzed(tmp_path_factory, request.param, "dwarf")
 
 
 def _decode(data, run, nojit=False):
@@ -58,12 +64,17 @@ def _decode(data, run, nojit=False):
 
 def _perf_script_stacks(data) -> list[list[int]]:
     """Each sample's frames as ``perf script`` unwinds them (no inline frames): kernel addresses, and user ones
-    as perf shows them (file-relative; a return address minus one), perf's end marker left out."""
-    out = subprocess.run(["perf", "script", "--no-inline", "-F", "ip", "-i", str(data)], capture_output=True,
+    as perf shows them (file-relative; a return address minus one), perf's end marker left out. (Each sample's
+    line of thread and time begins its frames: a sample with none prints no more.)"""
+    out = subprocess.run(["perf", "script", "--no-inline", "-F", "tid,time,ip", "-i", str(data)], capture_output=True,
                          text=True, errors="replace", check=True).stdout
-    stacks = [[int(line.strip(), 16) for line in block.splitlines() if line.strip()]
-              for block in out.split("\n\n") if block.strip()]
-    return [[x for x in s if x != (1 << 64) - 1] for s in stacks]
+    stacks: list[list[int]] = []
+    for line in out.splitlines():
+        if line.rstrip().endswith(":"):
+            stacks.append([])
+        elif line.strip() and int(line.split()[0], 16) != (1 << 64) - 1:
+            stacks[-1].append(int(line.split()[0], 16))
+    return stacks
 
 
 def _page_offsets(frames: list[int], ours: bool) -> list[int]:
@@ -79,11 +90,11 @@ def _page_offsets(frames: list[int], ours: bool) -> list[int]:
     return out
 
 
-def test_dwarf_stacks_are_perf_scripts(dwarf_run, tmp_path):
-    data = dwarf_run / "input" / "perf.data"
-    capture = json.loads((dwarf_run / "capture" / "_manifest.json").read_text())["recording"]
+def test_dwarf_stacks_are_perf_scripts(each_dwarf_run):
+    run = each_dwarf_run
+    data = run / "input" / "perf.data"
+    capture = json.loads((run / "capture" / "_manifest.json").read_text())["recording"]
     assert capture["call_graph"] == "dwarf"
-    run = _decode(data, tmp_path / "run")
     perf = json.loads((run / "decoded" / "_manifest.json").read_text())["perf"]
     unwound = perf["dwarf_unwind"]
     assert unwound["images_with_cfi"] >= 5 and unwound["samples_unwound"] >= 0.9 * perf["samples"]
@@ -147,20 +158,17 @@ def test_dwarf_unwinding_without_jit_equals_compiled(tmp_path):
     assert perf["samples"] > 100 and perf["dwarf_unwind"]["samples_unwound"] > 0.5 * perf["samples"]
 
 
-def test_the_pipeline_on_a_dwarf_run(dwarf_run, tmp_path):
+def test_the_pipeline_on_a_dwarf_run(each_dwarf_run):
     """Every stage on the DWARF capture: the unwound frames resolve to functions, and many user stacks reach the
     start of their thread (with frame pointers, rustc's end inside librustc_driver: 1 sample of 538 reaches main;
-    an 8 KB stack copy still cuts the deepest short)."""
-    import shutil
-
-    run = tmp_path / "run"
-    shutil.copytree(dwarf_run, run)
-    perfbuild.analyze(run, tmp_path)
+    an 8 KB stack copy still cuts the deepest short, the more so in a release build, whose LLVM passes nest deeper:
+    there about a tenth of the samples reach it, in a debug build about a sixth)."""
+    run = each_dwarf_run
     symbolized = json.loads((run / "symbolized" / "_manifest.json").read_text())
     assert symbolized["resolution_rate"] >= 0.9, symbolized["resolution_rate"]
     functions = pq.read_table(run / "aggregated" / "cpu_by_function.parquet").to_pylist()
     total = pq.read_table(run / "decoded" / "samples.parquet").num_rows
     roots = sum(r["inclusive_samples"] for r in functions
                 if r["function"] in ("start_thread", "__libc_start_call_main") and r["module"] == "libc.so.6")
-    assert roots >= 0.1 * total, (roots, total)
+    assert roots >= 0.05 * total, (roots, total)
     assert (run / "report" / "index.html").is_file()
