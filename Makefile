@@ -23,7 +23,7 @@ install: $(STAMP)
 
 # Debian packages the tests drive for real (headless Chromium for the HTML report, clang-cl and
 # lld-link to build PE+PDB test images, cabextract for LZX-compressed .pd_ files, npm for speedscope, perf to record
-# real builds). Installed only when missing.
+# real builds, and Rust crates of Debian's registry for those builds to depend on). Installed only when missing.
 system-deps:
 	@bash scripts/system-deps.sh
 

@@ -9,9 +9,18 @@ declare -A want=(
   [npm]=npm
   [perf]=linux-perf
 )
+# Crates of Debian's registry (/usr/share/cargo/registry) that the perf tests' recorded workspace depends on
+# (tests/realbuild.py DEBIAN_CRATES): crate -> package.
+declare -A crates=(
+  [itoa]=librust-itoa-dev
+  [fnv]=librust-fnv-dev
+)
 missing=()
 for cmd in "${!want[@]}"; do
   command -v "$cmd" >/dev/null 2>&1 || missing+=("${want[$cmd]}")
+done
+for crate in "${!crates[@]}"; do
+  compgen -G "/usr/share/cargo/registry/$crate-*" >/dev/null || missing+=("${crates[$crate]}")
 done
 if ((${#missing[@]})); then
   echo "system-deps: installing ${missing[*]}"

@@ -58,8 +58,34 @@ def crate_source(n: int, hot: bool = False) -> str:
                                                              "\npub fn hot(x: &[u64]) -> u64 { x.iter().sum() }\n")
 
 
-def write_workspace(root: Path, crates: dict[str, int] = CRATES, changes: tuple[str, ...] = ()) -> Path:
-    """The workspace at ``root`` (written again where it differs), with ``changes`` (``double:C``, ``hot:C``)."""
+#: Where Debian's ``librust-*-dev`` packages put their crates' sources: a cargo directory source.
+DEBIAN_REGISTRY = Path("/usr/share/cargo/registry")
+
+#: Crates from Debian's registry a workspace can depend on, each with its version, its package and a line of ``app``
+#: that uses it: two small ones (a crate's self-profile events are read by every test of a run, and a larger crate
+#: such as memchr holds more of them than the rest of the workspace together).
+DEBIAN_CRATES = {
+    "itoa": ("1", "librust-itoa-dev", 'println!("{}", itoa::Buffer::new().format(57u64));'),
+    "fnv": ("1", "librust-fnv-dev", '{ use std::hash::Hasher; let mut h = fnv::FnvHasher::default(); '
+                                    'h.write(b"57"); println!("{}", h.finish()); }'),
+}
+
+#: The workspace's cargo configuration with Debian's crates: crates.io replaced by the directory source.
+DEBIAN_SOURCE = (f'[source.crates-io]\nreplace-with = "debian"\n\n[source.debian]\ndirectory = "{DEBIAN_REGISTRY}"\n'
+                 '\n[net]\noffline = true\n')
+
+
+def missing_debian_crates(deps: tuple[str, ...] = tuple(DEBIAN_CRATES)) -> list[str]:
+    """The Debian packages of ``deps`` whose crate is not in :data:`DEBIAN_REGISTRY` (``scripts/system-deps.sh``
+    installs them)."""
+    return [DEBIAN_CRATES[d][1] for d in deps if not any(DEBIAN_REGISTRY.glob(f"{d}-{DEBIAN_CRATES[d][0]}.*"))]
+
+
+def write_workspace(root: Path, crates: dict[str, int] = CRATES, changes: tuple[str, ...] = (),
+                    deps: tuple[str, ...] = ()) -> Path:
+    """The workspace at ``root`` (written again where it differs), with ``changes`` (``double:C``, ``hot:C``), and
+    ``app`` using the crates ``deps`` of :data:`DEBIAN_CRATES` from Debian's registry (``.cargo/config.toml`` puts
+    the directory source in crates.io's place)."""
     want: dict[Path, str] = {}
     names = list(crates)
     want[root / "Cargo.toml"] = ('[workspace]\nresolver = "2"\nmembers = [' + ", ".join(f'"{c}"' for c in names)
@@ -73,9 +99,15 @@ def write_workspace(root: Path, crates: dict[str, int] = CRATES, changes: tuple[
         if build:
             want[root / c / "build.rs"] = 'fn main() { println!("cargo:rustc-env=GENERATED=1"); }\n'
     want[root / "app" / "Cargo.toml"] = ('[package]\nname = "app"\nversion = "0.1.0"\nedition = "2021"\n\n'
-                                         '[dependencies]\n' + "".join(f'{c} = {{ path = "../{c}" }}\n' for c in names))
+                                         '[dependencies]\n' + "".join(f'{c} = {{ path = "../{c}" }}\n' for c in names)
+                                         + "".join(f'{d} = "{DEBIAN_CRATES[d][0]}"\n' for d in deps))
     want[root / "app" / "src" / "main.rs"] = ("fn main() {\n" + "".join(
-        f'    println!("{{:?}} {{}}", {c}::f1(&[1, 2, 3], "x"), {c}::hot(&[4, 5]));\n' for c in names) + "}\n")
+        f'    println!("{{:?}} {{}}", {c}::f1(&[1, 2, 3], "x"), {c}::hot(&[4, 5]));\n' for c in names)
+        + "".join(f"    {DEBIAN_CRATES[d][2]}\n" for d in deps) + "}\n")
+    if deps:
+        want[root / ".cargo" / "config.toml"] = DEBIAN_SOURCE
+    elif (root / ".cargo" / "config.toml").exists():
+        (root / ".cargo" / "config.toml").unlink()
     for path, text in want.items():
         if not path.exists() or path.read_text() != text:
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -67,7 +67,6 @@ def test_a_large_file_in_parts_on_a_cluster_equals_one_part(large_perf, dask_poo
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
-    perfbuild.require_recording()
     return perfbuild.recorded(tmp_path_factory) / "input" / "perf.data"
 
 

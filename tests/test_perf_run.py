@@ -1,6 +1,7 @@
 """A Linux perf run beyond its decode: packed and analyzed elsewhere, crates and queries from the self-profiles of
-its rustc processes, beside Windows runs in one warehouse. The input is one real cargo build recorded here with
-``bootprof capture --perf --self-profile`` (``tests/helpers/perfbuild.py``, shared with ``test_perf_decode.py``)."""
+its rustc processes (the workspace's crates and those from Debian's registry), beside Windows runs in one warehouse.
+The inputs are real cargo builds, debug and release, recorded here with ``bootprof capture --perf --self-profile``
+(``tests/helpers/perfbuild.py``, shared with ``test_perf_decode.py``)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ pytestmark = pytest.mark.skipif(not perfbuild.have_tools(), reason="needs perf a
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
-    perfbuild.require_recording()
     return perfbuild.recorded(tmp_path_factory)
 
 
@@ -93,19 +93,21 @@ def test_a_pack_with_two_recordings_or_a_stray_input_is_refused(tmp_path):
     assert not (tmp_path / "r2" / "input").exists()
 
 
-def test_crates_and_queries_of_a_perf_run(recorded, tmp_path_factory):
+@pytest.mark.parametrize("profile", perfbuild.PROFILES)
+def test_crates_and_queries_of_a_perf_run(profile, tmp_path_factory):
     """``capture --perf --self-profile``: each rustc process is named by its self-profile (command line, so crate),
-    CPU by crate counts the samples of those pids, and the samples are attributed to the queries running on their
-    threads (the sample clock put on the wall clock by perf's CLOCK_DATA)."""
+    CPU by crate counts the samples of those pids (the crates from Debian's registry among them), and the samples are
+    attributed to the queries running on their threads (the sample clock put on the wall clock by perf's
+    CLOCK_DATA); in the debug build and the release one."""
     import duckdb
 
-    run = perfbuild.analyzed(tmp_path_factory)
+    run = perfbuild.analyzed(tmp_path_factory, profile)
     capture = json.loads((run / "capture" / "_manifest.json").read_text())
     assert capture["recording"]["clock"] == "monotonic" and len(capture["files"]) >= 4
     perf = json.loads((run / "decoded" / "_manifest.json").read_text())["perf"]
     profiles = pq.read_table(run / "decoded" / "self_profiles.parquet").to_pylist()
     ok = [p for p in profiles if p["status"] == "ok"]
-    assert {p["crate"] for p in ok} >= {"tiny", "small", "app", "build_script_build"}
+    assert {p["crate"] for p in ok} >= {"tiny", "small", "app", "build_script_build", *perfbuild.DEPS}
     assert perf["command_lines_from_profiles"] == len(ok) and perf["profiles_unmatched"] == 0
     origin = pq.read_table(run / "decoded" / "perf_file.parquet").column("origin_unix_ns")[0].as_py()
     assert origin is not None and abs(origin - min(p["start_time_ns"] for p in ok)) < 60e9
@@ -123,7 +125,7 @@ def test_crates_and_queries_of_a_perf_run(recorded, tmp_path_factory):
         want[p["crate"]] = want.get(p["crate"], 0) + per_pid.get(p["pid"], 0)
     by_crate = {r["crate"]: r["samples"] for r in pq.read_table(run / "aggregated" / "cpu_by_crate.parquet").to_pylist()}
     assert by_crate == {c: n for c, n in want.items() if n}
-    assert sum(by_crate.values()) > 100
+    assert sum(by_crate.values()) > 100 and set(perfbuild.DEPS) <= by_crate.keys(), by_crate
 
     # CPU by query: every sample of a profiled rustc process attributed, most inside a query
     by_query = pq.read_table(run / "aggregated" / "cpu_by_query.parquet").to_pylist()

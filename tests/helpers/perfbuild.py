@@ -1,8 +1,14 @@
-"""A real cargo build recorded with ``bootprof capture --perf``, and what ``perf script`` and ``perf report`` say of
-it: the shared input of the perf tests (made once per test session, ``tests/test_perf_decode.py``)."""
+"""Real cargo builds recorded with ``bootprof capture --perf``, and what ``perf script`` and ``perf report`` say of
+them: the shared inputs of the perf tests, each made once per test run (:func:`recorded`, :func:`analyzed`).
+
+The workspace (``tests/realbuild.py``) has two generated crates with a build script, a binary, and real crates from
+Debian's packaged crate sources (:data:`DEPS`, from ``/usr/share/cargo/registry``, ``scripts/system-deps.sh``); it is
+built as ``cargo build`` (debug) and ``cargo build --release``, with frame-pointer call chains or ``--perf-call-graph
+dwarf``."""
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 import struct
@@ -11,57 +17,81 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from tests.realbuild import rust_env, write_workspace
+from tests.realbuild import DEBIAN_CRATES, missing_debian_crates, rust_env, write_workspace
 
 #: Two small crates, a build script and a binary: about 2 s of cargo and rustc on this 2-core VM.
 CRATES = {"tiny": 3, "small": 8}
 
+#: Crates of Debian's registry the shared recordings' workspace depends on.
+DEPS = tuple(DEBIAN_CRATES)
 
-def cannot_record() -> str | None:
-    """Why perf cannot record here (None when it can)."""
+#: The cargo profiles the shared recordings are built with: ``cargo build`` and ``cargo build --release``.
+PROFILES = ("debug", "release")
+
+#: The call chains of the shared recordings: frame pointers (perf's default), or user stacks to unwind with DWARF
+#: CFI (``--perf-call-graph dwarf``, at half the rate: each sample carries an 8 KB stack copy; no self-profiles).
+CALL_GRAPHS = ("fp", "dwarf")
+
+
+@functools.cache
+def cannot_record(deps: tuple[str, ...] = ()) -> str | None:
+    """Why perf cannot record here, or the Debian crates ``deps`` are missing (None when it can); asked once a
+    process (perf's probe recording takes a second)."""
     from pipeline.capture.perf import check, executable
     from pipeline.errors import BootprofError
 
     try:
         check(executable())
     except BootprofError as exc:
-        return str(exc)
+        return f"perf cannot record on this machine: {exc}"
+    missing = missing_debian_crates(deps)
+    if missing:
+        return (f"Debian's crate sources for {', '.join(deps)} are not installed: apt-get install "
+                f"{' '.join(missing)} (scripts/system-deps.sh)")
     return None
 
 
-def require_recording() -> None:
-    """Skip the test (with perf's own words) where perf cannot record."""
+def require_recording(deps: tuple[str, ...] = ()) -> None:
+    """Skip the test (with perf's own words, or the Debian packages to install) where perf cannot record, or the
+    crates ``deps`` are not in Debian's registry."""
     import pytest
 
-    why = cannot_record()
+    why = cannot_record(deps)
     if why:
-        pytest.skip(f"perf cannot record on this machine: {why}")
+        pytest.skip(why)
 
 
 def record(root: Path, rate: int = 999, crates: dict[str, int] = CRATES, extra: tuple[str, ...] = (),
-           self_profile: bool = True) -> Path:
-    """The workspace built from clean under ``bootprof capture --perf --self-profile`` (``self_profile``; and
-    ``extra`` options) into ``root/run`` (perf's samples and every rustc's self-profile of one build); the run
-    directory."""
-    ws = write_workspace(root / "ws", crates)
+           self_profile: bool = True, release: bool = False, deps: tuple[str, ...] = ()) -> Path:
+    """The workspace (with the Debian crates ``deps``) built from clean under ``bootprof capture --perf
+    --self-profile`` (``self_profile``; and ``extra`` options; ``cargo build --release`` where ``release``) into
+    ``root/run`` (perf's samples and every rustc's self-profile of one build); the run directory."""
+    ws = write_workspace(root / "ws", crates, deps=deps)
     env = rust_env()        # (RUSTC_BOOTSTRAP=1: -Z self-profile on the stable toolchain)
     env.pop("CARGO_HOME", None)
     subprocess.run(["cargo", "clean", "--quiet"], cwd=ws, env=env, check=True)
     run = root / "run"
     subprocess.run([sys.executable, "-m", "pipeline", "capture", "--perf", "--perf-rate", str(rate),
-                    *(["--self-profile"] if self_profile else []), *extra, "--run", str(run), "--", "cargo", "build", "--offline", "--quiet"], cwd=ws, env=env, check=True,
+                    *(["--self-profile"] if self_profile else []), *extra, "--run", str(run), "--", "cargo", "build",
+                    "--offline", "--quiet", *(["--release"] if release else [])], cwd=ws, env=env, check=True,
                    stdout=subprocess.DEVNULL)
     return run
 
 
-_made: dict[str, Path] = {}
+def recorded(tmp_path_factory, profile: str = "debug", call_graph: str = "fp") -> Path:
+    """The test run's one recorded build (:func:`record`) of the workspace with Debian's crates for the cargo
+    ``profile`` and ``call_graph`` (:data:`PROFILES`, :data:`CALL_GRAPHS`), shared by every perf test module and
+    pytest-xdist worker (skips as :func:`require_recording` says). Read it, never write into it."""
+    from tests.conftest import made_once
 
+    require_recording(DEPS)
+    dwarf = call_graph == "dwarf"
 
-def recorded(tmp_path_factory) -> Path:
-    """The session's one recorded build (:func:`record`), shared by every perf test module."""
-    if "recorded" not in _made:
-        _made["recorded"] = record(tmp_path_factory.mktemp("perf"))
-    return _made["recorded"]
+    def make(root: Path):
+        record(root, rate=499 if dwarf else 999, extra=("--perf-call-graph", "dwarf") if dwarf else (),
+               self_profile=not dwarf, release=profile == "release", deps=DEPS)
+
+    return made_once(tmp_path_factory, f"perf-{profile}-{call_graph}", make) / "run"
 
 
 def analyze(run: Path, tmp: Path, *trace: Path, db: Path | None = None) -> Path:
@@ -77,14 +107,18 @@ def analyze(run: Path, tmp: Path, *trace: Path, db: Path | None = None) -> Path:
     return run
 
 
-def analyzed(tmp_path_factory) -> Path:
-    """A copy of the recorded run through every stage (:func:`analyze`), once a session."""
-    if "analyzed" not in _made:
-        tmp = tmp_path_factory.mktemp("perf-analyzed")
-        run = tmp / "run"
-        shutil.copytree(recorded(tmp_path_factory), run)
-        _made["analyzed"] = analyze(run, tmp)
-    return _made["analyzed"]
+def analyzed(tmp_path_factory, profile: str = "debug", call_graph: str = "fp") -> Path:
+    """A copy of :func:`recorded`'s run through every stage (:func:`analyze`), once a test run. Read it, never
+    write into it."""
+    from tests.conftest import made_once
+
+    source = recorded(tmp_path_factory, profile, call_graph)
+
+    def make(root: Path):
+        shutil.copytree(source, root / "run")
+        analyze(root / "run", root)
+
+    return made_once(tmp_path_factory, f"perf-{profile}-{call_graph}-analyzed", make) / "run"
 
 
 def perf_script_counts(data: Path) -> tuple[Counter, Counter]:
@@ -128,9 +162,11 @@ def perf_report_self(data: Path) -> tuple[Counter, dict[str, set[str]], int]:
 
 def aliases(path: str, name: str) -> set[str]:
     """The names the symbol tables of the ELF file ``path`` (and of its detached debug file) give the address of
-    ``name``: perf and a debugger may choose different ones (``free`` and ``__libc_free``)."""
+    ``name``: perf and a debugger may choose different ones (``free`` and ``__libc_free``; perf may add the symbol's
+    version, ``pthread_mutex_trylock@@GLIBC_2.34``)."""
     from pipeline.symbolize.elf import debug_file
 
+    name = name.split("@")[0]
     files = [path]
     try:
         from symbolic import Archive

@@ -92,12 +92,15 @@ def _offset_rule(buf, ts, te, nt):
 def scan_cfi(buf, fill, out):
     """The rows of the STACK CFI text ``buf`` into ``out`` (n, 6): address, order (0: where an FDE ends, 1: a row),
     cfa_reg, cfa_off, ra_off, bp_off; returns how many (counted without ``fill``). A line that is not a row is
-    skipped; one whose numbers do not read ends its FDE's rules (``UNSUPPORTED``)."""
+    skipped; one whose numbers do not read ends its FDE's rules (``UNSUPPORTED``). A row outside its FDE's range is
+    left out: an FDE's instructions may advance to its end address (3 % of libLLVM's FDEs end with a row there), and
+    that address is the next FDE's or none's."""
     n = buf.shape[0]
     ts = np.zeros(8, np.int64)
     te = np.zeros(8, np.int64)
     k = 0
     reg, cfa, ra, bp = UNSUPPORTED, 0, NO_OFFSET, NO_OFFSET
+    lo, hi = 0, 0       # (the current FDE's addresses)
     i = 0
     while i < n:
         e = i
@@ -117,6 +120,7 @@ def scan_cfi(buf, fill, out):
                     r += 1
                 size, ok2 = _number(buf, q + 1, r, 16)
                 good = ok1 and ok2
+                lo, hi = (addr, addr + size) if good else (0, 0)
                 if good:
                     if fill:
                         out[k, 0] = addr + size
@@ -134,6 +138,9 @@ def scan_cfi(buf, fill, out):
                     q += 1
                 addr, good = _number(buf, p, q, 16)
                 p = q + 1
+                if good and not lo <= addr < hi:
+                    i = e + 1
+                    continue
             if not good:
                 reg, cfa, ra, bp = UNSUPPORTED, 0, NO_OFFSET, NO_OFFSET
             else:
