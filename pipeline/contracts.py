@@ -43,6 +43,7 @@ class Manifest(TypedDict):
     project_version: str
     stage: str
     created_utc: str
+    output_id: NotRequired[str]     # this write's own identity (a uuid4): no two writes' manifests hash alike
     elapsed_s: float
     inputs: list[InputRecord]
     config: dict[str, Any]      # the resolved config (JSON: :meth:`pipeline.config.Config.resolved`)

@@ -341,6 +341,9 @@ def stage_output(
             "project_version": __version__,
             "stage": stage,
             "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            # (this write's own identity: two writes of the same output in one second differ by it, so that
+            # what was made from the first is stale after the second, whatever the clock's resolution)
+            "output_id": uuid.uuid4().hex,
             "elapsed_s": round(time.time() - started, 3),
             "inputs": inputs or [],
             "config": config or {},
