@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from contextlib import ExitStack
+from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
@@ -59,8 +60,10 @@ def each_dwarf_run(request, tmp_path_factory):
 
 def _decode(data, run, nojit=False):
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_DISABLE_JIT"} | ({"NUMBA_DISABLE_JIT": "1"} if nojit else {})
-    proc = subprocess.run([sys.executable, "-m", "pipeline", "decode", str(data), "--run", str(run)], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=900)
+    config = Path(run).parent / f"{Path(run).name}-config.yaml"    # (unwind rows made here, not read from ~/.cache)
+    config.write_text(f"decode:\n  cache_dir: '{Path(run).parent / (Path(run).name + '-cache')}'\n", encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "--config", str(config), "decode", str(data), "--run",
+                           str(run)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run
 

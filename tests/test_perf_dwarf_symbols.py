@@ -3,7 +3,7 @@ unwinds with the run's copies of its images where their recorded paths are on no
 the decode that read the files where the recording saw them. The unwind rows on disk (``decode.cache_dir``): a
 whole entry is read in place of the file's rows, a damaged one is made again.
 
-The input is one small real cargo build recorded here (``tests/helpers/perfbuild.py``), once per module."""
+The input is the test run's debug DWARF recording of a small real cargo build (``tests/helpers/perfbuild.py``)."""
 
 from __future__ import annotations
 
@@ -29,9 +29,7 @@ MMAP, MMAP2, FEAT_BUILD_ID = 1, 10, 2
 
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory):
-    perfbuild.require_recording()
-    return perfbuild.record(tmp_path_factory.mktemp("perf-dwarf-symbols"), rate=499, crates={"tiny": 3},
-                            extra=("--perf-call-graph", "dwarf", "--symbols"), self_profile=False)
+    return perfbuild.recorded(tmp_path_factory, "debug", "dwarf")     # (recorded with --symbols)
 
 
 def _decode(data: Path, run: Path, cache: Path) -> dict:

@@ -3,7 +3,7 @@ build id; rustup's librustc_driver, which has none, by its path) into ``RUN_DIR/
 carries them, and symbolize reads them before the recorded paths: a packed run whose images are at none of their
 recorded paths names the same top functions as the run symbolized from the files themselves.
 
-The input is one small real cargo build recorded here (``tests/helpers/perfbuild.py``), once per module."""
+The input is the test run's debug DWARF recording of a small real cargo build (``tests/helpers/perfbuild.py``)."""
 
 from __future__ import annotations
 
@@ -26,8 +26,7 @@ pytestmark = pytest.mark.skipif(not perfbuild.have_tools(), reason="needs perf a
 
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory):
-    perfbuild.require_recording()
-    return perfbuild.record(tmp_path_factory.mktemp("perf-symbols"), crates={"tiny": 3}, extra=("--symbols",))
+    return perfbuild.recorded(tmp_path_factory, "debug", "dwarf")     # (recorded with --symbols)
 
 
 def _symbolized(run: Path, cache: Path) -> Path:

@@ -81,15 +81,18 @@ def record(root: Path, rate: int = 999, crates: dict[str, int] = CRATES, extra: 
 def recorded(tmp_path_factory, profile: str = "debug", call_graph: str = "fp") -> Path:
     """The test run's one recorded build (:func:`record`) of the workspace with Debian's crates for the cargo
     ``profile`` and ``call_graph`` (:data:`PROFILES`, :data:`CALL_GRAPHS`), shared by every perf test module and
-    pytest-xdist worker (skips as :func:`require_recording` says). Read it, never write into it."""
+    pytest-xdist worker (skips as :func:`require_recording` says). The debug DWARF build carries copies of its
+    images (``--symbols``): the tests of a run that travels with its ELF files read it too. Read it, never write
+    into it."""
     from tests.conftest import made_once
 
     require_recording(DEPS)
     dwarf = call_graph == "dwarf"
 
     def make(root: Path):
-        record(root, rate=499 if dwarf else 999, extra=("--perf-call-graph", "dwarf") if dwarf else (),
-               self_profile=not dwarf, release=profile == "release", deps=DEPS)
+        extra = ("--perf-call-graph", "dwarf", *(("--symbols",) if profile == "debug" else ())) if dwarf else ()
+        record(root, rate=499 if dwarf else 999, extra=extra, self_profile=not dwarf, release=profile == "release",
+               deps=DEPS)
 
     return made_once(tmp_path_factory, f"perf-{profile}-{call_graph}", make) / "run"
 
@@ -102,6 +105,7 @@ def analyze(run: Path, tmp: Path, *trace: Path, db: Path | None = None) -> Path:
     extra = [a for t in trace for a in ("--trace", str(t))]
     proc = subprocess.run([sys.executable, "-m", "pipeline", "run", str(ROOT / "jobs" / "single-trace.yaml"), "--run",
                            str(run), *extra, "--set", f"symbolize.cache_dir={tmp / 'symcache'}", "--set",
+                           f"decode.cache_dir={tmp / 'decodecache'}", "--set",
                            f"warehouse.path={db or tmp / 'wh.duckdb'}"], cwd=tmp, capture_output=True, text=True)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     return run
