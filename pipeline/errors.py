@@ -45,8 +45,12 @@ def is_duckdb_error(exc: BaseException) -> bool:
 def is_interrupt(exc: BaseException) -> bool:
     """Whether ``exc`` is a Ctrl-C: Python's ``KeyboardInterrupt``, or what DuckDB raises instead when the signal
     arrives during one of its queries on the main thread (``RuntimeError('Query interrupted')`` in DuckDB 2.0,
-    ``duckdb.InterruptException`` in 1.x)."""
+    ``duckdb.InterruptException`` in 1.x), or the ``RuntimeError`` that Python 3.11 raises from a
+    ``KeyboardInterrupt`` that came while a class was made (``Error calling __set_name__``: a Ctrl-C or SIGTERM
+    during an import, such as DuckDB's, that a stage does when it starts)."""
     if isinstance(exc, KeyboardInterrupt):
+        return True
+    if type(exc) is RuntimeError and isinstance(exc.__cause__, KeyboardInterrupt):
         return True
     if type(exc).__name__ == "InterruptException" and type(exc).__module__.startswith("duckdb"):
         return True

@@ -223,6 +223,27 @@ def test_ctrl_c_during_a_duckdb_query_is_an_interrupt(tmp_path):
     assert not is_interrupt(RuntimeError("another error")) and not is_interrupt(ValueError("Query interrupted"))
 
 
+def test_ctrl_c_while_a_class_is_made_is_an_interrupt():
+    """A Ctrl-C or SIGTERM during an import that makes a class with descriptors (DuckDB's, which a stage imports as it
+    starts) reaches Python 3.11 in ``__set_name__``, which raises ``RuntimeError`` from it: still an interrupt (the
+    SIGTERM test once ended with that traceback and exit 1)."""
+    from pipeline.errors import is_interrupt
+
+    class Field:
+        def __set_name__(self, owner, name):
+            os.kill(os.getpid(), signal.SIGINT)     # (the signal arrives here, as it may during an import)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(BaseException) as caught:
+            type("Made", (), {"field": Field()})
+            signal.pthread_sigmask(signal.SIG_BLOCK, [])      # (a call into C: the handler has run by its return)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert is_interrupt(caught.value), repr(caught.value)
+    assert not is_interrupt(RuntimeError("Error calling __set_name__"))
+
+
 def test_output_to_a_reader_that_went_away_ends_quietly(tmp_path):
     """``bootprof ... | head``: the reader is gone before the command writes. The command ends with 141 (128 +
     SIGPIPE, as a shell reports it) and no traceback."""
