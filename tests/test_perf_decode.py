@@ -30,9 +30,9 @@ def perf_run(tmp_path_factory):
 
 @pytest.fixture(scope="session", params=perfbuild.PROFILES)
 def each_profile(request, tmp_path_factory):
-    """The debug build, then the release one (``cargo build --release``), each recorded once per test run and
-    through every stage."""
-    return perfbuild.analyzed(tmp_path_factory, request.param)
+    """The debug build, then the release one (``cargo build --release``), each recorded once per test run
+    (``perfbuild.CALL_GRAPH_OF``) and through every stage."""
+    return perfbuild.analyzed(tmp_path_factory, request.param, perfbuild.CALL_GRAPH_OF[request.param])
 
 
 def _decode(path: Path, run: Path):

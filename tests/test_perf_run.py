@@ -101,7 +101,7 @@ def test_crates_and_queries_of_a_perf_run(profile, tmp_path_factory):
     CLOCK_DATA); in the debug build and the release one."""
     import duckdb
 
-    run = perfbuild.analyzed(tmp_path_factory, profile)
+    run = perfbuild.analyzed(tmp_path_factory, profile, perfbuild.CALL_GRAPH_OF[profile])
     capture = json.loads((run / "capture" / "_manifest.json").read_text())
     assert capture["recording"]["clock"] == "monotonic" and len(capture["files"]) >= 4
     perf = json.loads((run / "decoded" / "_manifest.json").read_text())["perf"]

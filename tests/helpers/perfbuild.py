@@ -29,8 +29,14 @@ DEPS = tuple(DEBIAN_CRATES)
 PROFILES = ("debug", "release")
 
 #: The call chains of the shared recordings: frame pointers (perf's default), or user stacks to unwind with DWARF
-#: CFI (``--perf-call-graph dwarf``, at half the rate: each sample carries an 8 KB stack copy; no self-profiles).
+#: CFI (``--perf-call-graph dwarf``, at half the rate: each sample carries an 8 KB stack copy).
 CALL_GRAPHS = ("fp", "dwarf")
+
+#: The recording of each profile that the checks against perf's own tools and the self-profiles read (samples per
+#: thread, top functions, crates and queries): the debug build with frame pointers, the release build with DWARF
+#: call graphs and self-profiles, so that three recordings (debug fp, debug DWARF, release DWARF) cover both
+#: profiles with and without DWARF.
+CALL_GRAPH_OF = {"debug": "fp", "release": "dwarf"}
 
 
 @functools.cache
@@ -91,8 +97,8 @@ def recorded(tmp_path_factory, profile: str = "debug", call_graph: str = "fp") -
 
     def make(root: Path):
         extra = ("--perf-call-graph", "dwarf", *(("--symbols",) if profile == "debug" else ())) if dwarf else ()
-        record(root, rate=499 if dwarf else 999, extra=extra, self_profile=not dwarf, release=profile == "release",
-               deps=DEPS)
+        record(root, rate=499 if dwarf else 999, extra=extra, self_profile=CALL_GRAPH_OF[profile] == call_graph,
+               release=profile == "release", deps=DEPS)
 
     return made_once(tmp_path_factory, f"perf-{profile}-{call_graph}", make) / "run"
 
