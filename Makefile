@@ -56,12 +56,13 @@ $(PYRIGHT): | $(STAMP) system-deps
 	npm install --silent --no-audit --no-fund --prefix $(VENV)/pyright pyright@$(PYRIGHT_VERSION)
 	@touch $(PYRIGHT)
 
-# The suite in TEST_WORKERS processes (pytest-xdist), each test module whole in one of them; TEST_WORKERS=0: in
-# this one process.
+# The suite in TEST_WORKERS processes (pytest-xdist), each test module whole in one of them, the longest handed out
+# first (tests/conftest.py's order: xdist's own reorder, by number of tests, is off); TEST_WORKERS=0: in this one
+# process.
 TEST_WORKERS ?= 2
 
 test: install system-deps $(DUCKDB1) $(SPEEDSCOPE) $(PYRIGHT)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 bench: install
 	$(PY) bench/run.py

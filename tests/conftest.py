@@ -37,7 +37,8 @@ def pytest_configure(config):
 
 
 #: The modules that take longest (under `make test` on the 2-core VM), first: pytest-xdist hands whole modules out in
-#: collection order, and a long one handed out last keeps one process busy while the other has nothing left to do.
+#: collection order (with ``--no-loadscope-reorder``, as `make test` runs it: by default xdist orders them by their
+#: number of tests), and a long one handed out last keeps one process busy while the other has nothing left to do.
 #: (Measured 2026-11-29 with --durations=0: each module's setup and calls, 114 s for test_jobs down to 19 s.)
 LONGEST_FIRST = ("test_jobs", "test_portable", "test_ci_faults", "test_warehouse_history", "test_perf_dwarf",
                  "test_report_etl", "test_run_at_url", "test_perf_decode", "test_nightly_real", "test_perf_symbols",
