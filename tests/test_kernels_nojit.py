@@ -25,11 +25,11 @@ def _pytest(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 def test_kernel_unit_tests_pass_as_plain_python():
     # (a pytest of its own: not a worker of this run's pytest-xdist, whose shared directory it would take for its own)
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_DISABLE_JIT" and not k.startswith("PYTEST_XDIST")}
-    collected = _pytest("--collect-only", env=env)
-    assert collected.returncode == 0, collected.stdout[-3000:]
-    expected = int(re.search(r"(\d+)/\d+ tests collected", collected.stdout).group(1))
     # (numpy warns when plain-Python hashing wraps around uint64 scalars, as the compiled code does silently)
     proc = _pytest("-W", "ignore:overflow encountered:RuntimeWarning", env=env | {"NUMBA_DISABLE_JIT": "1"})
     assert proc.returncode == 0, proc.stdout[-5000:]
-    passed = re.search(r"(\d+) passed", proc.stdout)
-    assert expected >= 20 and passed and int(passed.group(1)) == expected, proc.stdout[-2000:]
+    # (every kernel test it selected passed: none skipped, none left out)
+    summary = proc.stdout.strip().splitlines()[-1]
+    passed = re.search(r"(\d+) passed", summary)
+    assert passed and int(passed.group(1)) >= 20 and re.search(r"\d+ deselected", summary), summary
+    assert not re.search(r"skipped|xfail|xpass|error|failed", summary), summary
