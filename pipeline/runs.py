@@ -217,7 +217,7 @@ def manifest_hash(run_dir: Path, stage: str) -> str | None:
         st = path.stat()
     except FileNotFoundError:
         return None
-    key = (str(path), st.st_mtime_ns, st.st_size)
+    key = (str(path), st.st_mtime_ns, st.st_size, st.st_ino, st.st_ctime_ns)     # (each write is a file of its own)
     if key not in _hashes:
         _hashes[key] = hashlib.sha256(path.read_bytes()).hexdigest()
     return _hashes[key]

@@ -135,3 +135,13 @@ def test_a_perf_run_whose_mmaps_name_proc_dev_a_fifo_and_no_elf_file_opens_none(
     skipped = {s["name"]: s["reason"] for s in out["skipped"]}
     for name, why in expect.items():
         assert (why if name != python else "replaced since the recording") in skipped[name], (name, skipped)
+
+
+def test_a_network_path_an_mmap_names_is_not_looked_at():
+    """A perf.data's file name that is a UNC path on Windows (``//host/share/x.so``, ``\\\\host\\share``): even a
+    stat would reach that server with the user's credentials, so it is refused by its name alone."""
+    from pipeline.decode.perf.elfload import image_file
+
+    for name in ("//evil.example/share/libx.so", "\\\\evil.example\\share\\libx.so"):
+        found, why = image_file(name)
+        assert found is None and "a network path" in why, why

@@ -77,7 +77,9 @@ def record(root: Path, rate: int = 999, crates: dict[str, int] = CRATES, extra: 
     env.pop("CARGO_HOME", None)
     subprocess.run(["cargo", "clean", "--quiet"], cwd=ws, env=env, check=True)
     run = root / "run"
-    subprocess.run([sys.executable, "-m", "pipeline", "capture", "--perf", "--perf-rate", str(rate),
+    config = root / "capture.yaml"      # (a --symbols capture decodes the samples: its unwind rows made here)
+    config.write_text(f"decode:\n  cache_dir: '{root / 'decodecache'}'\n", encoding="utf-8")
+    subprocess.run([sys.executable, "-m", "pipeline", "--config", str(config), "capture", "--perf", "--perf-rate", str(rate),
                     *(["--self-profile"] if self_profile else []), *extra, "--run", str(run), "--", "cargo", "build",
                     "--offline", "--quiet", *(["--release"] if release else [])], cwd=ws, env=env, check=True,
                    stdout=subprocess.DEVNULL)

@@ -249,8 +249,10 @@ def image_rules(path: Path, build_id: str | None = None) -> tuple[np.ndarray | N
 
 
 #: The cache's file format (:func:`cached_rules`): a header (magic with this version, rows, the rows' digest, the
-#: symbolic version that made them), then the rows as ``RULES``. A new version makes new files.
-CACHE_FORMAT = 1
+#: symbolic version that made them), then the rows as ``RULES``. A new version makes new files: raise it whenever
+#: the rows made of a file change (``scan_cfi``, ``parse``, ``to_file_offsets``, ``load_segments``), or entries of
+#: the old rows are read as they were. (2: rows past their FDE's end left out.)
+CACHE_FORMAT = 2
 _MAGIC = b"BPCFI\0\0" + bytes([CACHE_FORMAT])
 _HEAD = struct.Struct("<8sQ16s32s")
 #: The keys a cache file is named by: ``elf-<build id>``, ``elf-path-<hash>-<size>-<time>`` (a copy's directory

@@ -42,6 +42,9 @@ def image_file(name: str | Path) -> tuple[Path | None, str | None]:
     from pipeline import portable
 
     shown = str(name)
+    if shown.startswith(("//", "\\\\")):
+        # (on Windows a UNC name: even its stat would reach that server, with the user's credentials)
+        return None, f"{shown}: a network path, not read"
     try:
         path = Path(name).resolve(strict=True)
         if str(path) != shown:
