@@ -175,7 +175,8 @@ def perf_report_self(data: Path) -> tuple[Counter, dict[str, set[str]], int]:
 def aliases(path: str, name: str) -> set[str]:
     """The names the symbol tables of the ELF file ``path`` (and of its detached debug file) give the address of
     ``name``: perf and a debugger may choose different ones (``free`` and ``__libc_free``; perf may add the symbol's
-    version, ``pthread_mutex_trylock@@GLIBC_2.34``)."""
+    version, ``pthread_mutex_trylock@@GLIBC_2.34``; code folded into one copy has dozens of C++ names, as libLLVM's
+    one-instruction functions do). Mangled and demangled, without parameters."""
     from pipeline.symbolize.elf import debug_file
 
     name = name.split("@")[0]
@@ -191,11 +192,14 @@ def aliases(path: str, name: str) -> set[str]:
         pass
     at: dict[int, set[str]] = {}
     for f in files:
-        out = subprocess.run(["readelf", "-sW", f], capture_output=True, text=True, errors="replace").stdout
-        for line in out.splitlines():
-            parts = line.split()
-            if len(parts) >= 8 and parts[0].endswith(":") and parts[3] in ("FUNC", "IFUNC"):
-                at.setdefault(int(parts[1], 16), set()).add(parts[7].split("@")[0])
+        for demangle in ([], ["-C"]):     # (C++ names as perf shows them: demangled, without their parameters)
+            out = subprocess.run(["readelf", "-sW", *demangle, f], capture_output=True, text=True,
+                                 errors="replace").stdout
+            for line in out.splitlines():
+                parts = line.split(None, 7)
+                if len(parts) == 8 and parts[0].endswith(":") and parts[3] in ("FUNC", "IFUNC"):
+                    symbol = parts[7].split("@")[0]
+                    at.setdefault(int(parts[1], 16), set()).update({symbol, symbol.split("(")[0]})
     return set().union(*[names for names in at.values() if name in names])
 
 
